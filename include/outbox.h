@@ -1,0 +1,14 @@
+/*
+ * outbox.h: everything of liboutbox. See the individual headers; each one
+ * documents ownership, threads and the error codes of its functions.
+ */
+#ifndef OUTBOX_H
+#define OUTBOX_H
+
+#include "outbox/common.h"
+#include "outbox/envelope.h"
+#include "outbox/relay.h"
+#include "outbox/schema.h"
+#include "outbox/writer.h"
+
+#endif

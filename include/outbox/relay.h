@@ -1,0 +1,176 @@
+/*
+ * relay.h: the relay, embeddable in an application's own libuv loop.
+ *
+ * The relay claims committed outbox rows under a lease, publishes each one
+ * with XADD to the stream <stream_prefix><topic> over its own non-blocking
+ * Redis connection, and marks the rows published (or failed, or dead) in
+ * batches. Delivery is at-least-once: a row is marked published only after
+ * Redis accepted its XADD, so a crash between the two publishes it again.
+ *
+ * Lifecycle (all on the loop thread unless said otherwise):
+ *
+ *     outbox_relay_settings s;
+ *     outbox_relay_defaults(&s);
+ *     s.db_path = "app.db";
+ *     s.redis_url = "unix:///run/redis.sock";
+ *     outbox_relay *r;
+ *     if (outbox_relay_create(&r, loop, &s, errbuf, sizeof errbuf) != 0) ...;
+ *     outbox_relay_start(r);
+ *     ... uv_run(loop) ...
+ *     outbox_relay_stop(r, on_stopped, data);   // graceful: see below
+ *     ... on_stopped runs once every handle is closed ...
+ *     outbox_relay_destroy(r);
+ *
+ * Nothing the relay does blocks the loop on the network or sleeps on a lock:
+ * its SQLite connection has busy_timeout 0 and retries from a timer when the
+ * database is locked; checkpoints run on a libuv worker thread.
+ *
+ * Ordering: messages that share a non-empty key (within one topic) are
+ * appended to their stream in commit order, also across retries and crashes
+ * (a crash may add a later duplicate of a message already appended). The
+ * relay claims a keyed row only when every earlier unfinished row of its key
+ * is claimed in the same batch, and sends a key's messages one after another,
+ * each once the previous one was accepted. The cost: one Redis round trip per
+ * message of a key (different keys are pipelined), and head-of-line blocking
+ * per key while one of its messages is failing (retrying with backoff). A
+ * dead message stops blocking its key. Messages without a key are not held
+ * back by anything.
+ */
+#ifndef OUTBOX_RELAY_H
+#define OUTBOX_RELAY_H
+
+#include <sqlite3.h>
+#include <uv.h>
+
+#include "outbox/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct outbox_relay outbox_relay;
+
+typedef struct outbox_relay_settings {
+    /* Database file with the outbox schema (required; copied). The relay
+     * opens its own connection. */
+    const char *db_path;
+    /* redis://[[user]:password@]host[:port][/db] or unix:///path[?db=N]
+     * (required; copied). */
+    const char *redis_url;
+    /* Lease owner name; default NULL means "<hostname>:<pid>". Copied. */
+    const char *worker_id;
+    /* Stream name prefix; default "outbox:". Copied. */
+    const char *stream_prefix;
+    /* Rows claimed per SQLite transaction; default 512 (1..100000). */
+    unsigned batch;
+    /* Messages claimed but not yet marked, at most; default 8192
+     * (1..1000000). Memory is bounded by this window, not by the backlog. */
+    unsigned inflight;
+    /* Lease length; default 30000 ms. Another relay may take a row over once
+     * its lease expired. */
+    uint64_t lease_ms;
+    /* Fallback scan interval when no wake-up arrives; default 1000 ms. */
+    uint64_t scan_interval_ms;
+    /* Publish attempts before a row becomes dead; default 10. */
+    unsigned max_attempts;
+    /* Retry backoff: exponential from min to max, with jitter; defaults 500
+     * and 60000 ms. */
+    uint64_t backoff_min_ms;
+    uint64_t backoff_max_ms;
+    /* Approximate stream trimming (XADD MAXLEN ~ N); default 0 = off. */
+    uint64_t maxlen;
+    /* Rows with a larger payload are dead-lettered; default 1 MiB. */
+    size_t max_payload;
+    /* Graceful stop: how long to wait for in-flight replies; default 10000 ms. */
+    uint64_t shutdown_timeout_ms;
+    /* When > 0, a batch is marked published only after WAIT reports this many
+     * replicas, within wait_timeout_ms (default 1000 ms); otherwise retried. */
+    unsigned wait_replicas;
+    uint64_t wait_timeout_ms;
+    /* Redis connect timeout and reply timeout; defaults 5000 and 10000 ms.
+     * The reply timeout must be below lease_ms. */
+    uint64_t connect_timeout_ms;
+    uint64_t reply_timeout_ms;
+    /* Drain mode: call on_drained (or stop by itself if NULL) once nothing is
+     * due, nothing is leased and nothing is in flight. Default 0. */
+    int drain;
+    void (*on_drained)(outbox_relay *r, void *data);
+    void *on_drained_data;
+    /* Log sink and level; defaults outbox_log_stderr and OUTBOX_LOG_INFO. */
+    outbox_log_fn log;
+    void *log_data;
+    outbox_log_level log_level;
+} outbox_relay_settings;
+
+/* Fills s with the defaults documented above (db_path, redis_url NULL). */
+OUTBOX_API void outbox_relay_defaults(outbox_relay_settings *s);
+
+/*
+ * Validates the settings, opens the database (which must hold the outbox
+ * schema, migrated to this library's version if older) and prepares the
+ * statements. No network activity yet. s is copied. err (may be NULL) names
+ * the offending setting or the database problem. Returns 0, OUTBOX_EINVAL
+ * (a setting; err says which), OUTBOX_EURL, OUTBOX_ENOSCHEMA,
+ * OUTBOX_ESCHEMANEWER, OUTBOX_EFOREIGN, OUTBOX_ENOTDB, OUTBOX_EIO,
+ * OUTBOX_ESQLITE, OUTBOX_ENOMEM. loop is borrowed and must outlive the relay.
+ */
+OUTBOX_API int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_settings *s,
+                                   char *err, size_t errlen);
+
+/* Connects to Redis (retrying with backoff while it is unreachable) and
+ * starts scanning. Returns 0 or OUTBOX_ESTATE if already started. */
+OUTBOX_API int outbox_relay_start(outbox_relay *r);
+
+/*
+ * Graceful stop: no new claims; waits up to shutdown_timeout_ms for the
+ * replies of what is in flight, marks them, hands every other claimed row
+ * back (pending, lease cleared, due now) so another relay can take it at
+ * once, closes the Redis connection and every handle, then calls cb (may be
+ * NULL) on the loop thread. Returns 0, or OUTBOX_ESTATE if already stopping
+ * or stopped (cb is then not called).
+ */
+OUTBOX_API int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), void *data);
+
+/* Frees the relay. If it is still running it is stopped first and freed
+ * when its handles are closed (the loop must keep running for that). NULL
+ * is a no-op. */
+OUTBOX_API void outbox_relay_destroy(outbox_relay *r);
+
+/* Wakes the relay to scan now, e.g. right after the application committed
+ * messages. Thread-safe; cheap; calls coalesce. */
+OUTBOX_API void outbox_relay_wake(outbox_relay *r);
+
+/*
+ * Wakes the relay after every commit on the application's connection db,
+ * through sqlite3_wal_hook(). Registering a WAL hook turns SQLite's automatic
+ * checkpointing off on db, so the relay takes it over (PASSIVE checkpoints on
+ * a worker thread when the WAL passes 1000 pages). Call from the thread that
+ * owns db, and call outbox_relay_detach(db) from that thread before closing
+ * db or destroying the relay. Returns 0 or OUTBOX_EINVAL.
+ */
+OUTBOX_API int outbox_relay_attach(outbox_relay *r, sqlite3 *db);
+OUTBOX_API void outbox_relay_detach(sqlite3 *db);
+
+typedef struct outbox_relay_stats {
+    /* Rows by state, from the database (a count over the table: not free on
+     * a large backlog). -1 when the query failed. */
+    int64_t pending, sending, published, dead;
+    /* Age in ms of the oldest due pending row, 0 if none. */
+    int64_t oldest_pending_ms;
+    /* This relay since start. */
+    uint64_t published_total, failed_total, dead_total, fenced_total, reconnects;
+    /* Claimed and not yet marked, now. */
+    uint64_t inflight;
+    /* 1 while connected to Redis. */
+    int redis_connected;
+} outbox_relay_stats;
+
+/* Fills st. Queries the database on the calling (loop) thread. Returns 0 or
+ * an OUTBOX_E* code (then the database figures are -1). */
+OUTBOX_API int outbox_relay_stats_get(outbox_relay *r, outbox_relay_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,90 @@
+/*
+ * schema.h: opening the application's database and creating or migrating
+ * the outbox schema (proto/schema.sql, proto/schema.md).
+ *
+ * The outbox lives in the application's own SQLite database, so that a
+ * business change and its message commit in one transaction. The schema
+ * version is kept in PRAGMA user_version: a database holding an outbox must
+ * not use user_version for anything else.
+ */
+#ifndef OUTBOX_SCHEMA_H
+#define OUTBOX_SCHEMA_H
+
+#include <sqlite3.h>
+
+#include "outbox/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Flags for outbox_db_open(). */
+enum {
+    /* Create the file if it does not exist (otherwise OUTBOX_ENOTDB names the
+     * missing file). */
+    OUTBOX_OPEN_CREATE = 1 << 0,
+    /* Open read-only (inspection tools). */
+    OUTBOX_OPEN_READONLY = 1 << 1,
+    /* A connection for the relay: busy_timeout 0 (it never sleeps on a lock:
+     * the relay retries from a timer) and synchronous=NORMAL (a relay commit
+     * lost in a power cut only causes a duplicate publish, never a loss).
+     * Without this flag: busy_timeout 5000 ms and synchronous=FULL, the
+     * settings a writer needs. */
+    OUTBOX_OPEN_RELAY = 1 << 2,
+};
+
+/*
+ * Opens (or with OUTBOX_OPEN_CREATE creates) a database and sets the pragmas
+ * every outbox connection wants:
+ *   journal_mode=WAL   readers (the relay, tools) never block the writer, and
+ *                      the writer never blocks them;
+ *   synchronous=FULL   every commit is fsynced before COMMIT returns, so a
+ *                      power cut cannot undo a commit whose message the relay
+ *                      already published (guarantee 2). With NORMAL, WAL mode
+ *                      survives application crashes but not power loss.
+ *                      (OUTBOX_OPEN_RELAY: NORMAL, see above.)
+ *   busy_timeout       5000 ms for writers; 0 for the relay.
+ * It checks that the file is a SQLite database (OUTBOX_ENOTDB otherwise) but
+ * does not look at the schema: see outbox_schema_apply() / _check().
+ *
+ * path: a file name (copied). *out receives the connection (close it with
+ * sqlite3_close_v2) and is set to NULL on error. err (may be NULL) receives a
+ * specific message, e.g. "cannot open '/x/y.db': unable to open database file".
+ * Returns 0, OUTBOX_ENOTDB, OUTBOX_EBUSY, OUTBOX_ESQLITE, OUTBOX_EINVAL.
+ */
+OUTBOX_API int outbox_db_open(const char *path, int flags, sqlite3 **out, char *err, size_t errlen);
+
+/*
+ * Creates the outbox schema in db, or migrates an older version to
+ * OUTBOX_SCHEMA_VERSION, in one BEGIN IMMEDIATE transaction. Idempotent and
+ * safe against a concurrent apply. Sets journal_mode=WAL. Refuses, changing
+ * nothing:
+ *   OUTBOX_ESCHEMANEWER  user_version is newer than this library knows;
+ *   OUTBOX_EFOREIGN      a table named outbox exists that this library did not
+ *                        create (user_version 0) or that lacks a column;
+ *   OUTBOX_ENOTDB        the file is not a database (or is corrupt).
+ * Also OUTBOX_EBUSY, OUTBOX_ESQLITE. err (may be NULL) gets the details.
+ * db stays owned by the caller and must not be inside a transaction.
+ */
+OUTBOX_API int outbox_schema_apply(sqlite3 *db, char *err, size_t errlen);
+
+/*
+ * Checks, changing nothing, that db holds an outbox schema this library can
+ * use at exactly OUTBOX_SCHEMA_VERSION. Returns 0, OUTBOX_ENOSCHEMA (no
+ * outbox table and user_version 0, or an older version that needs
+ * outbox_schema_apply()), OUTBOX_ESCHEMANEWER, OUTBOX_EFOREIGN,
+ * OUTBOX_ENOTDB, OUTBOX_ESQLITE.
+ */
+OUTBOX_API int outbox_schema_check(sqlite3 *db, char *err, size_t errlen);
+
+/*
+ * 1 if commits on db are durable across power loss (PRAGMA synchronous is
+ * FULL or EXTRA), 0 if not, a negative code if the pragma cannot be read.
+ */
+OUTBOX_API int outbox_db_is_durable(sqlite3 *db);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,34 @@
+/*
+ * internal.h: helpers shared by the library's modules (not installed).
+ */
+#ifndef OUTBOX_SRC_INTERNAL_H
+#define OUTBOX_SRC_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+#include "outbox/common.h"
+
+#define OUTBOX_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* A log target: a sink, its data and the least severe level it wants. */
+typedef struct outbox__logger {
+    outbox_log_fn fn;
+    void *data;
+    outbox_log_level min_level;
+} outbox__logger;
+
+/* Formats a logfmt fragment and hands it to the sink if level is enabled.
+ * A NULL logger or sink drops the line. */
+void outbox__log(const outbox__logger *lg, outbox_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Appends `value` to buf as a logfmt value: bare when it has no spaces,
+ * quotes, '=' or control characters, otherwise quoted with \" \\ \n escapes
+ * and other control bytes as \xNN. Always NUL-terminates (truncates). */
+void outbox__logfmt_quote(char *buf, size_t len, const char *value);
+
+/* Copies at most len-1 bytes and NUL-terminates; returns src's length. */
+size_t outbox__strlcpy(char *dst, const char *src, size_t len);
+
+#endif

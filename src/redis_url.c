@@ -1,0 +1,401 @@
+/*
+ * redis_url.c: parsing and printing Redis URLs (see redis.h for the grammar).
+ *
+ * The parser is strict on purpose: a typo in a deployment's URL should fail
+ * at start-up with a message naming the bad part, not connect somewhere else.
+ */
+#include <arpa/inet.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/un.h>
+
+#include "redis.h"
+
+#define DB_MAX 2147483647L
+
+/* A parse in progress: the result being built and where errors go. */
+typedef struct url_parser {
+    outbox__redis_url u;
+    char *err;
+    size_t errlen;
+    int status; /* OUTBOX_EURL or OUTBOX_ENOMEM once something failed */
+} url_parser;
+
+static void fail(url_parser *p, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fail(url_parser *p, int status, const char *fmt, ...)
+{
+    va_list ap;
+    if (p->status)
+        return;
+    p->status = status;
+    if (p->err && p->errlen > 0) {
+        va_start(ap, fmt);
+        vsnprintf(p->err, p->errlen, fmt, ap);
+        va_end(ap);
+    }
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decodes s[0..len) into a new string; what names the part in error
+ * messages. Returns NULL after calling fail(). */
+static char *decode(url_parser *p, const char *s, size_t len, const char *what)
+{
+    char *out = malloc(len + 1);
+    size_t i, n = 0;
+    if (!out) {
+        fail(p, OUTBOX_ENOMEM, "out of memory");
+        return NULL;
+    }
+    for (i = 0; i < len; i++) {
+        if (s[i] != '%') {
+            out[n++] = s[i];
+            continue;
+        }
+        if (len - i < 3 || hexval(s[i + 1]) < 0 || hexval(s[i + 2]) < 0) {
+            fail(p, OUTBOX_EURL, "bad percent-encoding in %s", what);
+            free(out);
+            return NULL;
+        }
+        out[n] = (char)(hexval(s[i + 1]) * 16 + hexval(s[i + 2]));
+        if (out[n] == '\0') {
+            fail(p, OUTBOX_EURL, "%%00 (NUL byte) in %s", what);
+            free(out);
+            return NULL;
+        }
+        n++;
+        i += 2;
+    }
+    out[n] = '\0';
+    return out;
+}
+
+/* Parses an unsigned decimal s[0..len) no larger than max. Returns 0, -1 if
+ * it is not a number (empty, sign, other characters), -2 if too large. */
+static int parse_uint(const char *s, size_t len, long max, long *val)
+{
+    long v = 0;
+    size_t i;
+    int big = 0;
+    if (len == 0)
+        return -1;
+    for (i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        if (!big) {
+            v = v * 10 + (s[i] - '0');
+            if (v > max)
+                big = 1;
+        }
+    }
+    if (big)
+        return -2;
+    *val = v;
+    return 0;
+}
+
+static void parse_port(url_parser *p, const char *s, size_t len)
+{
+    long v = 0;
+    int rc = parse_uint(s, len, 65535, &v);
+    if (rc == -1)
+        fail(p, OUTBOX_EURL, "port '%.*s' is not a number", (int)len, s);
+    else if (rc == -2 || v == 0)
+        fail(p, OUTBOX_EURL, "port %.*s out of range 1..65535", (int)len, s);
+    else
+        p->u.port = (int)v;
+}
+
+static void parse_db(url_parser *p, const char *s, size_t len)
+{
+    long v = 0;
+    int rc = parse_uint(s, len, DB_MAX, &v);
+    if (rc == -1 && len > 1 && s[0] == '-' && parse_uint(s + 1, len - 1, DB_MAX, &v) != -1)
+        rc = -2; /* a negative number: say "out of range" rather than "not a number" */
+    if (rc == -1)
+        fail(p, OUTBOX_EURL, "database '%.*s' is not a number", (int)len, s);
+    else if (rc == -2)
+        fail(p, OUTBOX_EURL, "database %.*s out of range 0..2147483647", (int)len, s);
+    else
+        p->u.db = (int)v;
+}
+
+static int is_host_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '.' || c == '_';
+}
+
+/* Userinfo "[user][:password]" (percent-encoded). Without a ':' the whole
+ * userinfo is the password, as redis-cli reads it. Empty parts mean "not
+ * given", except that a user with an empty password keeps "" so that AUTH
+ * user "" is still sent. */
+static void parse_userinfo(url_parser *p, const char *s, size_t len)
+{
+    const char *colon = memchr(s, ':', len);
+    const char *pw = s;
+    size_t pwlen = len;
+    if (colon) {
+        size_t ulen = (size_t)(colon - s);
+        if (ulen > 0 && !(p->u.user = decode(p, s, ulen, "user name")))
+            return;
+        pw = colon + 1;
+        pwlen = len - ulen - 1;
+    }
+    if (pwlen > 0 || p->u.user) {
+        if (!(p->u.password = decode(p, pw, pwlen, "password")))
+            return;
+    }
+}
+
+static void parse_tcp(url_parser *p, const char *s)
+{
+    const char *at = strrchr(s, '@');
+    const char *h, *end;
+    size_t hlen;
+
+    p->u.port = 6379;
+    /* The last '@' ends the userinfo: host, port and db cannot contain one,
+     * so a password with an unencoded '@' or '/' still parses. */
+    if (at) {
+        parse_userinfo(p, s, (size_t)(at - s));
+        if (p->status)
+            return;
+        s = at + 1;
+    }
+
+    if (*s == '[') {
+        char tmp[INET6_ADDRSTRLEN + 1];
+        struct in6_addr a6;
+        h = s + 1;
+        end = strchr(h, ']');
+        if (!end) {
+            fail(p, OUTBOX_EURL, "unterminated '[' in IPv6 address");
+            return;
+        }
+        hlen = (size_t)(end - h);
+        if (hlen == 0) {
+            fail(p, OUTBOX_EURL, "empty host");
+            return;
+        }
+        if (hlen >= sizeof tmp) {
+            fail(p, OUTBOX_EURL, "invalid IPv6 address '%.*s'", (int)hlen, h);
+            return;
+        }
+        memcpy(tmp, h, hlen);
+        tmp[hlen] = '\0';
+        if (inet_pton(AF_INET6, tmp, &a6) != 1) {
+            fail(p, OUTBOX_EURL, "invalid IPv6 address '%s'", tmp);
+            return;
+        }
+        s = end + 1;
+    } else {
+        h = s;
+        while (is_host_char(*s))
+            s++;
+        hlen = (size_t)(s - h);
+        if (hlen == 0 && (*s == '\0' || *s == ':' || *s == '/')) {
+            fail(p, OUTBOX_EURL, "empty host");
+            return;
+        }
+    }
+    if (*s != '\0' && *s != ':' && *s != '/') {
+        if (*s == '?' || *s == '#' || *s == ']' || h[hlen] == ']')
+            fail(p, OUTBOX_EURL, "unexpected '%s' after host", s);
+        else
+            fail(p, OUTBOX_EURL, "invalid character '%c' in host", *s);
+        return;
+    }
+    if (!(p->u.host = strndup(h, hlen))) {
+        fail(p, OUTBOX_ENOMEM, "out of memory");
+        return;
+    }
+
+    if (*s == ':') {
+        const char *port = ++s;
+        while (*s && *s != '/')
+            s++;
+        parse_port(p, port, (size_t)(s - port));
+        if (p->status)
+            return;
+    }
+    if (*s == '/') {
+        s++;
+        if (*s) /* "redis://host/" means database 0 */
+            parse_db(p, s, strlen(s));
+    }
+}
+
+static void parse_query(url_parser *p, const char *q)
+{
+    while (*q && !p->status) {
+        const char *amp = strchr(q, '&');
+        size_t len = amp ? (size_t)(amp - q) : strlen(q);
+        const char *eq = memchr(q, '=', len);
+        if (len > 0) {
+            size_t klen = eq ? (size_t)(eq - q) : len;
+            const char *v = eq ? eq + 1 : NULL;
+            size_t vlen = eq ? len - klen - 1 : 0;
+            if (!eq) {
+                fail(p, OUTBOX_EURL, "query parameter '%.*s' has no value", (int)len, q);
+            } else if (klen == 2 && memcmp(q, "db", 2) == 0) {
+                parse_db(p, v, vlen);
+            } else if (klen == 8 && memcmp(q, "password", 8) == 0) {
+                free(p->u.password);
+                p->u.password = decode(p, v, vlen, "password");
+            } else if (klen == 4 && memcmp(q, "user", 4) == 0) {
+                free(p->u.user);
+                p->u.user = NULL;
+                if (vlen > 0)
+                    p->u.user = decode(p, v, vlen, "user name");
+            } else {
+                fail(p, OUTBOX_EURL, "unknown query parameter '%.*s'", (int)klen, q);
+            }
+        }
+        if (!amp)
+            break;
+        q = amp + 1;
+    }
+}
+
+static void parse_unix(url_parser *p, const char *s)
+{
+    const char *q = strchr(s, '?');
+    size_t len = q ? (size_t)(q - s) : strlen(s);
+    struct sockaddr_un sa;
+
+    if (len == 0) {
+        fail(p, OUTBOX_EURL, "empty unix socket path");
+        return;
+    }
+    if (s[0] != '/') {
+        fail(p, OUTBOX_EURL, "unix socket path '%.*s' is not absolute", (int)len, s);
+        return;
+    }
+    if (len >= sizeof sa.sun_path) {
+        fail(p, OUTBOX_EURL, "unix socket path too long (%zu bytes, at most %zu)", len,
+             sizeof sa.sun_path - 1);
+        return;
+    }
+    if (!(p->u.path = strndup(s, len))) {
+        fail(p, OUTBOX_ENOMEM, "out of memory");
+        return;
+    }
+    if (q)
+        parse_query(p, q + 1);
+}
+
+int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, size_t errlen)
+{
+    url_parser p;
+    const char *sep;
+    size_t slen;
+
+    memset(&p, 0, sizeof p);
+    p.err = err;
+    p.errlen = errlen;
+    if (err && errlen > 0)
+        err[0] = '\0';
+    if (!out)
+        return OUTBOX_EINVAL;
+    memset(out, 0, sizeof *out);
+
+    if (!url || !*url) {
+        fail(&p, OUTBOX_EURL, "empty URL");
+        return p.status;
+    }
+    sep = strstr(url, "://");
+    if (!sep) {
+        fail(&p, OUTBOX_EURL, "missing scheme in '%s', expected redis:// or unix://", url);
+        return p.status;
+    }
+    slen = (size_t)(sep - url);
+    if (slen == 5 && strncasecmp(url, "redis", 5) == 0)
+        parse_tcp(&p, sep + 3);
+    else if ((slen == 4 && strncasecmp(url, "unix", 4) == 0) ||
+             (slen == 10 && strncasecmp(url, "redis+unix", 10) == 0))
+        parse_unix(&p, sep + 3);
+    else if (slen == 6 && strncasecmp(url, "rediss", 6) == 0)
+        fail(&p, OUTBOX_EURL, "TLS (rediss://) is not supported, expected redis:// or unix://");
+    else
+        fail(&p, OUTBOX_EURL, "bad scheme '%.*s', expected redis:// or unix://", (int)slen, url);
+
+    if (p.status) {
+        outbox__redis_url_free(&p.u);
+        return p.status;
+    }
+    *out = p.u;
+    return 0;
+}
+
+static int dup_or_null(char **dst, const char *src)
+{
+    *dst = NULL;
+    if (src && !(*dst = strdup(src)))
+        return OUTBOX_ENOMEM;
+    return 0;
+}
+
+int outbox__redis_url_copy(outbox__redis_url *dst, const outbox__redis_url *src)
+{
+    outbox__redis_url c;
+    if (!dst || !src)
+        return OUTBOX_EINVAL;
+    memset(&c, 0, sizeof c);
+    c.port = src->port;
+    c.db = src->db;
+    if (dup_or_null(&c.host, src->host) || dup_or_null(&c.path, src->path) ||
+        dup_or_null(&c.user, src->user) || dup_or_null(&c.password, src->password)) {
+        outbox__redis_url_free(&c);
+        memset(dst, 0, sizeof *dst);
+        return OUTBOX_ENOMEM;
+    }
+    *dst = c;
+    return 0;
+}
+
+void outbox__redis_url_free(outbox__redis_url *u)
+{
+    if (!u)
+        return;
+    free(u->host);
+    free(u->path);
+    free(u->user);
+    free(u->password);
+    memset(u, 0, sizeof *u);
+}
+
+void outbox__redis_url_describe(const outbox__redis_url *u, char *buf, size_t len)
+{
+    if (!buf || len == 0)
+        return;
+    if (!u) {
+        snprintf(buf, len, "(none)");
+        return;
+    }
+    if (u->path) {
+        snprintf(buf, len, "unix://%s?db=%d%s%s%s", u->path, u->db, u->user ? "&user=" : "",
+                 u->user ? u->user : "", u->password ? "&password=***" : "");
+        return;
+    }
+    {
+        const char *host = u->host ? u->host : "";
+        int v6 = strchr(host, ':') != NULL;
+        int auth = u->user || u->password;
+        snprintf(buf, len, "redis://%s%s%s%s%s%s:%d/%d", u->user ? u->user : "",
+                 u->password ? ":***" : "", auth ? "@" : "", v6 ? "[" : "", host, v6 ? "]" : "",
+                 u->port, u->db);
+    }
+}

@@ -1,0 +1,316 @@
+/*
+ * Opening databases, and creating / migrating / checking the outbox schema.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "internal.h"
+#include "outbox/schema.h"
+#include "sqlite_util.h"
+
+/* proto/schema.sql, compiled in (see src/meson.build). */
+extern const char outbox__schema_sql[];
+
+/* Every column the library relies on, in schema order. */
+static const char *const required_columns[] = {
+    "seq",         "id",          "topic",        "key",        "payload",      "headers",
+    "created_at",  "available_at", "state",       "attempts",   "lease_owner",  "lease_token",
+    "lease_until", "last_error",  "published_at", "stream_id",  "replay_count", "replayed_at",
+    "replay_reason",
+};
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+int outbox__sqlite_code(int rc)
+{
+    switch (rc & 0xff) {
+    case SQLITE_OK:
+    case SQLITE_ROW:
+    case SQLITE_DONE:
+        return 0;
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+        return OUTBOX_EBUSY;
+    case SQLITE_NOMEM:
+        return OUTBOX_ENOMEM;
+    case SQLITE_NOTADB:
+    case SQLITE_CORRUPT:
+        return OUTBOX_ENOTDB;
+    case SQLITE_IOERR:
+    case SQLITE_FULL:
+    case SQLITE_CANTOPEN:
+    case SQLITE_READONLY:
+    case SQLITE_PERM:
+        return OUTBOX_EIO;
+    default:
+        return OUTBOX_ESQLITE;
+    }
+}
+
+int outbox_db_open(const char *path, int flags, sqlite3 **out, char *err, size_t errlen)
+{
+    sqlite3 *db = NULL;
+    struct stat st;
+    int oflags, rc, e;
+    char sql[128];
+
+    if (out)
+        *out = NULL;
+    if (!path || !*path || !out) {
+        set_err(err, errlen, "no database path given");
+        return OUTBOX_EINVAL;
+    }
+    if (stat(path, &st) != 0) {
+        if (errno != ENOENT || !(flags & OUTBOX_OPEN_CREATE)) {
+            set_err(err, errlen, "cannot open database '%s': %s", path, strerror(errno));
+            return OUTBOX_EIO;
+        }
+    } else if (S_ISDIR(st.st_mode)) {
+        set_err(err, errlen, "cannot open database '%s': it is a directory", path);
+        return OUTBOX_EIO;
+    }
+
+    if (flags & OUTBOX_OPEN_READONLY)
+        oflags = SQLITE_OPEN_READONLY;
+    else
+        oflags = SQLITE_OPEN_READWRITE | ((flags & OUTBOX_OPEN_CREATE) ? SQLITE_OPEN_CREATE : 0);
+    rc = sqlite3_open_v2(path, &db, oflags | SQLITE_OPEN_NOMUTEX, NULL);
+    if (rc != SQLITE_OK) {
+        set_err(err, errlen, "cannot open database '%s': %s", path, db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        e = outbox__sqlite_code(rc);
+        goto fail;
+    }
+    sqlite3_extended_result_codes(db, 1);
+    snprintf(sql, sizeof sql, "PRAGMA busy_timeout=%d", (flags & OUTBOX_OPEN_RELAY) ? 0 : 5000);
+    sqlite3_exec(db, sql, NULL, NULL, NULL);
+
+    /* Reading the schema is what tells a database from another file. */
+    rc = sqlite3_exec(db, "SELECT count(*) FROM sqlite_master", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        e = outbox__sqlite_code(rc);
+        if (e == OUTBOX_ENOTDB)
+            set_err(err, errlen, "'%s' is not a usable SQLite database: %s", path, sqlite3_errmsg(db));
+        else
+            set_err(err, errlen, "cannot read database '%s': %s", path, sqlite3_errmsg(db));
+        goto fail;
+    }
+
+    if (!(flags & OUTBOX_OPEN_READONLY)) {
+        sqlite3_stmt *st_mode = NULL;
+        const unsigned char *mode = NULL;
+        rc = sqlite3_prepare_v2(db, "PRAGMA journal_mode=WAL", -1, &st_mode, NULL);
+        if (rc == SQLITE_OK && sqlite3_step(st_mode) == SQLITE_ROW)
+            mode = sqlite3_column_text(st_mode, 0);
+        if (!mode || strcmp((const char *)mode, "wal") != 0) {
+            set_err(err, errlen, "cannot switch '%s' to WAL mode: %s", path,
+                    mode ? (const char *)mode : sqlite3_errmsg(db));
+            e = outbox__sqlite_code(rc == SQLITE_OK ? sqlite3_errcode(db) : rc);
+            if (e == 0)
+                e = OUTBOX_ESQLITE;
+            sqlite3_finalize(st_mode);
+            goto fail;
+        }
+        sqlite3_finalize(st_mode);
+        rc = sqlite3_exec(db, (flags & OUTBOX_OPEN_RELAY) ? "PRAGMA synchronous=NORMAL" : "PRAGMA synchronous=FULL",
+                          NULL, NULL, NULL);
+        if (rc != SQLITE_OK) {
+            set_err(err, errlen, "cannot set synchronous on '%s': %s", path, sqlite3_errmsg(db));
+            e = outbox__sqlite_code(rc);
+            goto fail;
+        }
+    }
+    *out = db;
+    return 0;
+fail:
+    sqlite3_close_v2(db);
+    return e ? e : OUTBOX_ESQLITE;
+}
+
+int outbox_db_is_durable(sqlite3 *db)
+{
+    int64_t level = -1;
+    int rc = outbox__sqlite_int(db, "PRAGMA synchronous", &level);
+    if (rc != 0)
+        return rc;
+    return level >= 2;
+}
+
+int outbox__sqlite_int(sqlite3 *db, const char *sql, int64_t *value)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+            *value = sqlite3_column_int64(st, 0);
+            rc = SQLITE_OK;
+        } else if (rc == SQLITE_DONE) {
+            *value = 0;
+            rc = SQLITE_OK;
+        }
+    }
+    sqlite3_finalize(st);
+    return outbox__sqlite_code(rc);
+}
+
+/* Looks at the outbox table: 0 if it does not exist (*exists = 0), or
+ * exists with every required column; OUTBOX_EFOREIGN naming a missing
+ * column. */
+static int inspect_table(sqlite3 *db, int *exists, char *err, size_t errlen)
+{
+    sqlite3_stmt *st = NULL;
+    unsigned found = 0;
+    size_t i;
+    int rc, ncols = 0;
+
+    *exists = 0;
+    rc = sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info('outbox')", -1, &st, NULL);
+    if (rc != SQLITE_OK) {
+        set_err(err, errlen, "cannot inspect table outbox: %s", sqlite3_errmsg(db));
+        return outbox__sqlite_code(rc);
+    }
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *name = (const char *)sqlite3_column_text(st, 0);
+        ncols++;
+        for (i = 0; name && i < OUTBOX_ARRAY_LEN(required_columns); i++)
+            if (strcmp(name, required_columns[i]) == 0)
+                found |= 1u << i;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) {
+        set_err(err, errlen, "cannot inspect table outbox: %s", sqlite3_errmsg(db));
+        return outbox__sqlite_code(rc);
+    }
+    if (ncols == 0)
+        return 0;
+    *exists = 1;
+    for (i = 0; i < OUTBOX_ARRAY_LEN(required_columns); i++) {
+        if (!(found & (1u << i))) {
+            set_err(err, errlen,
+                    "table 'outbox' exists but is not an outbox table: it has no column '%s' "
+                    "(another program's table? rename it or use another database)",
+                    required_columns[i]);
+            return OUTBOX_EFOREIGN;
+        }
+    }
+    return 0;
+}
+
+/* Reads user_version and the table; shared by apply and check. */
+static int examine(sqlite3 *db, int64_t *version, int *exists, char *err, size_t errlen)
+{
+    int e = outbox__sqlite_int(db, "PRAGMA user_version", version);
+    if (e != 0) {
+        set_err(err, errlen, "cannot read the schema version: %s", sqlite3_errmsg(db));
+        return e;
+    }
+    if (*version > OUTBOX_SCHEMA_VERSION) {
+        set_err(err, errlen,
+                "outbox schema version %lld is newer than this library's %d: upgrade outbox "
+                "(or PRAGMA user_version is used by another program)",
+                (long long)*version, OUTBOX_SCHEMA_VERSION);
+        return OUTBOX_ESCHEMANEWER;
+    }
+    e = inspect_table(db, exists, err, errlen);
+    if (e != 0)
+        return e;
+    if (*version == 0 && *exists) {
+        set_err(err, errlen,
+                "table 'outbox' exists but was not created by outbox (schema version 0): "
+                "another program's table? rename it or use another database");
+        return OUTBOX_EFOREIGN;
+    }
+    if (*version > 0 && !*exists) {
+        set_err(err, errlen, "schema version is %lld but table 'outbox' is missing (dropped by hand?)",
+                (long long)*version);
+        return OUTBOX_EFOREIGN;
+    }
+    return 0;
+}
+
+int outbox_schema_check(sqlite3 *db, char *err, size_t errlen)
+{
+    int64_t version = 0;
+    int exists = 0, e;
+    if (!db)
+        return OUTBOX_EINVAL;
+    e = examine(db, &version, &exists, err, errlen);
+    if (e != 0)
+        return e;
+    if (version < OUTBOX_SCHEMA_VERSION) {
+        if (version == 0)
+            set_err(err, errlen, "database has no outbox schema: run 'outbox-relay init --db PATH' first");
+        else
+            set_err(err, errlen, "outbox schema version %lld is older than %d: run 'outbox-relay init --db PATH'",
+                    (long long)version, OUTBOX_SCHEMA_VERSION);
+        return OUTBOX_ENOSCHEMA;
+    }
+    return 0;
+}
+
+int outbox_schema_apply(sqlite3 *db, char *err, size_t errlen)
+{
+    int64_t version = 0;
+    int exists = 0, e, rc;
+    char *msg = NULL;
+    char sql[64];
+
+    if (!db)
+        return OUTBOX_EINVAL;
+    if (!sqlite3_get_autocommit(db)) {
+        set_err(err, errlen, "cannot apply the schema inside an open transaction");
+        return OUTBOX_ESTATE;
+    }
+    /* Cheap check first, so that a refused database is never written to. */
+    e = examine(db, &version, &exists, err, errlen);
+    if (e != 0)
+        return e;
+    if (version == OUTBOX_SCHEMA_VERSION)
+        return 0;
+
+    rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        set_err(err, errlen, "cannot begin the schema transaction: %s", sqlite3_errmsg(db));
+        return outbox__sqlite_code(rc);
+    }
+    /* Again under the write lock: another process may have migrated since. */
+    e = examine(db, &version, &exists, err, errlen);
+    if (e != 0 || version == OUTBOX_SCHEMA_VERSION)
+        goto done;
+    /* Version 0 -> 1: the whole schema. Later versions add steps here. */
+    rc = sqlite3_exec(db, outbox__schema_sql, NULL, NULL, &msg);
+    if (rc != SQLITE_OK) {
+        set_err(err, errlen, "cannot create the outbox schema: %s", msg ? msg : sqlite3_errstr(rc));
+        e = outbox__sqlite_code(rc);
+        goto done;
+    }
+    snprintf(sql, sizeof sql, "PRAGMA user_version=%d", OUTBOX_SCHEMA_VERSION);
+    rc = sqlite3_exec(db, sql, NULL, NULL, &msg);
+    if (rc != SQLITE_OK) {
+        set_err(err, errlen, "cannot record the schema version: %s", msg ? msg : sqlite3_errstr(rc));
+        e = outbox__sqlite_code(rc);
+    }
+done:
+    sqlite3_free(msg);
+    if (e == 0) {
+        rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+        if (rc != SQLITE_OK) {
+            set_err(err, errlen, "cannot commit the schema: %s", sqlite3_errmsg(db));
+            e = outbox__sqlite_code(rc);
+        }
+    }
+    if (e != 0 && !sqlite3_get_autocommit(db))
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return e;
+}

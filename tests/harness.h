@@ -1,0 +1,87 @@
+/*
+ * harness.h: what the tests share: temporary directories, a real
+ * redis-server started on a Unix socket (and optionally a loopback TCP port)
+ * in a temporary directory and stopped by its pid, a synchronous hiredis
+ * client for looking at streams, and helpers to run the project's binaries.
+ * Nothing here kills processes by name.
+ */
+#ifndef OUTBOX_TESTS_HARNESS_H
+#define OUTBOX_TESTS_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <hiredis/hiredis.h>
+
+/* Creates a fresh directory under $TMPDIR (default /tmp) named
+ * outbox-test-XXXXXX; returns a malloc'd path; bails out on failure. */
+char *th_tmpdir(void);
+/* Removes a directory tree (rm -rf semantics, no shell); NULL is a no-op. */
+void th_rmtree(const char *path);
+/* Joins dir and name into a malloc'd path. */
+char *th_path(const char *dir, const char *name);
+
+typedef struct th_redis {
+    pid_t pid;          /* 0 when not running */
+    char *dir;          /* the server's private directory (owned) */
+    char sock[256];     /* Unix socket path */
+    int port;           /* loopback TCP port, 0 when TCP is off */
+    char url[300];      /* "unix://<sock>" */
+    char tcp_url[64];   /* "redis://127.0.0.1:<port>" or "" */
+    char extra[512];    /* extra config lines given to start, kept for restart */
+} th_redis;
+
+/*
+ * Starts `redis-server` with a config file written into a new temp dir:
+ * unixsocket, port 0 unless with_tcp (then a free loopback port is chosen),
+ * no persistence (save "", appendonly no) unless extra_conf says otherwise,
+ * and each line of extra_conf (may be NULL) appended, e.g.
+ * "requirepass s3cret\n". Waits until PING answers (up to 5 s). Returns 0, or
+ * -1 with a diagnostic printed (as a TAP comment) if redis-server is missing
+ * or did not come up.
+ */
+int th_redis_start(th_redis *r, int with_tcp, const char *extra_conf);
+/* SIGTERM by pid, waits up to 5 s, then SIGKILL; reaps. Keeps dir. */
+void th_redis_stop(th_redis *r);
+/* SIGKILL by pid and reap (a crash). Keeps dir. */
+void th_redis_kill(th_redis *r);
+/* Starts again on the same socket/port/config after stop or kill. */
+int th_redis_restart(th_redis *r);
+/* Stops if running and removes the directory. */
+void th_redis_destroy(th_redis *r);
+
+/* A synchronous hiredis client on the server's Unix socket; bails on error.
+ * Free with redisFree(). */
+redisContext *th_redis_client(const th_redis *r);
+/* Runs a command (printf-style, hiredis format) and returns the reply
+ * (caller frees with freeReplyObject), bails if the connection failed. */
+redisReply *th_cmd(redisContext *c, const char *fmt, ...);
+/* XLEN of a stream, -1 on error. */
+long long th_xlen(redisContext *c, const char *stream);
+
+/* The build directory's binaries: the value of the environment variable
+ * OUTBOX_BUILD_DIR (set by meson for every test) joined with rel, e.g.
+ * th_bin("tools/relay/outbox-relay"); malloc'd. */
+char *th_bin(const char *rel);
+
+/* Runs argv (argv[0] a path) with an optional environment addition
+ * (NULL-terminated "K=V" list, may be NULL), captures stdout and stderr into
+ * malloc'd NUL-terminated strings (either out pointer may be NULL), waits at
+ * most timeout_ms (then SIGKILL), returns the exit status (0..255), 128+sig if
+ * killed by a signal, or -1 if it could not be started. */
+int th_run(char *const argv[], char *const env_add[], char **out, char **err, int timeout_ms);
+
+/* Starts argv in the background (stdout/stderr to the given file paths, or
+ * inherited when NULL); returns the pid or -1. */
+pid_t th_spawn(char *const argv[], char *const env_add[], const char *out_path, const char *err_path);
+/* Waits for pid up to timeout_ms; returns the exit status as th_run, or -2 on
+ * timeout (the process is left running). */
+int th_wait(pid_t pid, int timeout_ms);
+
+/* Monotonic milliseconds. */
+int64_t th_now_ms(void);
+/* Sleeps ms milliseconds. */
+void th_sleep_ms(int ms);
+
+#endif

@@ -1,0 +1,86 @@
+/*
+ * tap.h: a minimal TAP producer for the test executables (meson runs them
+ * with protocol 'tap'). Each check prints "ok N - ..." or "not ok N - ...";
+ * tap_done() prints the plan and returns the exit status.
+ */
+#ifndef OUTBOX_TESTS_TAP_H
+#define OUTBOX_TESTS_TAP_H
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int tap_count_;
+static int tap_failed_;
+
+static inline int tap_check_(int cond, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static inline int tap_check_(int cond, const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    tap_count_++;
+    printf("%sok %d - ", cond ? "" : "not ", tap_count_);
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    if (!cond) {
+        tap_failed_++;
+        printf("#   failed at %s:%d\n", file, line);
+    }
+    fflush(stdout);
+    return cond;
+}
+
+#define ok(cond, ...) tap_check_(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
+#define is_int(got, want, ...)                                                                     \
+    do {                                                                                           \
+        long long got_ = (long long)(got), want_ = (long long)(want);                             \
+        if (!tap_check_(got_ == want_, __FILE__, __LINE__, __VA_ARGS__))                           \
+            printf("#   got %lld, want %lld\n", got_, want_);                                      \
+    } while (0)
+#define is_str(got, want, ...)                                                                     \
+    do {                                                                                           \
+        const char *got_ = (got), *want_ = (want);                                                 \
+        int same_ = (got_ && want_) ? strcmp(got_, want_) == 0 : got_ == want_;                   \
+        if (!tap_check_(same_, __FILE__, __LINE__, __VA_ARGS__))                                   \
+            printf("#   got '%s', want '%s'\n", got_ ? got_ : "(null)", want_ ? want_ : "(null)"); \
+    } while (0)
+#define diag(...)                                                                                  \
+    do {                                                                                           \
+        printf("# ");                                                                              \
+        printf(__VA_ARGS__);                                                                       \
+        printf("\n");                                                                              \
+        fflush(stdout);                                                                            \
+    } while (0)
+/* Stops the test executable at once (setup failure). */
+#define bail(...)                                                                                  \
+    do {                                                                                           \
+        printf("Bail out! ");                                                                      \
+        printf(__VA_ARGS__);                                                                       \
+        printf("\n");                                                                              \
+        fflush(stdout);                                                                            \
+        exit(1);                                                                                   \
+    } while (0)
+/* Skips the whole executable (exit code 77 is meson's skip). */
+#define skip_all(...)                                                                              \
+    do {                                                                                           \
+        printf("1..0 # SKIP ");                                                                    \
+        printf(__VA_ARGS__);                                                                       \
+        printf("\n");                                                                              \
+        fflush(stdout);                                                                            \
+        exit(0);                                                                                   \
+    } while (0)
+
+static inline int tap_done(void)
+{
+    printf("1..%d\n", tap_count_);
+    if (tap_failed_)
+        printf("# %d of %d checks failed\n", tap_failed_, tap_count_);
+    fflush(stdout);
+    return tap_failed_ ? 1 : 0;
+}
+
+#endif

@@ -1,0 +1,279 @@
+/*
+ * test_redis_url.c: the Redis URL parser, copy and describe.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "redis.h"
+#include "tap.h"
+
+typedef struct accept_case {
+    const char *url;
+    const char *host, *path, *user, *password;
+    int port, db;
+} accept_case;
+
+static const accept_case accepted[] = {
+    /* TCP: host forms and defaults */
+    {"redis://localhost", "localhost", NULL, NULL, NULL, 6379, 0},
+    {"redis://localhost/", "localhost", NULL, NULL, NULL, 6379, 0},
+    {"redis://localhost:6380", "localhost", NULL, NULL, NULL, 6380, 0},
+    {"redis://127.0.0.1:1/0", "127.0.0.1", NULL, NULL, NULL, 1, 0},
+    {"redis://10.1.2.3:65535/15", "10.1.2.3", NULL, NULL, NULL, 65535, 15},
+    {"redis://my-host_1.example.com/7", "my-host_1.example.com", NULL, NULL, NULL, 6379, 7},
+    {"redis://[::1]", "::1", NULL, NULL, NULL, 6379, 0},
+    {"redis://[::1]:7000/2", "::1", NULL, NULL, NULL, 7000, 2},
+    {"redis://[2001:db8::8a2e:370:7334]:6379", "2001:db8::8a2e:370:7334", NULL, NULL, NULL, 6379, 0},
+    {"redis://[::ffff:192.0.2.1]/1", "::ffff:192.0.2.1", NULL, NULL, NULL, 6379, 1},
+    {"REDIS://Host:6379/3", "Host", NULL, NULL, NULL, 6379, 3},
+    /* databases: above 15 is for the server to refuse, the URL allows any int */
+    {"redis://h/16", "h", NULL, NULL, NULL, 6379, 16},
+    {"redis://h/2147483647", "h", NULL, NULL, NULL, 6379, 2147483647},
+    {"redis://h/007", "h", NULL, NULL, NULL, 6379, 7},
+    /* credentials */
+    {"redis://:s3cret@h", "h", NULL, NULL, "s3cret", 6379, 0},
+    {"redis://alice:pw@h:6390/4", "h", NULL, "alice", "pw", 6390, 4},
+    {"redis://s3cret@h", "h", NULL, NULL, "s3cret", 6379, 0}, /* redis-cli reading */
+    {"redis://alice:@h", "h", NULL, "alice", "", 6379, 0},
+    {"redis://:@h", "h", NULL, NULL, NULL, 6379, 0},
+    {"redis://@h", "h", NULL, NULL, NULL, 6379, 0},
+    {"redis://:p%40ss%3Aword@h", "h", NULL, NULL, "p@ss:word", 6379, 0},
+    {"redis://a%3Ab:c%25d@h", "h", NULL, "a:b", "c%d", 6379, 0},
+    {"redis://u:pa:ss@h", "h", NULL, "u", "pa:ss", 6379, 0},
+    {"redis://:p@ss@h/2", "h", NULL, NULL, "p@ss", 6379, 2}, /* the last '@' ends the userinfo */
+    {"redis://:a/b?c@h", "h", NULL, NULL, "a/b?c", 6379, 0},
+    {"redis://alice:pw@[::1]:6380/3", "::1", NULL, "alice", "pw", 6380, 3},
+    /* Unix sockets */
+    {"unix:///tmp/redis.sock", NULL, "/tmp/redis.sock", NULL, NULL, 0, 0},
+    {"unix:///tmp/redis.sock?db=3", NULL, "/tmp/redis.sock", NULL, NULL, 0, 3},
+    {"redis+unix:///var/run/r.sock?db=1", NULL, "/var/run/r.sock", NULL, NULL, 0, 1},
+    {"UNIX:///s", NULL, "/s", NULL, NULL, 0, 0},
+    {"unix:///s?password=p%40w", NULL, "/s", NULL, "p@w", 0, 0},
+    {"unix:///s?user=alice&password=pw&db=2", NULL, "/s", "alice", "pw", 0, 2},
+    {"unix:///s?db=2&db=5", NULL, "/s", NULL, NULL, 0, 5}, /* the last one wins */
+    {"unix:///s?", NULL, "/s", NULL, NULL, 0, 0},
+    {"unix:///s?&db=1&", NULL, "/s", NULL, NULL, 0, 1},
+    {"unix:///a/b@c:d", NULL, "/a/b@c:d", NULL, NULL, 0, 0},
+};
+
+typedef struct reject_case {
+    const char *url;
+    const char *message;
+} reject_case;
+
+static const reject_case rejected[] = {
+    {"", "empty URL"},
+    {"localhost:6379", "missing scheme in 'localhost:6379', expected redis:// or unix://"},
+    {"http://localhost", "bad scheme 'http', expected redis:// or unix://"},
+    {"redis:/localhost", "missing scheme in 'redis:/localhost', expected redis:// or unix://"},
+    {"://h", "bad scheme '', expected redis:// or unix://"},
+    {"rediss://h", "TLS (rediss://) is not supported, expected redis:// or unix://"},
+    /* host */
+    {"redis://", "empty host"},
+    {"redis://:6379", "empty host"},
+    {"redis:///0", "empty host"},
+    {"redis://u:p@", "empty host"},
+    {"redis://u:p@:6379/1", "empty host"},
+    {"redis://[]:6379", "empty host"},
+    {"redis://[::1", "unterminated '[' in IPv6 address"},
+    {"redis://[::1:6379/0", "unterminated '[' in IPv6 address"},
+    {"redis://[not-v6]", "invalid IPv6 address 'not-v6'"},
+    {"redis://[1.2.3.4]", "invalid IPv6 address '1.2.3.4'"},
+    {"redis://[::1]x", "unexpected 'x' after host"},
+    {"redis://ho st", "invalid character ' ' in host"},
+    {"redis://host!", "invalid character '!' in host"},
+    {"redis://host?db=1", "unexpected '?db=1' after host"},
+    {"redis://host#frag", "unexpected '#frag' after host"},
+    /* port */
+    {"redis://h:", "port '' is not a number"},
+    {"redis://h:/1", "port '' is not a number"},
+    {"redis://h:abc", "port 'abc' is not a number"},
+    {"redis://h:-1", "port '-1' is not a number"},
+    {"redis://h:+80", "port '+80' is not a number"},
+    {"redis://h:63 79", "port '63 79' is not a number"},
+    {"redis://h:6379x", "port '6379x' is not a number"},
+    {"redis://h:6379?db=1", "port '6379?db=1' is not a number"},
+    {"redis://h:0", "port 0 out of range 1..65535"},
+    {"redis://h:65536", "port 65536 out of range 1..65535"},
+    {"redis://h:99999", "port 99999 out of range 1..65535"},
+    {"redis://h:99999999999999999999999", "port 99999999999999999999999 out of range 1..65535"},
+    /* database */
+    {"redis://h/x", "database 'x' is not a number"},
+    {"redis://h/1x", "database '1x' is not a number"},
+    {"redis://h/1/2", "database '1/2' is not a number"},
+    {"redis://h/ 1", "database ' 1' is not a number"},
+    {"redis://h/+1", "database '+1' is not a number"},
+    {"redis://h/-", "database '-' is not a number"},
+    {"redis://h/-1", "database -1 out of range 0..2147483647"},
+    {"redis://h/2147483648", "database 2147483648 out of range 0..2147483647"},
+    {"redis://h/99999999999999999999", "database 99999999999999999999 out of range 0..2147483647"},
+    {"redis://h/0?x", "database '0?x' is not a number"},
+    {"redis://h:6379/0#f", "database '0#f' is not a number"},
+    /* percent-encoding */
+    {"redis://:p%4@h", "bad percent-encoding in password"},
+    {"redis://:p%@h", "bad percent-encoding in password"},
+    {"redis://:p%zz@h", "bad percent-encoding in password"},
+    {"redis://:p%00@h", "%00 (NUL byte) in password"},
+    {"redis://a%g1:p@h", "bad percent-encoding in user name"},
+    /* Unix sockets */
+    {"unix://", "empty unix socket path"},
+    {"unix://?db=1", "empty unix socket path"},
+    {"redis+unix://", "empty unix socket path"},
+    {"unix://tmp/redis.sock", "unix socket path 'tmp/redis.sock' is not absolute"},
+    {"unix://./redis.sock", "unix socket path './redis.sock' is not absolute"},
+    {"unix://:pw@/tmp/s", "unix socket path ':pw@/tmp/s' is not absolute"},
+    {"unix:///s?db=x", "database 'x' is not a number"},
+    {"unix:///s?db=-3", "database -3 out of range 0..2147483647"},
+    {"unix:///s?db=", "database '' is not a number"},
+    {"unix:///s?db", "query parameter 'db' has no value"},
+    {"unix:///s?timeout=5", "unknown query parameter 'timeout'"},
+    {"unix:///s?password=%zz", "bad percent-encoding in password"},
+};
+
+static void check_accepted(const accept_case *c)
+{
+    outbox__redis_url u;
+    char err[256];
+    int rc;
+    memset(err, 'x', sizeof err);
+    rc = outbox__redis_url_parse(c->url, &u, err, sizeof err);
+    is_int(rc, 0, "accept %s", c->url);
+    if (rc != 0) {
+        diag("error: %s", err);
+        return;
+    }
+    is_str(err, "", "  no error message");
+    is_str(u.host, c->host, "  host");
+    is_str(u.path, c->path, "  path");
+    is_str(u.user, c->user, "  user");
+    is_str(u.password, c->password, "  password");
+    is_int(u.port, c->port, "  port");
+    is_int(u.db, c->db, "  db");
+    outbox__redis_url_free(&u);
+}
+
+static int all_zero(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (b[i])
+            return 0;
+    return 1;
+}
+
+static void check_rejected(const reject_case *c)
+{
+    outbox__redis_url u;
+    char err[256];
+    memset(&u, 0x5a, sizeof u);
+    is_int(outbox__redis_url_parse(c->url, &u, err, sizeof err), OUTBOX_EURL, "reject '%s'", c->url);
+    is_str(err, c->message, "  message");
+    ok(all_zero(&u, sizeof u), "  result left zeroed");
+}
+
+static void test_error_buffer(void)
+{
+    outbox__redis_url u;
+    char small[8];
+    is_int(outbox__redis_url_parse("http://x", &u, small, sizeof small), OUTBOX_EURL, "short error buffer");
+    is_str(small, "bad sch", "  message truncated and NUL-terminated");
+    is_int(outbox__redis_url_parse("http://x", &u, NULL, 0), OUTBOX_EURL, "no error buffer");
+    is_int(outbox__redis_url_parse(NULL, &u, small, sizeof small), OUTBOX_EURL, "NULL URL");
+    is_int(outbox__redis_url_parse("redis://h", NULL, small, sizeof small), OUTBOX_EINVAL, "NULL out");
+}
+
+static void test_unix_path_length(void)
+{
+    char url[300], err[128];
+    outbox__redis_url u;
+    /* sun_path holds 108 bytes with the NUL: 107 characters fit. */
+    memset(url, 0, sizeof url);
+    strcpy(url, "unix://");
+    memset(url + 7, 'a', 107);
+    url[7] = '/';
+    is_int(outbox__redis_url_parse(url, &u, err, sizeof err), 0, "unix path of 107 bytes");
+    is_int(strlen(u.path), 107, "  kept whole");
+    outbox__redis_url_free(&u);
+    url[7 + 107] = 'a';
+    is_int(outbox__redis_url_parse(url, &u, err, sizeof err), OUTBOX_EURL, "unix path of 108 bytes");
+    is_str(err, "unix socket path too long (108 bytes, at most 107)", "  message");
+}
+
+static void describe(const char *url, const char *want)
+{
+    outbox__redis_url u;
+    char buf[256], err[128];
+    if (outbox__redis_url_parse(url, &u, err, sizeof err) != 0) {
+        ok(0, "describe %s: parse failed: %s", url, err);
+        return;
+    }
+    outbox__redis_url_describe(&u, buf, sizeof buf);
+    is_str(buf, want, "describe %s", url);
+    ok(!u.password || !strstr(buf, u.password) || !*u.password, "  password not shown");
+    outbox__redis_url_free(&u);
+}
+
+static void test_describe(void)
+{
+    char small[12];
+    outbox__redis_url u;
+    describe("redis://h", "redis://h:6379/0");
+    describe("redis://alice:topsecret@h:6380/2", "redis://alice:***@h:6380/2");
+    describe("redis://:topsecret@10.0.0.1", "redis://:***@10.0.0.1:6379/0");
+    describe("redis://:p%40ss@h", "redis://:***@h:6379/0");
+    describe("redis://[::1]:7000/1", "redis://[::1]:7000/1");
+    describe("unix:///tmp/r.sock", "unix:///tmp/r.sock?db=0");
+    describe("unix:///tmp/r.sock?db=4&password=topsecret", "unix:///tmp/r.sock?db=4&password=***");
+    describe("unix:///tmp/r.sock?user=bob&password=topsecret", "unix:///tmp/r.sock?db=0&user=bob&password=***");
+
+    outbox__redis_url_parse("redis://:topsecret@somewhere.example.com", &u, NULL, 0);
+    outbox__redis_url_describe(&u, small, sizeof small);
+    is_str(small, "redis://:**", "describe truncates to the buffer");
+    outbox__redis_url_free(&u);
+    outbox__redis_url_describe(NULL, small, sizeof small);
+    is_str(small, "(none)", "describe NULL");
+    outbox__redis_url_describe(&u, small, 0); /* must not write */
+    ok(1, "describe into a zero-length buffer");
+}
+
+static void test_copy_free(void)
+{
+    outbox__redis_url a, b;
+    outbox__redis_url_parse("redis://alice:pw@h:6390/4", &a, NULL, 0);
+    is_int(outbox__redis_url_copy(&b, &a), 0, "copy");
+    ok(b.host != a.host && b.user != a.user && b.password != a.password, "  deep");
+    is_str(b.host, "h", "  host");
+    is_str(b.user, "alice", "  user");
+    is_str(b.password, "pw", "  password");
+    ok(b.path == NULL, "  path NULL");
+    is_int(b.port, 6390, "  port");
+    is_int(b.db, 4, "  db");
+    outbox__redis_url_free(&a);
+    ok(all_zero(&a, sizeof a), "free zeroes the struct");
+    outbox__redis_url_free(&a); /* twice is fine */
+    outbox__redis_url_free(NULL);
+    ok(1, "free(NULL) and double free of a zeroed struct are no-ops");
+    outbox__redis_url_free(&b);
+
+    outbox__redis_url_parse("unix:///x/y?db=2", &a, NULL, 0);
+    is_int(outbox__redis_url_copy(&b, &a), 0, "copy unix");
+    is_str(b.path, "/x/y", "  path");
+    ok(b.host == NULL && b.user == NULL && b.password == NULL, "  others NULL");
+    outbox__redis_url_free(&a);
+    outbox__redis_url_free(&b);
+}
+
+int main(void)
+{
+    size_t i;
+    for (i = 0; i < sizeof accepted / sizeof accepted[0]; i++)
+        check_accepted(&accepted[i]);
+    for (i = 0; i < sizeof rejected / sizeof rejected[0]; i++)
+        check_rejected(&rejected[i]);
+    test_error_buffer();
+    test_unix_path_length();
+    test_describe();
+    test_copy_free();
+    return tap_done();
+}
