@@ -76,6 +76,22 @@ int outbox_db_open(const char *path, int flags, sqlite3 **out, char *err, size_t
             set_err(err, errlen, "cannot open database '%s': %s", path, strerror(errno));
             return OUTBOX_EIO;
         }
+        /* Creating: say plainly when the directory is what is missing. */
+        {
+            char parent[4096];
+            char *slash;
+            outbox__strlcpy(parent, path, sizeof parent);
+            slash = strrchr(parent, '/');
+            if (slash && slash != parent) {
+                *slash = '\0';
+                errno = 0;
+                if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
+                    set_err(err, errlen, "cannot create database '%s': directory '%s': %s", path, parent,
+                            errno ? strerror(errno) : "not a directory");
+                    return OUTBOX_EIO;
+                }
+            }
+        }
     } else if (S_ISDIR(st.st_mode)) {
         set_err(err, errlen, "cannot open database '%s': it is a directory", path);
         return OUTBOX_EIO;

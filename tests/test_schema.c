@@ -1,0 +1,238 @@
+/* Opening databases and the schema contract: creation, idempotence,
+ * refusal of foreign and newer schemas, plain-SQL inserts, durability. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "outbox.h"
+#include "tap.h"
+
+static char *dir;
+
+static int64_t one_int(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st;
+    int64_t v = -1;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+        return -2;
+    if (sqlite3_step(st) == SQLITE_ROW)
+        v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(data, 1, len, f) != len)
+        bail("cannot write %s", path);
+    fclose(f);
+}
+
+static sqlite3 *raw_open(const char *path)
+{
+    sqlite3 *db;
+    if (sqlite3_open(path, &db) != SQLITE_OK)
+        bail("sqlite3_open %s", path);
+    return db;
+}
+
+static void test_create_and_idempotent(void)
+{
+    char *path = th_path(dir, "fresh.db"), err[512] = "";
+    sqlite3 *db = NULL;
+    int e;
+
+    e = outbox_db_open(path, OUTBOX_OPEN_CREATE, &db, err, sizeof err);
+    is_int(e, 0, "open with CREATE makes a new database (%s)", err);
+    is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_ENOSCHEMA, "check on an empty database: ENOSCHEMA");
+    ok(strstr(err, "outbox-relay init") != NULL, "the message says what to do: %s", err);
+    is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply creates the schema");
+    is_int(one_int(db, "PRAGMA user_version"), OUTBOX_SCHEMA_VERSION, "user_version records the version");
+    is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply again is a no-op");
+    is_int(outbox_schema_check(db, err, sizeof err), 0, "check passes");
+    ok(sqlite3_exec(db, "SELECT 1", NULL, NULL, NULL) == SQLITE_OK, "connection usable");
+    {
+        sqlite3_stmt *st;
+        sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &st, NULL);
+        sqlite3_step(st);
+        is_str((const char *)sqlite3_column_text(st, 0), "wal", "journal_mode is WAL");
+        sqlite3_finalize(st);
+    }
+    is_int(one_int(db, "PRAGMA synchronous"), 2, "writer connection: synchronous=FULL");
+    is_int(outbox_db_is_durable(db), 1, "durable");
+    is_int(one_int(db, "PRAGMA busy_timeout"), 5000, "writer connection: busy_timeout 5000");
+
+    /* A plain INSERT from any client is a complete message. */
+    ok(sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('m1', 'orders', x'0102')", NULL, NULL,
+                    NULL) == SQLITE_OK,
+       "plain INSERT of id, topic, payload works");
+    is_int(one_int(db, "SELECT state FROM outbox WHERE id='m1'"), 0, "it is pending");
+    ok(one_int(db, "SELECT created_at FROM outbox WHERE id='m1'") > 1600000000000LL, "created_at defaults to unix ms");
+    ok(llabs((long long)(one_int(db, "SELECT available_at FROM outbox WHERE id='m1'") - outbox_now_ms())) < 60000,
+       "available_at defaults to now");
+    ok(sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('bad id', 'orders', x'00')", NULL, NULL,
+                    NULL) != SQLITE_OK,
+       "the schema refuses an id with a space");
+    ok(strstr(sqlite3_errmsg(db), "id_is_1_to_128_printable_ascii") != NULL, "named constraint: %s",
+       sqlite3_errmsg(db));
+    ok(sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('m2', 'or{ders}', x'00')", NULL, NULL,
+                    NULL) != SQLITE_OK,
+       "the schema refuses a topic with braces");
+    ok(sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('m1', 'orders', x'00')", NULL, NULL,
+                    NULL) != SQLITE_OK,
+       "the schema refuses a duplicate id");
+    ok(sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload, headers) VALUES ('m3', 'orders', x'00', 'text')",
+                    NULL, NULL, NULL) != SQLITE_OK,
+       "the schema refuses text headers");
+    sqlite3_close_v2(db);
+
+    /* Apply through a second connection while the first holds the file. */
+    {
+        sqlite3 *a = NULL, *b = NULL;
+        is_int(outbox_db_open(path, 0, &a, err, sizeof err), 0, "reopen without CREATE");
+        is_int(outbox_db_open(path, OUTBOX_OPEN_RELAY, &b, err, sizeof err), 0, "relay connection");
+        is_int(one_int(b, "PRAGMA busy_timeout"), 0, "relay connection: busy_timeout 0");
+        is_int(one_int(b, "PRAGMA synchronous"), 1, "relay connection: synchronous=NORMAL");
+        is_int(outbox_db_is_durable(b), 0, "relay connection is not durable (by design)");
+        is_int(outbox_schema_apply(a, err, sizeof err), 0, "apply on a current schema from conn a");
+        is_int(outbox_schema_apply(b, err, sizeof err), 0, "and from conn b");
+        sqlite3_close_v2(a);
+        sqlite3_close_v2(b);
+    }
+    free(path);
+}
+
+static void test_refusals(void)
+{
+    char err[512] = "";
+    sqlite3 *db = NULL;
+    char *p;
+    int e;
+
+    /* Missing file without CREATE. */
+    p = th_path(dir, "missing.db");
+    e = outbox_db_open(p, 0, &db, err, sizeof err);
+    is_int(e, OUTBOX_EIO, "missing file without CREATE: EIO");
+    ok(db == NULL && strstr(err, "No such file") != NULL, "message: %s", err);
+    ok(access(p, F_OK) != 0, "no file was created");
+    free(p);
+
+    /* A directory. */
+    e = outbox_db_open(dir, OUTBOX_OPEN_CREATE, &db, err, sizeof err);
+    is_int(e, OUTBOX_EIO, "a directory: EIO");
+    ok(strstr(err, "directory") != NULL, "message: %s", err);
+
+    /* Not a database. */
+    p = th_path(dir, "text.db");
+    write_file(p, "hello, this is not a database at all, just some text that is long enough\n", 74);
+    e = outbox_db_open(p, OUTBOX_OPEN_CREATE, &db, err, sizeof err);
+    is_int(e, OUTBOX_ENOTDB, "a text file: ENOTDB");
+    ok(strstr(err, "not a usable SQLite database") != NULL, "message: %s", err);
+    free(p);
+
+    /* A corrupt database: a valid header, garbage pages. */
+    {
+        char *good = th_path(dir, "corrupt.db");
+        sqlite3 *raw = raw_open(good);
+        unsigned char junk[4096];
+        int fd;
+        sqlite3_exec(raw, "PRAGMA journal_mode=DELETE; CREATE TABLE t(x); INSERT INTO t VALUES (1);", NULL, NULL,
+                     NULL);
+        sqlite3_close(raw);
+        memset(junk, 0xA5, sizeof junk);
+        fd = open(good, O_WRONLY);
+        if (fd < 0 || pwrite(fd, junk, 200, 100) != 200)
+            bail("corrupting");
+        close(fd);
+        e = outbox_db_open(good, 0, &db, err, sizeof err);
+        if (e == 0) {
+            e = outbox_schema_apply(db, err, sizeof err);
+            sqlite3_close_v2(db);
+            db = NULL;
+        }
+        is_int(e, OUTBOX_ENOTDB, "a corrupt database: ENOTDB (%s)", err);
+        free(good);
+    }
+
+    /* A foreign outbox table (user_version 0). */
+    p = th_path(dir, "foreign.db");
+    db = raw_open(p);
+    sqlite3_exec(db, "CREATE TABLE outbox(id INTEGER PRIMARY KEY, body TEXT)", NULL, NULL, NULL);
+    e = outbox_schema_apply(db, err, sizeof err);
+    is_int(e, OUTBOX_EFOREIGN, "foreign outbox table: EFOREIGN");
+    ok(strstr(err, "not an outbox table") != NULL || strstr(err, "not created by outbox") != NULL, "message: %s",
+       err);
+    is_int(one_int(db, "PRAGMA user_version"), 0, "user_version untouched");
+    is_int(one_int(db, "SELECT count(*) FROM pragma_table_info('outbox')"), 2, "foreign table untouched");
+    is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_EFOREIGN, "check says EFOREIGN too");
+    /* A foreign table with a version set but missing columns. */
+    sqlite3_exec(db, "PRAGMA user_version=1", NULL, NULL, NULL);
+    e = outbox_schema_check(db, err, sizeof err);
+    is_int(e, OUTBOX_EFOREIGN, "version 1 but wrong columns: EFOREIGN");
+    ok(strstr(err, "no column 'seq'") != NULL, "names the missing column: %s", err);
+    sqlite3_close(db);
+    free(p);
+
+    /* A newer schema. */
+    p = th_path(dir, "newer.db");
+    db = raw_open(p);
+    sqlite3_exec(db, "PRAGMA user_version=99", NULL, NULL, NULL);
+    e = outbox_schema_apply(db, err, sizeof err);
+    is_int(e, OUTBOX_ESCHEMANEWER, "newer schema: ESCHEMANEWER");
+    ok(strstr(err, "99") != NULL && strstr(err, "newer") != NULL, "message: %s", err);
+    is_int(one_int(db, "SELECT count(*) FROM sqlite_master"), 0, "nothing created");
+    sqlite3_close(db);
+    free(p);
+
+    /* Version set but the table was dropped. */
+    p = th_path(dir, "dropped.db");
+    db = raw_open(p);
+    is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
+    sqlite3_exec(db, "DROP TABLE outbox", NULL, NULL, NULL);
+    is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_EFOREIGN, "dropped table is reported");
+    ok(strstr(err, "missing") != NULL, "message: %s", err);
+    sqlite3_close(db);
+    free(p);
+
+    /* Apply inside a transaction is refused. */
+    p = th_path(dir, "intx.db");
+    db = raw_open(p);
+    sqlite3_exec(db, "BEGIN", NULL, NULL, NULL);
+    is_int(outbox_schema_apply(db, err, sizeof err), OUTBOX_ESTATE, "apply inside a transaction: ESTATE");
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(db);
+    free(p);
+
+    /* Bad arguments. */
+    is_int(outbox_db_open(NULL, 0, &db, err, sizeof err), OUTBOX_EINVAL, "NULL path: EINVAL");
+    is_int(outbox_schema_apply(NULL, NULL, 0), OUTBOX_EINVAL, "NULL db: EINVAL");
+}
+
+static void test_durability(void)
+{
+    char *p = th_path(dir, "weak.db");
+    sqlite3 *db = raw_open(p);
+    sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL", NULL, NULL, NULL);
+    is_int(outbox_db_is_durable(db), 0, "synchronous=NORMAL is not durable");
+    sqlite3_exec(db, "PRAGMA synchronous=FULL", NULL, NULL, NULL);
+    is_int(outbox_db_is_durable(db), 1, "synchronous=FULL is durable");
+    sqlite3_exec(db, "PRAGMA synchronous=EXTRA", NULL, NULL, NULL);
+    is_int(outbox_db_is_durable(db), 1, "synchronous=EXTRA is durable");
+    sqlite3_close(db);
+    free(p);
+}
+
+int main(void)
+{
+    dir = th_tmpdir();
+    test_create_and_idempotent();
+    test_refusals();
+    test_durability();
+    th_rmtree(dir);
+    free(dir);
+    return tap_done();
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what building and testing outbox needs, from Debian's packages.
+# Runs apt-get only when something is missing, so repeated runs are quick.
+set -euo pipefail
+pkgs=(build-essential pkg-config meson ninja-build python3
+      libuv1-dev libhiredis-dev libsqlite3-dev libmsgpack-dev libinih-dev
+      redis-server redis-tools sqlite3 valgrind curl)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "deps: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's package starts a system redis-server on port 6379; the project
+# never uses it (tests and the demo start their own on a Unix socket).
