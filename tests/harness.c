@@ -517,8 +517,9 @@ static int write_config(th_redis *r)
         return -1;
     }
     fprintf(f, "port %d\n", r->port);
+    /* "-::1": also IPv6 loopback when the host has it (optional bind). */
     if (r->port)
-        fprintf(f, "bind 127.0.0.1\n");
+        fprintf(f, "bind 127.0.0.1 -::1\n");
     fprintf(f,
             "unixsocket %s\n"
             "unixsocketperm 700\n"

@@ -356,6 +356,25 @@ static void test_tcp_and_names(const th_redis *srv)
     test_basic("tcp 127.0.0.1", srv->tcp_url);
     snprintf(url, sizeof url, "redis://localhost:%d", srv->port);
     test_basic("tcp localhost", url);
+
+    /* A literal IPv6 address, when the host has IPv6 loopback. */
+    {
+        int fd = socket(AF_INET6, SOCK_STREAM, 0), has_v6;
+        struct sockaddr_in6 a;
+        memset(&a, 0, sizeof a);
+        a.sin6_family = AF_INET6;
+        a.sin6_addr = in6addr_loopback;
+        a.sin6_port = htons((uint16_t)srv->port);
+        has_v6 = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        if (fd >= 0)
+            close(fd);
+        if (has_v6) {
+            snprintf(url, sizeof url, "redis://[::1]:%d", srv->port);
+            test_basic("tcp [::1]", url);
+        } else {
+            ok(1, "# SKIP no IPv6 loopback");
+        }
+    }
 }
 
 static void test_refused(void)
