@@ -6,6 +6,7 @@
 #define OUTBOX_H
 
 #include "outbox/common.h"
+#include "outbox/consumer.h"
 #include "outbox/envelope.h"
 #include "outbox/relay.h"
 #include "outbox/schema.h"

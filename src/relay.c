@@ -1030,13 +1030,20 @@ static void do_work(outbox_relay *r)
     unsigned want = 0;
     msg **claimed = NULL, *marks, *m;
     size_t nclaimed = 0, ndead = 0, i, nmarks = 0;
+    uint64_t held;
     wait_group *grp = NULL;
 
     if (uv_is_active((uv_handle_t *)&r->busy_timer) || r->state == R_STOPPED || r->state == R_CREATED)
         return;
-    want_claim = r->state == R_RUNNING && r->conn_state == C_UP && r->inflight < r->s.inflight;
+    /* The marks written below leave the window in this same transaction,
+     * so their room can be claimed now; otherwise a window emptied by one
+     * batch of marks would wait for the scan timer. */
+    held = r->inflight;
+    for (m = r->marks_head; m; m = m->next)
+        held--;
+    want_claim = r->state == R_RUNNING && r->conn_state == C_UP && held < r->s.inflight;
     if (want_claim) {
-        want = r->s.inflight - (unsigned)r->inflight;
+        want = r->s.inflight - (unsigned)held;
         if (want > r->s.batch)
             want = r->s.batch;
     }

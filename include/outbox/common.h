@@ -64,13 +64,14 @@ extern "C" {
     XX(ESTATE, -25, "operation not allowed in the current state")              \
     XX(ECANCELED, -26, "operation canceled")                                   \
     XX(EIO, -27, "I/O error")                                                  \
-    XX(ERANGE, -28, "value out of range")
+    XX(ERANGE, -28, "value out of range")                                      \
+    XX(ELEASE, -29, "lease lost: this owner no longer holds it")
 
 typedef enum outbox_errno {
 #define OUTBOX_ERRNO_ENUM(name, val, msg) OUTBOX_##name = (val),
     OUTBOX_ERRNO_MAP(OUTBOX_ERRNO_ENUM)
 #undef OUTBOX_ERRNO_ENUM
-    OUTBOX_ERRNO_MIN_ = -28
+    OUTBOX_ERRNO_MIN_ = -29
 } outbox_errno;
 
 /* A static message for an error code; "unknown error" for anything else.

@@ -1,0 +1,383 @@
+/*
+ * Consumer-side dedup on Redis: begin (SET NX PX + GET, pipelined),
+ * complete and abandon (Lua compare-and-set through EVALSHA, EVAL when the
+ * server does not know the script yet).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "outbox/consumer.h"
+#include "outbox/writer.h"
+#include "rconn.h"
+
+#define KEY_MAX 1024
+
+static const char complete_lua[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+    "redis.call('SET', KEYS[1], 'D', 'PX', ARGV[2]) return 1 end return 0";
+static const char abandon_lua[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end return 0";
+
+enum op_kind { OP_BEGIN, OP_COMPLETE, OP_ABANDON };
+
+struct outbox_dedup {
+    uv_loop_t *loop;
+    outbox__logger log;
+    outbox__rconn rc;
+    char *ns, *owner_value; /* owner_value = "P:<owner>" */
+    uint64_t lease_ms, retention_ms;
+    char sha[2][41];        /* complete, abandon; "" until loaded */
+    char errstr[256];
+    void (*destroy_cb)(void *);
+    void *destroy_data;
+    int destroying;
+};
+
+typedef struct op {
+    outbox_dedup *d;
+    enum op_kind kind;
+    outbox_dedup_cb cb;
+    void *data;
+    int set_ok, status, get_sent;
+    char key[KEY_MAX];
+} op;
+
+void outbox_dedup_defaults(outbox_dedup_settings *s)
+{
+    memset(s, 0, sizeof *s);
+    s->key_namespace = "dedup";
+    s->lease_ms = 30000;
+    s->retention_ms = 7ull * 24 * 3600 * 1000;
+    s->reply_timeout_ms = 5000;
+    s->log = outbox_log_stderr;
+    s->log_level = OUTBOX_LOG_INFO;
+}
+
+static void set_errstr(outbox_dedup *d, const char *s, size_t len)
+{
+    size_t n = len < sizeof d->errstr - 1 ? len : sizeof d->errstr - 1;
+    memcpy(d->errstr, s, n);
+    d->errstr[n] = '\0';
+}
+
+static void on_script_loaded(outbox__redis *c, int status, redisReply *reply, void *data)
+{
+    char *sha = data;
+    (void)c;
+    if (status == 0 && reply && reply->type == REDIS_REPLY_STRING && reply->len == 40)
+        memcpy(sha, reply->str, 41);
+}
+
+static void load_scripts(outbox_dedup *d)
+{
+    outbox__redis *c = outbox__rconn_get(&d->rc);
+    const char *scripts[2] = {complete_lua, abandon_lua};
+    for (int i = 0; c && i < 2; i++) {
+        const char *argv[3] = {"SCRIPT", "LOAD", scripts[i]};
+        size_t lens[3] = {6, 4, strlen(scripts[i])};
+        outbox__redis_command_argv(c, 3, argv, lens, 0, on_script_loaded, d->sha[i]);
+    }
+}
+
+static void on_up(outbox__rconn *rc, void *data)
+{
+    (void)rc;
+    load_scripts(data);
+}
+
+int outbox_dedup_create(outbox_dedup **out, uv_loop_t *loop, const outbox_dedup_settings *s, char *err,
+                        size_t errlen)
+{
+    outbox_dedup *d;
+    outbox__redis_url url;
+    outbox__redis_options o;
+    char owner[64], msg[300];
+    int e;
+
+    if (err && errlen)
+        err[0] = '\0';
+    if (!out || !loop || !s)
+        return OUTBOX_EINVAL;
+    *out = NULL;
+    if (!s->redis_url || !s->key_namespace || !*s->key_namespace || strlen(s->key_namespace) > 128 ||
+        strpbrk(s->key_namespace, "{} ") || s->lease_ms < 1 || s->retention_ms < 1 || s->reply_timeout_ms < 1 ||
+        (s->owner && (!*s->owner || strlen(s->owner) > 200))) {
+        if (err && errlen)
+            snprintf(err, errlen, "dedup: need a Redis URL, a namespace of 1..128 bytes without braces or "
+                                  "spaces, an owner of 1..200 bytes, and non-zero lease, retention and timeout");
+        return OUTBOX_EINVAL;
+    }
+    e = outbox__redis_url_parse(s->redis_url, &url, msg, sizeof msg);
+    if (e != 0) {
+        if (err && errlen)
+            snprintf(err, errlen, "redis: %s", msg);
+        return e;
+    }
+    d = calloc(1, sizeof *d);
+    if (!d) {
+        outbox__redis_url_free(&url);
+        return OUTBOX_ENOMEM;
+    }
+    d->loop = loop;
+    d->log.fn = s->log;
+    d->log.data = s->log_data;
+    d->log.min_level = s->log_level;
+    d->lease_ms = s->lease_ms;
+    d->retention_ms = s->retention_ms;
+    if (!s->owner)
+        outbox_uuid7(owner);
+    else
+        outbox__strlcpy(owner, s->owner, sizeof owner);
+    d->ns = strdup(s->key_namespace);
+    d->owner_value = malloc(strlen(s->owner ? s->owner : owner) + 3);
+    if (!d->ns || !d->owner_value) {
+        free(d->ns);
+        free(d->owner_value);
+        free(d);
+        outbox__redis_url_free(&url);
+        return OUTBOX_ENOMEM;
+    }
+    sprintf(d->owner_value, "P:%s", s->owner ? s->owner : owner);
+    outbox__redis_options_defaults(&o);
+    o.reply_timeout_ms = s->reply_timeout_ms;
+    o.client_name = "outbox-dedup";
+    e = outbox__rconn_init(&d->rc, loop, &url, &o, &d->log, "dedup");
+    outbox__redis_url_free(&url);
+    if (e != 0) {
+        free(d->ns);
+        free(d->owner_value);
+        free(d);
+        return e;
+    }
+    d->rc.on_up = on_up;
+    d->rc.data = d;
+    outbox__rconn_start(&d->rc);
+    *out = d;
+    return 0;
+}
+
+static void dedup_closed(void *data)
+{
+    outbox_dedup *d = data;
+    void (*cb)(void *) = d->destroy_cb;
+    void *cbdata = d->destroy_data;
+    free(d->ns);
+    free(d->owner_value);
+    free(d);
+    if (cb)
+        cb(cbdata);
+}
+
+void outbox_dedup_destroy(outbox_dedup *d, void (*cb)(void *data), void *data)
+{
+    if (!d || d->destroying)
+        return;
+    d->destroying = 1;
+    d->destroy_cb = cb;
+    d->destroy_data = data;
+    outbox__rconn_close(&d->rc, dedup_closed, d);
+}
+
+int outbox_dedup_connected(const outbox_dedup *d)
+{
+    return d && outbox__rconn_get(&d->rc) != NULL;
+}
+
+const char *outbox_dedup_errstr(const outbox_dedup *d)
+{
+    return d ? d->errstr : "";
+}
+
+static int make_op(outbox_dedup *d, enum op_kind kind, const char *stream, const char *id, outbox_dedup_cb cb,
+                   void *data, op **out)
+{
+    op *o;
+    int n;
+    if (!d || !stream || !*stream || !id || !*id || !cb)
+        return OUTBOX_EINVAL;
+    if (d->destroying)
+        return OUTBOX_ECLOSED;
+    if (!outbox__rconn_get(&d->rc))
+        return OUTBOX_ECONNECT;
+    o = calloc(1, sizeof *o);
+    if (!o)
+        return OUTBOX_ENOMEM;
+    n = snprintf(o->key, sizeof o->key, "%s:{%s}:%s", d->ns, stream, id);
+    if (n < 0 || (size_t)n >= sizeof o->key) {
+        free(o);
+        return OUTBOX_EINVAL;
+    }
+    o->d = d;
+    o->kind = kind;
+    o->cb = cb;
+    o->data = data;
+    *out = o;
+    return 0;
+}
+
+static void finish(op *o, int status, outbox_dedup_result res)
+{
+    o->cb(o->d, status, res, o->data);
+    free(o);
+}
+
+static void on_set(outbox__redis *c, int status, redisReply *reply, void *data)
+{
+    op *o = data;
+    (void)c;
+    if (!o->get_sent) { /* the GET could not be queued: finish here */
+        finish(o, status ? status : OUTBOX_ENOMEM, 0);
+        return;
+    }
+    if (status != 0)
+        o->status = status;
+    else if (reply->type == REDIS_REPLY_ERROR) {
+        o->status = OUTBOX_EREDIS;
+        set_errstr(o->d, reply->str, reply->len);
+    } else
+        o->set_ok = reply->type == REDIS_REPLY_STATUS;
+}
+
+static void on_get(outbox__redis *c, int status, redisReply *reply, void *data)
+{
+    op *o = data;
+    (void)c;
+    if (o->status != 0 || status != 0) {
+        finish(o, o->status ? o->status : status, 0);
+        return;
+    }
+    if (o->set_ok) {
+        finish(o, 0, OUTBOX_DEDUP_FIRST);
+        return;
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+        set_errstr(o->d, reply->str, reply->len);
+        finish(o, OUTBOX_EREDIS, 0);
+    } else if (reply->type == REDIS_REPLY_STRING && reply->len == 1 && reply->str[0] == 'D') {
+        finish(o, 0, OUTBOX_DEDUP_DONE);
+    } else {
+        /* Another owner's processing key, or it expired between the two
+         * commands: either way, not ours now; try again later. */
+        finish(o, 0, OUTBOX_DEDUP_BUSY);
+    }
+}
+
+int outbox_dedup_begin(outbox_dedup *d, const char *stream, const char *id, outbox_dedup_cb cb, void *data)
+{
+    op *o;
+    char px[24];
+    int e = make_op(d, OP_BEGIN, stream, id, cb, data, &o);
+    outbox__redis *c;
+    if (e != 0)
+        return e;
+    c = outbox__rconn_get(&d->rc);
+    snprintf(px, sizeof px, "%llu", (unsigned long long)d->lease_ms);
+    {
+        const char *argv[6] = {"SET", o->key, d->owner_value, "NX", "PX", px};
+        size_t lens[6] = {3, strlen(o->key), strlen(d->owner_value), 2, 2, strlen(px)};
+        const char *gargv[2] = {"GET", o->key};
+        size_t glens[2] = {3, strlen(o->key)};
+        e = outbox__redis_command_argv(c, 6, argv, lens, 0, on_set, o);
+        if (e != 0) {
+            free(o);
+            return e;
+        }
+        /* Pipelined right behind the SET: the GET reply decides the result
+         * and is the one callback that finishes the operation. */
+        if (outbox__redis_command_argv(c, 2, gargv, glens, 0, on_get, o) == 0)
+            o->get_sent = 1;
+    }
+    return 0;
+}
+
+static int send_script(op *o, int use_eval);
+
+static void on_script(outbox__redis *c, int status, redisReply *reply, void *data)
+{
+    op *o = data;
+    (void)c;
+    if (status != 0) {
+        finish(o, status, 0);
+        return;
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+        if (reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0) {
+            /* The server lost its scripts (restart, SCRIPT FLUSH): send the
+             * body, which also caches it again. */
+            o->d->sha[o->kind == OP_COMPLETE ? 0 : 1][0] = '\0';
+            int e = send_script(o, 1);
+            if (e != 0)
+                finish(o, e, 0);
+            return;
+        }
+        set_errstr(o->d, reply->str, reply->len);
+        finish(o, OUTBOX_EREDIS, 0);
+        return;
+    }
+    if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 1)
+        finish(o, 0, 0);
+    else
+        finish(o, OUTBOX_ELEASE, 0);
+}
+
+static int send_script(op *o, int use_eval)
+{
+    outbox_dedup *d = o->d;
+    outbox__redis *c = outbox__rconn_get(&d->rc);
+    int idx = o->kind == OP_COMPLETE ? 0 : 1;
+    const char *body = idx == 0 ? complete_lua : abandon_lua;
+    char ret[24];
+    const char *argv[6];
+    size_t lens[6];
+    int argc = 0;
+
+    if (!c)
+        return OUTBOX_ECONNECT;
+    if (!use_eval && d->sha[idx][0]) {
+        argv[argc] = "EVALSHA";
+        lens[argc++] = 7;
+        argv[argc] = d->sha[idx];
+        lens[argc++] = 40;
+    } else {
+        argv[argc] = "EVAL";
+        lens[argc++] = 4;
+        argv[argc] = body;
+        lens[argc++] = strlen(body);
+    }
+    argv[argc] = "1";
+    lens[argc++] = 1;
+    argv[argc] = o->key;
+    lens[argc++] = strlen(o->key);
+    argv[argc] = d->owner_value;
+    lens[argc++] = strlen(d->owner_value);
+    if (idx == 0) {
+        snprintf(ret, sizeof ret, "%llu", (unsigned long long)d->retention_ms);
+        argv[argc] = ret;
+        lens[argc++] = strlen(ret);
+    }
+    return outbox__redis_command_argv(c, argc, argv, lens, 0, on_script, o);
+}
+
+static int script_op(outbox_dedup *d, enum op_kind kind, const char *stream, const char *id, outbox_dedup_cb cb,
+                     void *data)
+{
+    op *o;
+    int e = make_op(d, kind, stream, id, cb, data, &o);
+    if (e != 0)
+        return e;
+    e = send_script(o, 0);
+    if (e != 0)
+        free(o);
+    return e;
+}
+
+int outbox_dedup_complete(outbox_dedup *d, const char *stream, const char *id, outbox_dedup_cb cb, void *data)
+{
+    return script_op(d, OP_COMPLETE, stream, id, cb, data);
+}
+
+int outbox_dedup_abandon(outbox_dedup *d, const char *stream, const char *id, outbox_dedup_cb cb, void *data)
+{
+    return script_op(d, OP_ABANDON, stream, id, cb, data);
+}

@@ -1,0 +1,179 @@
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rconn.h"
+
+static void rc_connect(outbox__rconn *rc);
+
+static void rc_handle_gone(outbox__rconn *rc)
+{
+    if (--rc->handles == 0 && rc->closing) {
+        outbox__redis_url_free(&rc->url);
+        if (rc->close_cb)
+            rc->close_cb(rc->close_data);
+    }
+}
+
+static void rc_conn_closed(void *data)
+{
+    rc_handle_gone(data);
+}
+
+static void rc_timer_closed(uv_handle_t *h)
+{
+    rc_handle_gone(h->data);
+}
+
+static void rc_drop(outbox__rconn *rc)
+{
+    outbox__redis *c = rc->conn;
+    rc->conn = NULL;
+    rc->up = 0;
+    if (c) {
+        rc->handles++;
+        outbox__redis_close(c, rc_conn_closed, rc);
+    }
+}
+
+static void rc_on_timer(uv_timer_t *t)
+{
+    rc_connect(t->data);
+}
+
+static void rc_retry(outbox__rconn *rc, int status, const char *detail)
+{
+    uint64_t now = uv_now(rc->loop), d;
+    rc_drop(rc);
+    if (!rc->running || rc->closing)
+        return;
+    if (rc->failures++ == 0) {
+        rc->down_since = rc->last_log = now;
+        outbox__log(rc->log, OUTBOX_LOG_WARN,
+                    "msg=\"redis unreachable, retrying with backoff\" conn=%s redis=%s err=%s detail=\"%s\"",
+                    rc->what, rc->desc, outbox_err_name(status), detail);
+    } else if (now - rc->last_log >= 30000) {
+        rc->last_log = now;
+        outbox__log(rc->log, OUTBOX_LOG_WARN,
+                    "msg=\"redis still unreachable\" conn=%s redis=%s for_ms=%llu attempts=%u detail=\"%s\"",
+                    rc->what, rc->desc, (unsigned long long)(now - rc->down_since), rc->failures, detail);
+    }
+    rc->delay_ms = rc->delay_ms ? rc->delay_ms * 2 : 100;
+    if (rc->delay_ms > 5000)
+        rc->delay_ms = 5000;
+    d = rc->delay_ms / 2 + (uint64_t)rand() % (rc->delay_ms / 2 + 1);
+    uv_timer_start(&rc->timer, rc_on_timer, d, 0);
+}
+
+static void quote_free(char *buf, size_t len, const char *s)
+{
+    outbox__strlcpy(buf, s, len);
+    for (char *p = buf; *p; p++)
+        if (*p == '"' || *p == '\n')
+            *p = '\'';
+}
+
+static void rc_connected(outbox__redis *c, int status, void *data)
+{
+    outbox__rconn *rc = data;
+    char detail[256];
+    if (c != rc->conn)
+        return;
+    if (status != 0) {
+        quote_free(detail, sizeof detail, outbox__redis_errstr(c));
+        rc_retry(rc, status, detail);
+        return;
+    }
+    rc->up = 1;
+    if (rc->failures)
+        outbox__log(rc->log, OUTBOX_LOG_INFO, "msg=\"redis reachable again\" conn=%s redis=%s attempts=%u",
+                    rc->what, rc->desc, rc->failures);
+    else
+        outbox__log(rc->log, OUTBOX_LOG_INFO, "msg=\"connected to redis\" conn=%s redis=%s", rc->what, rc->desc);
+    rc->failures = 0;
+    rc->delay_ms = 0;
+    if (rc->on_up)
+        rc->on_up(rc, rc->data);
+}
+
+static void rc_disconnected(outbox__redis *c, int status, void *data)
+{
+    outbox__rconn *rc = data;
+    char detail[256];
+    if (c != rc->conn)
+        return;
+    quote_free(detail, sizeof detail, outbox__redis_errstr(c));
+    outbox__log(rc->log, OUTBOX_LOG_WARN, "msg=\"redis connection lost\" conn=%s err=%s detail=\"%s\"", rc->what,
+                outbox_err_name(status), detail);
+    rc->up = 0;
+    if (rc->on_down)
+        rc->on_down(rc, status, rc->data);
+    /* A lost connection is retried at once; failures back off from there. */
+    rc_drop(rc);
+    rc->failures = 1;
+    rc->down_since = rc->last_log = uv_now(rc->loop);
+    if (rc->running && !rc->closing)
+        uv_timer_start(&rc->timer, rc_on_timer, 10, 0);
+}
+
+static void rc_connect(outbox__rconn *rc)
+{
+    int e;
+    if (!rc->running || rc->closing || rc->conn)
+        return;
+    e = outbox__redis_create(&rc->conn, rc->loop, &rc->url, &rc->opt, rc);
+    if (e == 0)
+        e = outbox__redis_connect(rc->conn, rc_connected, rc_disconnected);
+    if (e != 0)
+        rc_retry(rc, e, outbox_strerror(e));
+}
+
+int outbox__rconn_init(outbox__rconn *rc, uv_loop_t *loop, const outbox__redis_url *url,
+                       const outbox__redis_options *opt, const outbox__logger *log, const char *what)
+{
+    memset(rc, 0, sizeof *rc);
+    rc->loop = loop;
+    rc->log = log;
+    rc->opt = *opt;
+    outbox__strlcpy(rc->what, what, sizeof rc->what);
+    if (outbox__redis_url_copy(&rc->url, url) != 0)
+        return OUTBOX_ENOMEM;
+    outbox__redis_url_describe(&rc->url, rc->desc, sizeof rc->desc);
+    uv_timer_init(loop, &rc->timer);
+    rc->timer.data = rc;
+    rc->handles = 1;
+    return 0;
+}
+
+void outbox__rconn_start(outbox__rconn *rc)
+{
+    rc->running = 1;
+    rc_connect(rc);
+}
+
+outbox__redis *outbox__rconn_get(const outbox__rconn *rc)
+{
+    return rc->up ? rc->conn : NULL;
+}
+
+void outbox__rconn_reset(outbox__rconn *rc, const char *why)
+{
+    if (!rc->conn || rc->closing)
+        return;
+    outbox__log(rc->log, OUTBOX_LOG_WARN, "msg=\"dropping redis connection\" conn=%s reason=\"%s\"", rc->what, why);
+    rc_drop(rc);
+    if (rc->running)
+        uv_timer_start(&rc->timer, rc_on_timer, 100, 0);
+}
+
+void outbox__rconn_close(outbox__rconn *rc, void (*cb)(void *data), void *data)
+{
+    if (rc->closing)
+        return;
+    rc->closing = 1;
+    rc->running = 0;
+    rc->close_cb = cb;
+    rc->close_data = data;
+    rc_drop(rc);
+    uv_close((uv_handle_t *)&rc->timer, rc_timer_closed);
+}

@@ -1,0 +1,52 @@
+/*
+ * rconn.h: a Redis connection that keeps itself connected (internal).
+ *
+ * Wraps outbox__redis (one object per connection attempt) with reconnects
+ * on a uv timer, exponential backoff with jitter (100 ms doubling to 5 s),
+ * and log lines that do not flood: one warning when Redis becomes
+ * unreachable, a reminder every 30 s, one line when it is back.
+ */
+#ifndef OUTBOX_SRC_RCONN_H
+#define OUTBOX_SRC_RCONN_H
+
+#include "internal.h"
+#include "redis.h"
+
+typedef struct outbox__rconn outbox__rconn;
+
+struct outbox__rconn {
+    uv_loop_t *loop;
+    outbox__redis_url url;
+    outbox__redis_options opt;
+    char desc[300];
+    char what[32];
+    const outbox__logger *log;
+    outbox__redis *conn;
+    int up, running, closing, handles;
+    unsigned failures;
+    uint64_t delay_ms, down_since, last_log;
+    uv_timer_t timer;
+    /* on_up: usable now; on_down: an established connection was lost (its
+     * pending callbacks already ran with errors). */
+    void (*on_up)(outbox__rconn *rc, void *data);
+    void (*on_down)(outbox__rconn *rc, int status, void *data);
+    void *data;
+    void (*close_cb)(void *data);
+    void *close_data;
+};
+
+/* url is copied; opt copied (client_name must stay valid); log borrowed. */
+int outbox__rconn_init(outbox__rconn *rc, uv_loop_t *loop, const outbox__redis_url *url,
+                       const outbox__redis_options *opt, const outbox__logger *log, const char *what);
+/* Starts connecting (and keeps reconnecting). */
+void outbox__rconn_start(outbox__rconn *rc);
+/* The live connection, or NULL when not connected. */
+outbox__redis *outbox__rconn_get(const outbox__rconn *rc);
+/* Drops the current connection (its pending callbacks get errors) and
+ * reconnects after the backoff. */
+void outbox__rconn_reset(outbox__rconn *rc, const char *why);
+/* Closes everything; cb runs once every handle is closed. The struct's
+ * memory is the caller's and must stay valid until then. */
+void outbox__rconn_close(outbox__rconn *rc, void (*cb)(void *data), void *data);
+
+#endif

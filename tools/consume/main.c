@@ -1,0 +1,665 @@
+/*
+ * outbox-consume: effectively-once processing of an outbox stream from any
+ * language. Reads with a consumer group, deduplicates on the message id
+ * (Redis SET NX by default) and either prints each message as a JSON line or
+ * runs a command per message with the payload on stdin.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <msgpack.h>
+#include <uv.h>
+
+#include "outbox.h"
+
+static const char *prog = "outbox-consume";
+
+typedef struct tool {
+    uv_loop_t loop;
+    uv_signal_t sigterm, sigint;
+    outbox_consumer *c;
+    const char *exec_cmd;
+    uint64_t exec_timeout_ms;
+    int print;
+    int signals;
+    int failed_fatal;
+} tool;
+
+/* ------------------------------------------------------------------ */
+/* JSON output */
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap * 2 : 1024;
+        while (nc < b->len + n + 1)
+            nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            fprintf(stderr, "%s: out of memory\n", prog);
+            exit(1);
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_str(sbuf *b, const char *s)
+{
+    sb_put(b, s, strlen(s));
+}
+
+static int utf8_valid(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        size_t need, k;
+        uint32_t cp;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if ((c & 0xe0) == 0xc0) {
+            need = 1;
+            cp = c & 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            need = 2;
+            cp = c & 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            need = 3;
+            cp = c & 0x07;
+        } else {
+            return 0;
+        }
+        if (need > n - i - 1)
+            return 0;
+        for (k = 1; k <= need; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return 0;
+            cp = cp << 6 | (s[i + k] & 0x3f);
+        }
+        if ((need == 1 && cp < 0x80) || (need == 2 && cp < 0x800) || (need == 3 && cp < 0x10000) || cp > 0x10ffff ||
+            (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+static void json_string(sbuf *b, const char *s, size_t n)
+{
+    static const char hex[] = "0123456789abcdef";
+    sb_put(b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            sb_put(b, e, 2);
+        } else if (c == '\n') {
+            sb_put(b, "\\n", 2);
+        } else if (c == '\r') {
+            sb_put(b, "\\r", 2);
+        } else if (c == '\t') {
+            sb_put(b, "\\t", 2);
+        } else if (c < 0x20 || c == 0x7f) {
+            char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+            sb_put(b, e, 6);
+        } else {
+            sb_put(b, (const char *)&s[i], 1);
+        }
+    }
+    sb_put(b, "\"", 1);
+}
+
+static void json_base64(sbuf *b, const unsigned char *s, size_t n)
+{
+    static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    sb_put(b, "\"", 1);
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)s[i] << 16 | (i + 1 < n ? (unsigned)s[i + 1] << 8 : 0) | (i + 2 < n ? s[i + 2] : 0);
+        char o[4] = {t[v >> 18 & 63], t[v >> 12 & 63], i + 1 < n ? t[v >> 6 & 63] : '=', i + 2 < n ? t[v & 63] : '='};
+        sb_put(b, o, 4);
+    }
+    sb_put(b, "\"", 1);
+}
+
+/* Bytes as a JSON string when they are UTF-8, else base64 (say which). */
+static void json_bytes(sbuf *b, const char *name, const void *p, size_t n)
+{
+    sb_str(b, "\"");
+    sb_str(b, name);
+    sb_str(b, "\":");
+    if (utf8_valid(p, n)) {
+        json_string(b, p, n);
+        sb_str(b, ",\"");
+        sb_str(b, name);
+        sb_str(b, "_encoding\":\"utf-8\"");
+    } else {
+        json_base64(b, p, n);
+        sb_str(b, ",\"");
+        sb_str(b, name);
+        sb_str(b, "_encoding\":\"base64\"");
+    }
+}
+
+static void json_msgpack(sbuf *b, const msgpack_object *o, int depth)
+{
+    char num[64];
+    if (depth > 32) {
+        sb_str(b, "null");
+        return;
+    }
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL:
+        sb_str(b, "null");
+        break;
+    case MSGPACK_OBJECT_BOOLEAN:
+        sb_str(b, o->via.boolean ? "true" : "false");
+        break;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        snprintf(num, sizeof num, "%llu", (unsigned long long)o->via.u64);
+        sb_str(b, num);
+        break;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        snprintf(num, sizeof num, "%lld", (long long)o->via.i64);
+        sb_str(b, num);
+        break;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        snprintf(num, sizeof num, "%.17g", o->via.f64);
+        sb_str(b, strchr(num, 'n') || strchr(num, 'i') ? "null" : num);
+        break;
+    case MSGPACK_OBJECT_STR:
+        if (utf8_valid((const unsigned char *)o->via.str.ptr, o->via.str.size))
+            json_string(b, o->via.str.ptr, o->via.str.size);
+        else
+            json_base64(b, (const unsigned char *)o->via.str.ptr, o->via.str.size);
+        break;
+    case MSGPACK_OBJECT_BIN:
+        json_base64(b, (const unsigned char *)o->via.bin.ptr, o->via.bin.size);
+        break;
+    case MSGPACK_OBJECT_ARRAY:
+        sb_str(b, "[");
+        for (uint32_t i = 0; i < o->via.array.size; i++) {
+            if (i)
+                sb_str(b, ",");
+            json_msgpack(b, &o->via.array.ptr[i], depth + 1);
+        }
+        sb_str(b, "]");
+        break;
+    case MSGPACK_OBJECT_MAP:
+        sb_str(b, "{");
+        for (uint32_t i = 0; i < o->via.map.size; i++) {
+            const msgpack_object *k = &o->via.map.ptr[i].key;
+            if (i)
+                sb_str(b, ",");
+            if (k->type == MSGPACK_OBJECT_STR)
+                json_string(b, k->via.str.ptr, k->via.str.size);
+            else
+                sb_str(b, "\"?\"");
+            sb_str(b, ":");
+            json_msgpack(b, &o->via.map.ptr[i].val, depth + 1);
+        }
+        sb_str(b, "}");
+        break;
+    default:
+        sb_str(b, "null");
+        break;
+    }
+}
+
+static void json_headers(sbuf *b, const outbox_envelope *m)
+{
+    msgpack_unpacked u;
+    size_t off = 0;
+    if (!m->headers) {
+        sb_str(b, "null");
+        return;
+    }
+    msgpack_unpacked_init(&u);
+    if (msgpack_unpack_next(&u, m->headers, m->headers_len, &off) == MSGPACK_UNPACK_SUCCESS)
+        json_msgpack(b, &u.data, 0);
+    else
+        sb_str(b, "null");
+    msgpack_unpacked_destroy(&u);
+}
+
+static void json_line(sbuf *b, const outbox_delivery *dv)
+{
+    const outbox_envelope *m = dv->msg;
+    char num[32];
+    sb_str(b, "{\"id\":");
+    json_string(b, m->id, strlen(m->id));
+    sb_str(b, ",\"topic\":");
+    json_string(b, m->topic, strlen(m->topic));
+    sb_str(b, ",\"key\":");
+    if (m->key)
+        json_string(b, m->key, m->key_len);
+    else
+        sb_str(b, "null");
+    sb_str(b, ",");
+    json_bytes(b, "payload", m->payload, m->payload_len);
+    sb_str(b, ",\"headers\":");
+    json_headers(b, m);
+    snprintf(num, sizeof num, "%lld", (long long)m->created_at);
+    sb_str(b, ",\"created_at\":");
+    sb_str(b, num);
+    sb_str(b, ",\"stream\":");
+    json_string(b, dv->stream, strlen(dv->stream));
+    sb_str(b, ",\"entry_id\":");
+    json_string(b, dv->entry_id, strlen(dv->entry_id));
+    snprintf(num, sizeof num, "%llu", (unsigned long long)dv->deliveries);
+    sb_str(b, ",\"deliveries\":");
+    sb_str(b, num);
+    sb_str(b, "}\n");
+}
+
+/* ------------------------------------------------------------------ */
+/* handlers */
+
+static int print_handler(outbox_consumer *c, const outbox_delivery *dv, void *data)
+{
+    sbuf b = {0};
+    int ok;
+    (void)data;
+    json_line(&b, dv);
+    ok = fwrite(b.p, 1, b.len, stdout) == b.len && fflush(stdout) == 0;
+    free(b.p);
+    outbox_consumer_done(c, dv, ok ? 0 : -1);
+    return 0;
+}
+
+typedef struct job {
+    uv_process_t proc;
+    uv_pipe_t in;
+    uv_write_t wr;
+    uv_timer_t timer;
+    outbox_consumer *c;
+    const outbox_delivery *dv;
+    int open_handles;
+    int64_t exit_status;
+    int term_signal, timed_out, spawned;
+    char *envbuf[12];
+} job;
+
+static void job_handle_closed(uv_handle_t *h)
+{
+    job *j = h->data;
+    if (--j->open_handles > 0)
+        return;
+    outbox_consumer_done(j->c, j->dv, j->spawned && !j->timed_out && j->term_signal == 0 && j->exit_status == 0 ? 0 : 1);
+    for (int i = 0; j->envbuf[i]; i++)
+        free(j->envbuf[i]);
+    free(j);
+}
+
+static void job_exited(uv_process_t *p, int64_t status, int sig)
+{
+    job *j = p->data;
+    j->exit_status = status;
+    j->term_signal = sig;
+    if (status != 0 || sig != 0)
+        fprintf(stderr, "level=warn msg=\"command failed; message left pending for retry\" id=%s exit=%lld signal=%d\n",
+                j->dv->msg->id, (long long)status, sig);
+    uv_close((uv_handle_t *)&j->proc, job_handle_closed);
+    uv_close((uv_handle_t *)&j->timer, job_handle_closed);
+    if (!uv_is_closing((uv_handle_t *)&j->in))
+        uv_close((uv_handle_t *)&j->in, job_handle_closed);
+}
+
+static void job_timeout(uv_timer_t *t)
+{
+    job *j = t->data;
+    j->timed_out = 1;
+    fprintf(stderr, "level=warn msg=\"command timed out; killing it\" id=%s\n", j->dv->msg->id);
+    uv_process_kill(&j->proc, SIGKILL);
+}
+
+static void job_written(uv_write_t *w, int status)
+{
+    job *j = w->data;
+    (void)status; /* a command that does not read its stdin is fine */
+    if (!uv_is_closing((uv_handle_t *)&j->in))
+        uv_close((uv_handle_t *)&j->in, job_handle_closed);
+}
+
+static char *env_pair(const char *k, const char *v, size_t vlen)
+{
+    size_t kl = strlen(k);
+    char *s = malloc(kl + vlen + 2);
+    if (!s)
+        return NULL;
+    memcpy(s, k, kl);
+    s[kl] = '=';
+    memcpy(s + kl + 1, v, vlen);
+    s[kl + 1 + vlen] = '\0';
+    /* Environment values cannot hold NUL bytes: cut at the first one. */
+    return s;
+}
+
+static int exec_handler(outbox_consumer *c, const outbox_delivery *dv, void *data)
+{
+    tool *t = data;
+    job *j = calloc(1, sizeof *j);
+    uv_process_options_t o;
+    uv_stdio_container_t stdio[3];
+    char *args[4] = {"/bin/sh", "-c", (char *)t->exec_cmd, NULL};
+    char num[32], num2[32];
+    char **env;
+    size_t nenv = 0, k = 0;
+    extern char **environ;
+    uv_buf_t buf;
+    sbuf hb = {0};
+    int e;
+
+    if (!j) {
+        outbox_consumer_done(c, dv, 1);
+        return 0;
+    }
+    j->c = c;
+    j->dv = dv;
+    snprintf(num, sizeof num, "%lld", (long long)dv->msg->created_at);
+    snprintf(num2, sizeof num2, "%llu", (unsigned long long)dv->deliveries);
+    json_headers(&hb, dv->msg);
+    j->envbuf[k++] = env_pair("OUTBOX_ID", dv->msg->id, strlen(dv->msg->id));
+    j->envbuf[k++] = env_pair("OUTBOX_TOPIC", dv->msg->topic, strlen(dv->msg->topic));
+    j->envbuf[k++] = env_pair("OUTBOX_KEY", dv->msg->key ? dv->msg->key : "", dv->msg->key ? dv->msg->key_len : 0);
+    j->envbuf[k++] = env_pair("OUTBOX_STREAM", dv->stream, strlen(dv->stream));
+    j->envbuf[k++] = env_pair("OUTBOX_ENTRY_ID", dv->entry_id, strlen(dv->entry_id));
+    j->envbuf[k++] = env_pair("OUTBOX_CREATED_AT", num, strlen(num));
+    j->envbuf[k++] = env_pair("OUTBOX_DELIVERIES", num2, strlen(num2));
+    j->envbuf[k++] = env_pair("OUTBOX_HEADERS", hb.p, hb.len);
+    free(hb.p);
+    for (char **p = environ; *p; p++)
+        nenv++;
+    env = calloc(nenv + k + 1, sizeof *env);
+    if (!env) {
+        outbox_consumer_done(c, dv, 1);
+        for (size_t i = 0; i < k; i++)
+            free(j->envbuf[i]);
+        free(j);
+        return 0;
+    }
+    nenv = 0;
+    for (char **p = environ; *p; p++)
+        if (strncmp(*p, "OUTBOX_", 7) != 0)
+            env[nenv++] = *p;
+    for (size_t i = 0; i < k; i++)
+        if (j->envbuf[i])
+            env[nenv++] = j->envbuf[i];
+
+    uv_pipe_init(&t->loop, &j->in, 0);
+    uv_timer_init(&t->loop, &j->timer);
+    j->in.data = j->timer.data = j->proc.data = j->wr.data = j;
+    j->open_handles = 2;
+    memset(&o, 0, sizeof o);
+    stdio[0].flags = UV_CREATE_PIPE | UV_READABLE_PIPE;
+    stdio[0].data.stream = (uv_stream_t *)&j->in;
+    /* The command's output goes to our stderr: stdout carries nothing else. */
+    stdio[1].flags = UV_INHERIT_FD;
+    stdio[1].data.fd = 2;
+    stdio[2].flags = UV_INHERIT_FD;
+    stdio[2].data.fd = 2;
+    o.file = "/bin/sh";
+    o.args = args;
+    o.env = env;
+    o.stdio = stdio;
+    o.stdio_count = 3;
+    o.exit_cb = job_exited;
+    e = uv_spawn(&t->loop, &j->proc, &o);
+    free(env);
+    if (e != 0) {
+        fprintf(stderr, "level=error msg=\"cannot run the command\" err=\"%s\"\n", uv_strerror(e));
+        uv_close((uv_handle_t *)&j->proc, NULL);
+        uv_close((uv_handle_t *)&j->in, job_handle_closed);
+        uv_close((uv_handle_t *)&j->timer, job_handle_closed);
+        return 0;
+    }
+    j->spawned = 1;
+    j->open_handles = 3;
+    uv_timer_start(&j->timer, job_timeout, t->exec_timeout_ms, 0);
+    buf = uv_buf_init((char *)dv->msg->payload, (unsigned)dv->msg->payload_len);
+    if (uv_write(&j->wr, (uv_stream_t *)&j->in, &buf, 1, job_written) != 0)
+        uv_close((uv_handle_t *)&j->in, job_handle_closed);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: %s --redis URL --stream S --group G [--consumer NAME] (--print | --exec CMD) [options]\n"
+            "\n"
+            "Reads stream S with consumer group G (created at the start of the stream if\n"
+            "missing), deduplicates on each message's id, and for every new message either\n"
+            "prints it as one JSON line on stdout (--print) or runs CMD with /bin/sh -c,\n"
+            "the payload on stdin and the envelope in environment variables (--exec):\n"
+            "OUTBOX_ID, OUTBOX_TOPIC, OUTBOX_KEY, OUTBOX_STREAM, OUTBOX_ENTRY_ID,\n"
+            "OUTBOX_CREATED_AT, OUTBOX_DELIVERIES, OUTBOX_HEADERS (JSON). Exit status 0 of\n"
+            "CMD is success: the message is marked done and acknowledged; anything else\n"
+            "leaves it pending and it is retried. JSON lines have id, topic, key, payload\n"
+            "(UTF-8 text, or base64 with payload_encoding \"base64\"), headers, created_at,\n"
+            "stream, entry_id, deliveries.\n"
+            "\n"
+            "Options:\n"
+            "  --redis URL               redis://[[user]:password@]host[:port][/db] or unix:///path[?db=N]\n"
+            "  --stream S                stream to read, e.g. outbox:orders (required)\n"
+            "  --group G                 consumer group (required)\n"
+            "  --consumer NAME           consumer name (default HOSTNAME:PID)\n"
+            "  --print                   print each message as a JSON line\n"
+            "  --exec CMD                run CMD per message\n"
+            "  --exec-timeout-ms MS      kill CMD after this long: a failure (default 60000)\n"
+            "  --dedup MODE              redis (SET NX, default) or none (at-least-once)\n"
+            "  --namespace NS            dedup key namespace (default dedup:GROUP)\n"
+            "  --dedup-lease-ms MS       processing lease of a dedup key (default 30000)\n"
+            "  --dedup-retention-ms MS   how long done markers are kept (default 604800000, 7 days)\n"
+            "  --batch N                 XREADGROUP COUNT (default 100)\n"
+            "  --max-inflight N          messages processed at once (default 100; 1 keeps order)\n"
+            "  --block-ms MS             XREADGROUP BLOCK (default 2000)\n"
+            "  --min-idle-ms MS          take over entries pending this long (XAUTOCLAIM; default 60000)\n"
+            "  --claim-interval-ms MS    how often to look for them (default 5000)\n"
+            "  --max-deliveries N        then the entry goes to S:dead (default 5)\n"
+            "  --retry-ms MS             retry a failed message after (default 1000)\n"
+            "  --drain                   exit 0 once nothing is new and nothing is pending for this consumer\n"
+            "  --log-level LEVEL         debug, info, warn, error (default info)\n"
+            "  -h, --help, -V, --version\n"
+            "\n"
+            "SIGTERM/SIGINT stop gracefully (running commands finish); a second signal exits at once.\n"
+            "Exit status: 0 clean stop or drained, 1 fatal error, 2 usage error. Logs: logfmt on stderr.\n",
+            prog);
+}
+
+static int parse_u64(const char *opt, const char *v, uint64_t min, uint64_t max, uint64_t *out)
+{
+    char *end;
+    unsigned long long x;
+    errno = 0;
+    if (!v || !*v || *v == '-' || *v == '+' || *v == ' ') {
+        fprintf(stderr, "%s: %s: '%s' is not a non-negative whole number\n", prog, opt, v ? v : "");
+        return -1;
+    }
+    x = strtoull(v, &end, 10);
+    if (*end) {
+        fprintf(stderr, "%s: %s: '%s' is not a non-negative whole number\n", prog, opt, v);
+        return -1;
+    }
+    if (errno == ERANGE || x < min || x > max) {
+        fprintf(stderr, "%s: %s: %s is out of range %llu..%llu\n", prog, opt, v, (unsigned long long)min,
+                (unsigned long long)max);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static void on_stopped(outbox_consumer *c, void *data)
+{
+    tool *t = data;
+    (void)c;
+    uv_close((uv_handle_t *)&t->sigterm, NULL);
+    uv_close((uv_handle_t *)&t->sigint, NULL);
+}
+
+static void on_drained(outbox_consumer *c, void *data)
+{
+    outbox_consumer_stop(c, on_stopped, data);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    tool *t = h->data;
+    if (++t->signals > 1) {
+        fprintf(stderr, "level=warn msg=\"second signal: exiting at once\" signal=%d\n", signum);
+        _exit(1);
+    }
+    outbox_consumer_stop(t->c, on_stopped, t);
+}
+
+int main(int argc, char **argv)
+{
+    outbox_consumer_settings s;
+    tool t;
+    char err[512];
+    int e;
+    uint64_t v;
+
+    memset(&t, 0, sizeof t);
+    t.exec_timeout_ms = 60000;
+    outbox_consumer_defaults(&s);
+    s.data = &t;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VALUE                                                                                 \
+    do {                                                                                           \
+        if (!val) {                                                                                \
+            fprintf(stderr, "%s: %s needs a value\n", prog, a);                                    \
+            return 2;                                                                              \
+        }                                                                                          \
+        i++;                                                                                       \
+    } while (0)
+#define U64(name, min, max, field, type)                                                           \
+    else if (!strcmp(a, name)) {                                                                   \
+        NEED_VALUE;                                                                                \
+        if (parse_u64(a, val, min, max, &v) != 0)                                                  \
+            return 2;                                                                              \
+        field = (type)v;                                                                           \
+    }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
+            printf("outbox-consume %s\n", outbox_version());
+            return 0;
+        } else if (!strcmp(a, "--redis")) {
+            NEED_VALUE;
+            s.redis_url = val;
+        } else if (!strcmp(a, "--stream")) {
+            NEED_VALUE;
+            s.stream = val;
+        } else if (!strcmp(a, "--group")) {
+            NEED_VALUE;
+            s.group = val;
+        } else if (!strcmp(a, "--consumer")) {
+            NEED_VALUE;
+            s.consumer = val;
+        } else if (!strcmp(a, "--namespace")) {
+            NEED_VALUE;
+            s.key_namespace = val;
+        } else if (!strcmp(a, "--print")) {
+            t.print = 1;
+        } else if (!strcmp(a, "--exec")) {
+            NEED_VALUE;
+            t.exec_cmd = val;
+        } else if (!strcmp(a, "--drain")) {
+            s.drain = 1;
+        } else if (!strcmp(a, "--dedup")) {
+            NEED_VALUE;
+            if (!strcmp(val, "redis"))
+                s.dedup = OUTBOX_DEDUP_REDIS;
+            else if (!strcmp(val, "none"))
+                s.dedup = OUTBOX_DEDUP_NONE;
+            else {
+                fprintf(stderr, "%s: --dedup: unknown mode '%s' (redis, none)\n", prog, val);
+                return 2;
+            }
+        } else if (!strcmp(a, "--log-level")) {
+            NEED_VALUE;
+            if (!strcmp(val, "debug"))
+                s.log_level = OUTBOX_LOG_DEBUG;
+            else if (!strcmp(val, "info"))
+                s.log_level = OUTBOX_LOG_INFO;
+            else if (!strcmp(val, "warn"))
+                s.log_level = OUTBOX_LOG_WARN;
+            else if (!strcmp(val, "error"))
+                s.log_level = OUTBOX_LOG_ERROR;
+            else {
+                fprintf(stderr, "%s: --log-level: unknown log level '%s' (debug, info, warn, error)\n", prog, val);
+                return 2;
+            }
+        }
+        U64("--exec-timeout-ms", 1, 86400000, t.exec_timeout_ms, uint64_t)
+        U64("--dedup-lease-ms", 1, 86400000, s.dedup_lease_ms, uint64_t)
+        U64("--dedup-retention-ms", 1, 365ull * 86400000, s.dedup_retention_ms, uint64_t)
+        U64("--batch", 1, 10000, s.batch, unsigned)
+        U64("--max-inflight", 1, 100000, s.max_inflight, unsigned)
+        U64("--block-ms", 1, 3600000, s.block_ms, uint64_t)
+        U64("--min-idle-ms", 1, 86400000, s.min_idle_ms, uint64_t)
+        U64("--claim-interval-ms", 1, 3600000, s.claim_interval_ms, uint64_t)
+        U64("--max-deliveries", 1, 1000000, s.max_deliveries, unsigned)
+        U64("--retry-ms", 1, 3600000, s.retry_ms, uint64_t)
+        else {
+            fprintf(stderr, "%s: unknown option '%s' (see --help)\n", prog, a);
+            return 2;
+        }
+#undef U64
+#undef NEED_VALUE
+    }
+    if (!s.redis_url || !s.stream || !s.group) {
+        fprintf(stderr, "%s: --redis, --stream and --group are required\n", prog);
+        return 2;
+    }
+    if (t.print == !!t.exec_cmd) {
+        fprintf(stderr, "%s: give exactly one of --print and --exec CMD\n", prog);
+        return 2;
+    }
+    s.handler = t.print ? print_handler : exec_handler;
+    s.on_drained = on_drained;
+    if (uv_loop_init(&t.loop) != 0)
+        return 1;
+    e = outbox_consumer_create(&t.c, &t.loop, &s, err, sizeof err);
+    if (e != 0) {
+        fprintf(stderr, "%s: %s (%s)\n", prog, err[0] ? err : outbox_strerror(e), outbox_err_name(e));
+        uv_loop_close(&t.loop);
+        return e == OUTBOX_ENOMEM ? 1 : 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    uv_signal_init(&t.loop, &t.sigterm);
+    uv_signal_init(&t.loop, &t.sigint);
+    t.sigterm.data = t.sigint.data = &t;
+    uv_signal_start(&t.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&t.sigint, on_signal, SIGINT);
+    if (outbox_consumer_start(t.c) != 0) {
+        fprintf(stderr, "%s: cannot start\n", prog);
+        return 1;
+    }
+    uv_run(&t.loop, UV_RUN_DEFAULT);
+    outbox_consumer_destroy(t.c);
+    uv_run(&t.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&t.loop);
+    return 0;
+}
