@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build python3
       libuv1-dev libhiredis-dev libsqlite3-dev libmsgpack-dev libinih-dev
       redis-server redis-tools sqlite3 valgrind curl
-      php-cli php-sqlite3 nodejs clang llvm)
+      libhttp-parser-dev php-cli php-sqlite3 nodejs clang llvm)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
