@@ -28,6 +28,7 @@ typedef struct entry {
     struct entry *rnext;       /* retry list */
     uint64_t retry_at;
     int in_retry;
+    int recheck;               /* retry without counting a delivery (see schedule_recheck) */
     int handler_running;
     char *entry_id, *msg_id;
     char *raw_env;
@@ -137,6 +138,17 @@ static void schedule_retry(entry *e, const char *why)
         uv_timer_start(&c->retry_timer, on_retry_timer, c->s.retry_ms, 0);
 }
 
+/* Retries an entry whose handler did not run (someone else holds the dedup
+ * key, Redis or the database was unavailable): the retry re-checks that the
+ * entry is still pending with XCLAIM JUSTID, which does not count a
+ * delivery. Counting these would dead-letter an entry while another
+ * consumer is still applying it, or while its dead owner's lease runs out. */
+static void schedule_recheck(entry *e, const char *why)
+{
+    e->recheck = 1;
+    schedule_retry(e, why);
+}
+
 /* ------------------------------------------------------------------ */
 /* acknowledgement and dead letters */
 
@@ -173,7 +185,7 @@ static void on_dead_added(outbox__redis *conn, int status, redisReply *reply, vo
     } else {
         LOG(e->c, OUTBOX_LOG_ERROR, "msg=\"cannot write to the dead stream; entry left pending\" entry=%s stream=%s",
             e->entry_id, e->c->dead_stream);
-        schedule_retry(e, "dead stream write failed");
+        schedule_recheck(e, "dead stream write failed");
     }
 }
 
@@ -209,7 +221,7 @@ static void dead_letter(entry *e, const char *reason)
     ARG(reason, strlen(reason));
 #undef ARG
     if (!conn || outbox__redis_command_argv(conn, n, argv, lens, 0, on_dead_added, e) != 0)
-        schedule_retry(e, "not connected");
+        schedule_recheck(e, "not connected");
 }
 
 /* ------------------------------------------------------------------ */
@@ -256,7 +268,13 @@ static void on_begun(outbox_dedup *d, int status, outbox_dedup_result r, void *d
     if (status != 0) {
         LOG(c, OUTBOX_LOG_WARN, "msg=\"dedup begin failed; not processing\" id=%s err=%s detail=\"%s\"", e->msg_id,
             outbox_err_name(status), outbox_dedup_errstr(c->dedup));
-        schedule_retry(e, "dedup unavailable");
+        /* An error answer about this message's key (WRONGTYPE) is the
+         * message's problem and counts towards max_deliveries; Redis being
+         * unreachable is not. */
+        if (status == OUTBOX_EREDIS)
+            schedule_retry(e, "dedup error");
+        else
+            schedule_recheck(e, "dedup unavailable");
         return;
     }
     switch (r) {
@@ -270,7 +288,7 @@ static void on_begun(outbox_dedup *d, int status, outbox_dedup_result r, void *d
         break;
     default:
         c->st.busy++;
-        schedule_retry(e, "another consumer is applying it");
+        schedule_recheck(e, "another consumer is applying it");
         break;
     }
 }
@@ -285,7 +303,7 @@ static void run_inbox(entry *e)
 
     rc = sqlite3_exec(c->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
-        schedule_retry(e, sqlite3_errmsg(c->db));
+        schedule_recheck(e, sqlite3_errmsg(c->db));
         return;
     }
     sqlite3_bind_text(c->q_insert, 1, e->msg_id, -1, SQLITE_STATIC);
@@ -301,7 +319,7 @@ static void run_inbox(entry *e)
             c->st.duplicates++;
             ack(e);
         } else {
-            schedule_retry(e, sqlite3_errmsg(c->db));
+            schedule_recheck(e, sqlite3_errmsg(c->db));
         }
         return;
     }
@@ -601,20 +619,37 @@ static void on_xclaim(outbox__redis *conn, int status, redisReply *reply, void *
     entry *e;
     uint64_t deliveries = old->dv.deliveries + 1;
     (void)conn;
-    if (status != 0 || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
+    if (status != 0) {
+        schedule_retry(old, "not connected");
+        return;
+    }
+    if (c->state != CS_RUNNING || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0 ||
         reply->element[0]->type != REDIS_REPLY_ARRAY) {
         /* Not pending for the group any more (acknowledged by someone), or
-         * no connection: it is not ours to process now. */
-        if (status != 0)
-            schedule_retry(old, "not connected");
-        else
-            entry_free(old);
+         * stopping (it stays pending): it is not ours to process now. */
+        entry_free(old);
         return;
     }
     entry_free(old);
     e = entry_from_reply(c, reply->element[0], deliveries);
     if (e)
         dispatch(e);
+}
+
+static void on_recheck(outbox__redis *conn, int status, redisReply *reply, void *data)
+{
+    entry *e = data;
+    (void)conn;
+    if (status != 0) {
+        schedule_retry(e, "not connected");
+        return;
+    }
+    if (e->c->state != CS_RUNNING || reply->type != REDIS_REPLY_ARRAY || reply->elements == 0) {
+        entry_free(e);
+        return;
+    }
+    e->recheck = 0;
+    dispatch(e);
 }
 
 static void on_retry_timer(uv_timer_t *t)
@@ -636,12 +671,14 @@ static void on_retry_timer(uv_timer_t *t)
         }
         {
             /* XCLAIM to ourselves with no idle condition: counts a delivery
-             * and returns the entry if it is still pending. */
-            const char *argv[6] = {"XCLAIM", c->stream, c->group, c->consumer, "0", e->entry_id};
-            size_t lens[6];
-            for (int i = 0; i < 6; i++)
+             * and returns the entry if it is still pending; with JUSTID it
+             * only says whether it is, without counting. */
+            const char *argv[7] = {"XCLAIM", c->stream, c->group, c->consumer, "0", e->entry_id, "JUSTID"};
+            int argc = e->recheck ? 7 : 6;
+            size_t lens[7];
+            for (int i = 0; i < argc; i++)
                 lens[i] = strlen(argv[i]);
-            if (outbox__redis_command_argv(conn, 6, argv, lens, 0, on_xclaim, e) != 0)
+            if (outbox__redis_command_argv(conn, argc, argv, lens, 0, e->recheck ? on_recheck : on_xclaim, e) != 0)
                 schedule_retry(e, "not connected");
         }
     }
@@ -755,6 +792,10 @@ static void on_claim_timer(uv_timer_t *t)
     outbox_consumer *c = t->data;
     outbox__redis *conn = outbox__rconn_get(&c->cmd);
     char idle[24], count[16];
+    /* A Redis error answering the group creation or a read (LOADING,
+     * MISCONF, NOPERM ...) stops the read loop: retry both from here. */
+    ensure_group(c);
+    kick_read(c);
     if (!conn || !c->group_ready || c->state != CS_RUNNING || c->inflight >= c->s.max_inflight)
         return;
     snprintf(idle, sizeof idle, "%llu", (unsigned long long)c->s.min_idle_ms);
@@ -779,8 +820,10 @@ static void on_gc_timer(uv_timer_t *t)
     sqlite3_bind_int64(c->q_gc, 1, outbox_now_ms() - (int64_t)c->s.inbox_retention_ms);
     rc = sqlite3_step(c->q_gc);
     sqlite3_reset(c->q_gc);
+    /* A full batch: the next one soon, keeping the periodic repeat (a
+     * repeat of 0 here would end the clean-up for good). */
     if (rc == SQLITE_DONE && sqlite3_changes(c->db) == 1000)
-        uv_timer_start(&c->gc_timer, on_gc_timer, 10, 0);
+        uv_timer_start(&c->gc_timer, on_gc_timer, 10, uv_timer_get_repeat(&c->gc_timer));
 }
 
 /* ------------------------------------------------------------------ */
@@ -834,6 +877,15 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
         return bad(err, errlen, "group: need a group name of 1..200 bytes");
     if (s->consumer && (!*s->consumer || strlen(s->consumer) > 200))
         return bad(err, errlen, "consumer: need a name of 1..200 bytes");
+    if (s->dedup == OUTBOX_DEDUP_REDIS) {
+        /* Checked here, not first when start() creates the dedup module:
+         * the default namespace is "dedup:<group>". */
+        const char *ns = s->key_namespace ? s->key_namespace : s->group;
+        size_t nslen = strlen(ns) + (s->key_namespace ? 0 : 6);
+        if (!*ns || nslen > 256 || strpbrk(ns, "{} "))
+            return bad(err, errlen, "namespace: the dedup key namespace (default dedup:<group>) must be 1..256 "
+                                    "bytes without braces or spaces");
+    }
     if (!s->handler)
         return bad(err, errlen, "handler: required");
     if (s->dedup != OUTBOX_DEDUP_NONE && s->dedup != OUTBOX_DEDUP_REDIS && s->dedup != OUTBOX_DEDUP_SQLITE)

@@ -100,11 +100,11 @@ int outbox_dedup_create(outbox_dedup **out, uv_loop_t *loop, const outbox_dedup_
     if (!out || !loop || !s)
         return OUTBOX_EINVAL;
     *out = NULL;
-    if (!s->redis_url || !s->key_namespace || !*s->key_namespace || strlen(s->key_namespace) > 128 ||
+    if (!s->redis_url || !s->key_namespace || !*s->key_namespace || strlen(s->key_namespace) > 256 ||
         strpbrk(s->key_namespace, "{} ") || s->lease_ms < 1 || s->retention_ms < 1 || s->reply_timeout_ms < 1 ||
         (s->owner && (!*s->owner || strlen(s->owner) > 200))) {
         if (err && errlen)
-            snprintf(err, errlen, "dedup: need a Redis URL, a namespace of 1..128 bytes without braces or "
+            snprintf(err, errlen, "dedup: need a Redis URL, a namespace of 1..256 bytes without braces or "
                                   "spaces, an owner of 1..200 bytes, and non-zero lease, retention and timeout");
         return OUTBOX_EINVAL;
     }

@@ -61,7 +61,10 @@ static void rc_retry(outbox__rconn *rc, int status, const char *detail)
     rc->delay_ms = rc->delay_ms ? rc->delay_ms * 2 : 100;
     if (rc->delay_ms > 5000)
         rc->delay_ms = 5000;
-    d = rc->delay_ms / 2 + (uint64_t)rand() % (rc->delay_ms / 2 + 1);
+    /* The jitter must differ between processes, so that clients that lost
+     * Redis together do not come back in step: rand() is never seeded here,
+     * so it would give every process the same sequence. */
+    d = rc->delay_ms / 2 + (uv_hrtime() ^ (uint64_t)getpid() << 20) % (rc->delay_ms / 2 + 1);
     uv_timer_start(&rc->timer, rc_on_timer, d, 0);
 }
 

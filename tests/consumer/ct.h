@@ -1,0 +1,86 @@
+/*
+ * ct.h: what the consumer-side tests share on top of harness.h: stream
+ * entries written by hand (a valid envelope, or anything else), looking at
+ * consumer groups and dedup keys, effect files written by
+ * `outbox-consume --exec`, running the tool, and driving a uv loop until a
+ * condition holds.
+ *
+ * Nothing here prints TAP results (tap.h's counters are per file): helpers
+ * return values, the tests make the checks. Setup failures bail out.
+ */
+#ifndef OUTBOX_TESTS_CONSUMER_CT_H
+#define OUTBOX_TESTS_CONSUMER_CT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <hiredis/hiredis.h>
+#include <uv.h>
+
+/* A factor for waits: 10 under the valgrind test setup, else 1. */
+int ct_slow(void);
+
+/* Encodes a version 1 envelope (created_at now) into a malloc'd buffer. */
+char *ct_envelope(const char *id, const char *topic, const void *payload, size_t payload_len, size_t *len);
+
+/* XADD stream * id <id> envelope <a valid envelope of id, topic, payload>;
+ * the new entry id goes to eid (at least 48 bytes; may be NULL). */
+void ct_xadd_msg(redisContext *c, const char *stream, const char *id, const char *topic, const void *payload,
+                 size_t payload_len, char *eid);
+/* XADD stream * with nfields field/value pairs given as (name, value,
+ * value_len) triples; eid as above. */
+void ct_xadd_fields(redisContext *c, const char *stream, char *eid, int nfields, ...);
+
+/* XGROUP CREATE stream group 0 MKSTREAM (BUSYGROUP is fine). */
+void ct_group_create(redisContext *c, const char *stream, const char *group);
+/* Entries of the group not acknowledged yet (XPENDING summary); -1 if the
+ * group does not exist. */
+long long ct_pending(redisContext *c, const char *stream, const char *group);
+/* Entries of the group pending for one consumer. */
+long long ct_pending_for(redisContext *c, const char *stream, const char *group, const char *consumer);
+/* Reads up to count new entries as `consumer` (XREADGROUP ... >) without
+ * acknowledging them; returns how many it got. */
+int ct_read_as(redisContext *c, const char *stream, const char *group, const char *consumer, int count);
+
+/* GET key as a malloc'd string, NULL for nil. */
+char *ct_get(redisContext *c, const char *key);
+/* An integer reply of a command (printf-style); bails on another reply. */
+long long ct_int(redisContext *c, const char *fmt, ...);
+
+/* A whole file as a malloc'd string ("" when missing). */
+char *ct_slurp(const char *path);
+/* Lines in s; the count of lines equal to line. */
+int ct_lines(const char *s);
+int ct_line_count(const char *s, const char *line);
+
+/* Prints text line by line as TAP diagnostics, each prefixed with label. */
+void ct_diag_text(const char *label, const char *text);
+
+/* Polls cond(arg) every 20 ms for up to timeout_ms; returns 1 once it holds. */
+int ct_wait_for(int (*cond)(void *arg), void *arg, int timeout_ms);
+
+/* The outbox-consume binary (malloc'd once, kept). */
+const char *ct_consume_bin(void);
+/* Runs outbox-consume with args (NULL-terminated, without argv[0]) as
+ * th_run does. */
+int ct_consume_run(const char *const args[], char *const env_add[], char **out, char **err, int timeout_ms);
+/* Starts outbox-consume in the background as th_spawn does. */
+pid_t ct_consume_spawn(const char *const args[], char *const env_add[], const char *out_path, const char *err_path);
+/* Sends SIGTERM, waits up to timeout_ms, then SIGKILL; returns th_wait's
+ * status. */
+int ct_stop(pid_t pid, int timeout_ms);
+
+/* Runs the loop until *flag becomes non-zero or timeout_ms passes; returns
+ * *flag. A repeating 5 ms timer keeps UV_RUN_ONCE from blocking for long. */
+int ct_run_until(uv_loop_t *loop, volatile int *flag, int timeout_ms);
+/* Runs the loop for ms milliseconds. */
+void ct_run_for(uv_loop_t *loop, int ms);
+/* Runs the loop until cond(arg) holds or timeout_ms passes. */
+int ct_run_until_cond(uv_loop_t *loop, int (*cond)(void *arg), void *arg, int timeout_ms);
+/* Runs the loop until nothing is left on it (at most timeout_ms) and
+ * returns uv_loop_close(): 0, or UV_EBUSY with each handle still open
+ * printed as a diagnostic. Closes nothing itself. */
+int ct_loop_finish(uv_loop_t *loop, int timeout_ms);
+
+#endif
