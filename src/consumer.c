@@ -973,20 +973,24 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
         outbox__redis_options o;
         outbox__redis_options_defaults(&o);
         o.client_name = "outbox-consumer";
-        outbox__rconn_init(&c->rd, loop, &url, &o, &c->log, "read");
-        outbox__rconn_init(&c->cmd, loop, &url, &o, &c->log, "command");
+        e = outbox__rconn_init(&c->rd, loop, &url, &o, &c->log, "read");
+        if (e == 0) {
+            e = outbox__rconn_init(&c->cmd, loop, &url, &o, &c->log, "command");
+            if (e != 0)
+                outbox__rconn_discard(&c->rd);
+        }
+        outbox__redis_url_free(&url);
+        if (e != 0) {
+            consumer_free(c);
+            return e;
+        }
         c->rd.on_up = on_rd_up;
         c->rd.data = c;
         c->cmd.on_up = on_cmd_up;
         c->cmd.data = c;
-        c->handles = 2;
     }
-    outbox__redis_url_free(&url);
-    uv_timer_init(loop, &c->retry_timer);
-    uv_timer_init(loop, &c->claim_timer);
-    uv_timer_init(loop, &c->gc_timer);
-    c->retry_timer.data = c->claim_timer.data = c->gc_timer.data = c;
-    c->handles += 3;
+    /* No libuv handle exists before start: a consumer that is never started
+     * is freed at once by destroy. */
     *out = c;
     return 0;
 }
@@ -1011,6 +1015,11 @@ int outbox_consumer_start(outbox_consumer *c)
             return OUTBOX_EINVAL;
         }
     }
+    uv_timer_init(c->loop, &c->retry_timer);
+    uv_timer_init(c->loop, &c->claim_timer);
+    uv_timer_init(c->loop, &c->gc_timer);
+    c->retry_timer.data = c->claim_timer.data = c->gc_timer.data = c;
+    c->handles = 5; /* two connections, three timers */
     c->state = CS_RUNNING;
     LOG(c, OUTBOX_LOG_INFO, "msg=\"consumer started\" stream=%s group=%s consumer=%s dedup=%s", c->stream, c->group,
         c->consumer,
@@ -1107,11 +1116,10 @@ void outbox_consumer_destroy(outbox_consumer *c)
     if (!c)
         return;
     if (c->state == CS_CREATED) {
-        /* Never started: only the timers and connection structs to close. */
-        c->state = CS_STOPPING;
-        c->destroy_pending = 1;
-        outbox__rconn_close(&c->rd, on_rconn_closed, c);
-        maybe_finish(c);
+        /* Never started: no handles, nothing to wait for. */
+        outbox__rconn_discard(&c->rd);
+        outbox__rconn_discard(&c->cmd);
+        consumer_free(c);
         return;
     }
     if (c->state == CS_STOPPED && !c->in_finish) {

@@ -142,16 +142,26 @@ int outbox__rconn_init(outbox__rconn *rc, uv_loop_t *loop, const outbox__redis_u
     if (outbox__redis_url_copy(&rc->url, url) != 0)
         return OUTBOX_ENOMEM;
     outbox__redis_url_describe(&rc->url, rc->desc, sizeof rc->desc);
-    uv_timer_init(loop, &rc->timer);
-    rc->timer.data = rc;
-    rc->handles = 1;
     return 0;
 }
 
 void outbox__rconn_start(outbox__rconn *rc)
 {
+    if (rc->running || rc->closing)
+        return;
+    /* The timer exists from start on: an rconn that was only initialised
+     * owns no handle and is discarded with outbox__rconn_discard(). */
+    uv_timer_init(rc->loop, &rc->timer);
+    rc->timer.data = rc;
+    rc->handles = 1;
+    rc->started = 1;
     rc->running = 1;
     rc_connect(rc);
+}
+
+void outbox__rconn_discard(outbox__rconn *rc)
+{
+    outbox__redis_url_free(&rc->url);
 }
 
 outbox__redis *outbox__rconn_get(const outbox__rconn *rc)
@@ -171,7 +181,7 @@ void outbox__rconn_reset(outbox__rconn *rc, const char *why)
 
 void outbox__rconn_close(outbox__rconn *rc, void (*cb)(void *data), void *data)
 {
-    if (rc->closing)
+    if (rc->closing || !rc->started)
         return;
     rc->closing = 1;
     rc->running = 0;

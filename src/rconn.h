@@ -22,7 +22,7 @@ struct outbox__rconn {
     char what[32];
     const outbox__logger *log;
     outbox__redis *conn;
-    int up, running, closing, handles;
+    int up, running, closing, handles, started;
     unsigned failures;
     uint64_t delay_ms, down_since, last_log;
     uv_timer_t timer;
@@ -38,15 +38,18 @@ struct outbox__rconn {
 /* url is copied; opt copied (client_name must stay valid); log borrowed. */
 int outbox__rconn_init(outbox__rconn *rc, uv_loop_t *loop, const outbox__redis_url *url,
                        const outbox__redis_options *opt, const outbox__logger *log, const char *what);
-/* Starts connecting (and keeps reconnecting). */
+/* Creates the timer and starts connecting (and keeps reconnecting). */
 void outbox__rconn_start(outbox__rconn *rc);
+/* Frees an rconn that was initialised but never started (no handles). */
+void outbox__rconn_discard(outbox__rconn *rc);
 /* The live connection, or NULL when not connected. */
 outbox__redis *outbox__rconn_get(const outbox__rconn *rc);
 /* Drops the current connection (its pending callbacks get errors) and
  * reconnects after the backoff. */
 void outbox__rconn_reset(outbox__rconn *rc, const char *why);
-/* Closes everything; cb runs once every handle is closed. The struct's
- * memory is the caller's and must stay valid until then. */
+/* Closes everything of a started rconn; cb runs once every handle is
+ * closed. The struct's memory is the caller's and must stay valid until
+ * then. Does nothing (and never calls cb) on one that was not started. */
 void outbox__rconn_close(outbox__rconn *rc, void (*cb)(void *data), void *data);
 
 #endif
