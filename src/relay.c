@@ -55,8 +55,9 @@ typedef struct msg {
 } msg;
 
 struct wait_group {
+    struct outbox_relay *r;
     size_t n, cap;
-    msg **msgs;
+    msg **msgs; /* NULL for a message that left the group */
 };
 
 enum relay_state { R_CREATED, R_RUNNING, R_STOPPING, R_STOPPED };
@@ -71,7 +72,7 @@ struct outbox_relay {
     char url_desc[300];
 
     sqlite3 *db;
-    sqlite3_stmt *q_due, *q_expired, *q_key_prev, *q_claim, *q_published, *q_failed, *q_release, *q_dead,
+    sqlite3_stmt *q_due, *q_expired, *q_key_prev, *q_key_head, *q_claim, *q_published, *q_failed, *q_release, *q_dead,
         *q_data_version, *q_next_due, *q_next_lease, *q_drain;
     int64_t data_version;
 
@@ -91,6 +92,8 @@ struct outbox_relay {
     uv_async_t wake_async;
     uv_fs_event_t wal_watch;
     int wal_watch_active;
+    uv_timer_t wal_timer;       /* data_version re-checks after a WAL change */
+    unsigned wal_rechecks;
     int handles_open;
 
     /* Messages claimed and not yet marked (the window), those awaiting a
@@ -102,7 +105,7 @@ struct outbox_relay {
 
     /* In-flight seqs, to tell our own leases from expired ones. */
     int64_t *seqset;
-    size_t seqset_cap, seqset_len;
+    size_t seqset_cap, seqset_len, seqset_tombs;
 
     /* Envelope scratch buffer. */
     char *envbuf;
@@ -209,7 +212,10 @@ static int check_settings(const outbox_relay_settings *s, char *err, size_t errl
     if (s->wait_replicas && (s->wait_timeout_ms < 1 || s->wait_timeout_ms >= s->lease_ms / 2))
         return bad_setting(err, errlen, "wait-timeout-ms: %llu must be at least 1 and below half of lease-ms",
                            (unsigned long long)s->wait_timeout_ms);
-    if (s->reply_timeout_ms < 1 || s->reply_timeout_ms + s->wait_timeout_ms >= s->lease_ms)
+    /* WAIT is only sent with wait_replicas; without it its timeout does not
+     * delay a reply. */
+    if (s->reply_timeout_ms < 1 ||
+        s->reply_timeout_ms + (s->wait_replicas ? s->wait_timeout_ms : 0) >= s->lease_ms)
         return bad_setting(err, errlen,
                            "reply timeout %llu ms (plus wait-timeout-ms) must be below lease-ms %llu, so that "
                            "a stuck connection is given up before its leases expire",
@@ -279,9 +285,15 @@ static size_t seq_hash(int64_t seq, size_t cap)
 static int seqset_add(outbox_relay *r, int64_t seq)
 {
     size_t i;
-    if ((r->seqset_len + 1) * 2 > r->seqset_cap) {
-        size_t ncap = r->seqset_cap ? r->seqset_cap * 2 : 1024, k;
-        int64_t *n = malloc(ncap * sizeof *n), *old = r->seqset;
+    /* Rebuild when live entries and tombstones fill half the table, not
+     * only the live ones: a lookup of an absent seq stops only at an empty
+     * slot, and every add may turn one into a tombstone for good. */
+    if ((r->seqset_len + r->seqset_tombs + 1) * 2 > r->seqset_cap) {
+        size_t ncap = r->seqset_cap ? r->seqset_cap : 1024, k;
+        int64_t *n, *old = r->seqset;
+        while ((r->seqset_len + 1) * 4 > ncap)
+            ncap *= 2;
+        n = malloc(ncap * sizeof *n);
         if (!n)
             return OUTBOX_ENOMEM;
         for (k = 0; k < ncap; k++)
@@ -296,10 +308,13 @@ static int seqset_add(outbox_relay *r, int64_t seq)
         free(old);
         r->seqset = n;
         r->seqset_cap = ncap;
+        r->seqset_tombs = 0;
     }
     i = seq_hash(seq, r->seqset_cap);
     while (r->seqset[i] > 0)
         i = (i + 1) & (r->seqset_cap - 1);
+    if (r->seqset[i] < 0)
+        r->seqset_tombs--;
     r->seqset[i] = seq;
     r->seqset_len++;
     return 0;
@@ -325,6 +340,7 @@ static void seqset_del(outbox_relay *r, int64_t seq)
         if (r->seqset[i] == seq) {
             r->seqset[i] = -1;
             r->seqset_len--;
+            r->seqset_tombs++;
             return;
         }
 }
@@ -471,62 +487,72 @@ static int cand_cmp(const void *a, const void *b)
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
+/* Appends the current row of st (columns seq, id, topic, key, payload,
+ * headers, created_at, attempts) as a candidate in the given row state. */
+static int collect_row(sqlite3_stmt *st, int64_t state, cand **arr, size_t *n, size_t *cap)
+{
+    cand c;
+    size_t idl, tl;
+    char *p;
+    memset(&c, 0, sizeof c);
+    c.seq = sqlite3_column_int64(st, 0);
+    idl = (size_t)sqlite3_column_bytes(st, 1);
+    tl = (size_t)sqlite3_column_bytes(st, 2);
+    c.klen = sqlite3_column_type(st, 3) == SQLITE_NULL ? 0 : (size_t)sqlite3_column_bytes(st, 3);
+    c.plen = (size_t)sqlite3_column_bytes(st, 4);
+    c.hlen = sqlite3_column_type(st, 5) == SQLITE_NULL ? 0 : (size_t)sqlite3_column_bytes(st, 5);
+    c.block = malloc(idl + tl + c.klen + c.plen + c.hlen + 3);
+    if (!c.block)
+        return SQLITE_NOMEM;
+    p = c.block;
+    memcpy(p, sqlite3_column_text(st, 1), idl);
+    p[idl] = 0;
+    c.id = p;
+    p += idl + 1;
+    memcpy(p, sqlite3_column_text(st, 2), tl);
+    p[tl] = 0;
+    c.topic = p;
+    p += tl + 1;
+    if (c.klen) {
+        memcpy(p, sqlite3_column_text(st, 3), c.klen);
+        p[c.klen] = 0;
+        c.key = p;
+        p += c.klen + 1;
+    }
+    if (c.plen)
+        memcpy(p, sqlite3_column_blob(st, 4), c.plen);
+    c.payload = p;
+    p += c.plen;
+    if (c.hlen) {
+        memcpy(p, sqlite3_column_blob(st, 5), c.hlen);
+        c.headers = p;
+    }
+    c.created_at = sqlite3_column_int64(st, 6);
+    c.attempts_before = sqlite3_column_int64(st, 7);
+    c.state = state;
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 64;
+        cand *na = realloc(*arr, nc * sizeof *na);
+        if (!na) {
+            free(c.block);
+            return SQLITE_NOMEM;
+        }
+        *arr = na;
+        *cap = nc;
+    }
+    (*arr)[(*n)++] = c;
+    return SQLITE_OK;
+}
+
 static int collect(sqlite3_stmt *st, cand **arr, size_t *n, size_t *cap, const outbox_relay *r, int takeover)
 {
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        cand c;
-        size_t idl, tl;
-        char *p;
-        memset(&c, 0, sizeof c);
-        c.seq = sqlite3_column_int64(st, 0);
-        if (takeover && seqset_has(r, c.seq))
+        if (takeover && seqset_has(r, sqlite3_column_int64(st, 0)))
             continue; /* our own, still in flight */
-        idl = (size_t)sqlite3_column_bytes(st, 1);
-        tl = (size_t)sqlite3_column_bytes(st, 2);
-        c.klen = sqlite3_column_type(st, 3) == SQLITE_NULL ? 0 : (size_t)sqlite3_column_bytes(st, 3);
-        c.plen = (size_t)sqlite3_column_bytes(st, 4);
-        c.hlen = sqlite3_column_type(st, 5) == SQLITE_NULL ? 0 : (size_t)sqlite3_column_bytes(st, 5);
-        c.block = malloc(idl + tl + c.klen + c.plen + c.hlen + 3);
-        if (!c.block)
-            return SQLITE_NOMEM;
-        p = c.block;
-        memcpy(p, sqlite3_column_text(st, 1), idl);
-        p[idl] = 0;
-        c.id = p;
-        p += idl + 1;
-        memcpy(p, sqlite3_column_text(st, 2), tl);
-        p[tl] = 0;
-        c.topic = p;
-        p += tl + 1;
-        if (c.klen) {
-            memcpy(p, sqlite3_column_text(st, 3), c.klen);
-            p[c.klen] = 0;
-            c.key = p;
-            p += c.klen + 1;
-        }
-        if (c.plen)
-            memcpy(p, sqlite3_column_blob(st, 4), c.plen);
-        c.payload = p;
-        p += c.plen;
-        if (c.hlen) {
-            memcpy(p, sqlite3_column_blob(st, 5), c.hlen);
-            c.headers = p;
-        }
-        c.created_at = sqlite3_column_int64(st, 6);
-        c.attempts_before = sqlite3_column_int64(st, 7);
-        c.state = takeover ? ROW_SENDING : ROW_PENDING;
-        if (*n == *cap) {
-            size_t nc = *cap ? *cap * 2 : 64;
-            cand *na = realloc(*arr, nc * sizeof *na);
-            if (!na) {
-                free(c.block);
-                return SQLITE_NOMEM;
-            }
-            *arr = na;
-            *cap = nc;
-        }
-        (*arr)[(*n)++] = c;
+        rc = collect_row(st, takeover ? ROW_SENDING : ROW_PENDING, arr, n, cap);
+        if (rc != SQLITE_OK)
+            return rc;
     }
     return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
@@ -623,6 +649,83 @@ static int build_command(outbox_relay *r, msg *m, const cand *c)
     return 0;
 }
 
+/*
+ * A keyed row is claimed only with or after every earlier unfinished row of
+ * its key, and those can lie outside the candidate window: a head retried
+ * with backoff becomes due after its released successors and after the
+ * key's older rows that were never claimed. A window made only of such
+ * held-back rows would claim nothing, ever, for any topic. So for each key
+ * whose earliest candidate is held back, the key's first unfinished rows are
+ * added from the key index as long as they can be claimed now, up to `want`
+ * rows in all. *cs must be sorted by seq; the added rows are appended.
+ */
+static int add_key_heads(outbox_relay *r, unsigned want, int64_t now, cand **cs, size_t *n, size_t *cap)
+{
+    size_t orig = *n, nfirst = 0, added = 0, tcap = 16, i;
+    keyslot *seen;
+    cand *first;
+    int rc = SQLITE_OK;
+
+    while (tcap < orig * 2)
+        tcap *= 2;
+    seen = calloc(tcap, sizeof *seen);
+    first = malloc(orig * sizeof *first);
+    if (!seen || !first) {
+        free(seen);
+        free(first);
+        return SQLITE_NOMEM;
+    }
+    /* The earliest candidate of each key, copied: *cs may move below (the
+     * strings stay put in their blocks). */
+    for (i = 0; i < orig; i++) {
+        keyslot *ks;
+        if (!(*cs)[i].klen)
+            continue;
+        ks = key_find(seen, tcap, &(*cs)[i]);
+        if (!ks->c) {
+            first[nfirst] = (*cs)[i];
+            ks->c = &first[nfirst++];
+        }
+    }
+    for (i = 0; i < nfirst && added < want && rc == SQLITE_OK; i++) {
+        const cand *c = &first[i];
+        sqlite3_bind_text(r->q_key_prev, 1, c->topic, -1, SQLITE_STATIC);
+        sqlite3_bind_text(r->q_key_prev, 2, c->key, (int)c->klen, SQLITE_STATIC);
+        sqlite3_bind_int64(r->q_key_prev, 3, c->seq);
+        rc = sqlite3_step(r->q_key_prev);
+        sqlite3_reset(r->q_key_prev);
+        if (rc != SQLITE_ROW) {
+            if (rc == SQLITE_DONE)
+                rc = SQLITE_OK; /* nothing before it: not held back */
+            continue;
+        }
+        sqlite3_bind_text(r->q_key_head, 1, c->topic, -1, SQLITE_STATIC);
+        sqlite3_bind_text(r->q_key_head, 2, c->key, (int)c->klen, SQLITE_STATIC);
+        sqlite3_bind_int64(r->q_key_head, 3, c->seq);
+        sqlite3_bind_int64(r->q_key_head, 4, (int64_t)(want - added));
+        while ((rc = sqlite3_step(r->q_key_head)) == SQLITE_ROW) {
+            sqlite3_stmt *st = r->q_key_head;
+            int64_t seq = sqlite3_column_int64(st, 0);
+            int pending = sqlite3_column_int(st, 8) == ROW_PENDING;
+            int ready = pending ? sqlite3_column_int64(st, 9) <= now
+                                : sqlite3_column_type(st, 10) != SQLITE_NULL && sqlite3_column_int64(st, 10) <= now &&
+                                      !seqset_has(r, seq);
+            if (!ready)
+                break; /* it holds back the rest of its key */
+            rc = collect_row(st, pending ? ROW_PENDING : ROW_SENDING, cs, n, cap);
+            if (rc != SQLITE_OK)
+                break;
+            added++;
+        }
+        sqlite3_reset(r->q_key_head);
+        if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+            rc = SQLITE_OK;
+    }
+    free(seen);
+    free(first);
+    return rc;
+}
+
 /* Checks a row written by plain SQL against what the relay can publish;
  * returns NULL or a reason to dead-letter it. */
 static const char *row_problem(const outbox_relay *r, const cand *c, char *buf, size_t len)
@@ -673,6 +776,12 @@ static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t
     if (rc != SQLITE_OK || n == 0)
         goto done;
     qsort(cs, n, sizeof *cs, cand_cmp);
+    i = n;
+    rc = add_key_heads(r, want, now, &cs, &n, &cap);
+    if (rc != SQLITE_OK)
+        goto done;
+    if (n > i)
+        qsort(cs, n, sizeof *cs, cand_cmp);
 
     while (kcap < n * 2)
         kcap *= 2;
@@ -794,7 +903,7 @@ done:
 static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     wait_group *g = data;
-    outbox_relay *r = g->n ? g->msgs[0]->r : NULL;
+    outbox_relay *r = g->r;
     char why[128];
     long long acked = -1;
     size_t i;
@@ -812,7 +921,7 @@ static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, vo
     }
     for (i = 0; i < g->n; i++) {
         msg *m = g->msgs[i];
-        if (m->state != MSG_WAITING)
+        if (!m || m->state != MSG_WAITING)
             continue;
         r->awaiting--;
         if (acked >= (long long)r->s.wait_replicas)
@@ -850,10 +959,27 @@ static void flush_group(outbox_relay *r, wait_group *g)
         /* The connection is gone: the XADD callbacks release their messages;
          * nobody waits for this group. */
         for (i = 0; i < g->n; i++)
-            g->msgs[i]->group = NULL;
+            if (g->msgs[i])
+                g->msgs[i]->group = NULL;
         free(g->msgs);
         free(g);
     }
+}
+
+/* A message whose outcome is decided without its group's WAIT leaves the
+ * group: it may be marked and freed before the WAIT reply comes. */
+static void leave_group(msg *m)
+{
+    wait_group *g = m->group;
+    size_t i;
+    if (!g)
+        return;
+    for (i = 0; i < g->n; i++)
+        if (g->msgs[i] == m) {
+            g->msgs[i] = NULL;
+            break;
+        }
+    m->group = NULL;
 }
 
 static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
@@ -869,10 +995,7 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
         /* The outcome is unknown: it may be appended, it may not. Retrying
          * risks a duplicate, never a loss. */
         release_chain(r, m, "held back: connection lost");
-        if (m->group) {
-            /* the group's WAIT callback will not see an OK from this one */
-            m->group = NULL;
-        }
+        leave_group(m);
         queue_mark(r, m, OUT_RELEASE, why, strlen(why));
     } else if (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS) {
         free(m->result);
@@ -902,7 +1025,7 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
         else
             snprintf(buf, sizeof buf, "unexpected XADD reply type %d", reply->type);
         r->awaiting--;
-        m->group = NULL;
+        leave_group(m);
         /* A later message of this key must not be appended before this one. */
         release_chain(r, m, "held back: an earlier message of its key failed");
         queue_mark(r, m, OUT_RETRY, buf, strlen(buf));
@@ -928,6 +1051,7 @@ static void send_msg(outbox_relay *r, msg *m, wait_group **grp)
             g = calloc(1, sizeof *g);
             if (!g)
                 return; /* published without WAIT would break the promise: fall back below */
+            g->r = r;
             *grp = g;
         }
         if (g->n == g->cap) {
@@ -1210,24 +1334,44 @@ static void on_wake(uv_async_t *a)
     schedule_work(r);
 }
 
-static void on_wal_change(uv_fs_event_t *h, const char *filename, int events, int status)
+/* Schedules work and returns 1 if another connection committed since the
+ * last look. Our own commits do not change data_version. */
+static int data_version_changed(outbox_relay *r)
 {
-    outbox_relay *r = h->data;
     int64_t v = 0;
-    (void)filename;
-    (void)events;
-    if (status != 0)
-        return;
-    /* Our own commits touch the WAL too: only another connection's commit
-     * changes data_version. */
     sqlite3_reset(r->q_data_version);
     if (sqlite3_step(r->q_data_version) == SQLITE_ROW)
         v = sqlite3_column_int64(r->q_data_version, 0);
     sqlite3_reset(r->q_data_version);
-    if (v != r->data_version) {
-        r->data_version = v;
-        schedule_work(r);
-    }
+    if (v == r->data_version)
+        return 0;
+    r->data_version = v;
+    schedule_work(r);
+    return 1;
+}
+
+static void on_wal_recheck(uv_timer_t *t)
+{
+    outbox_relay *r = t->data;
+    if (r->state != R_RUNNING || data_version_changed(r) || r->wal_rechecks >= 8)
+        return;
+    r->wal_rechecks++;
+    uv_timer_start(&r->wal_timer, on_wal_recheck, 1u << r->wal_rechecks, 0);
+}
+
+static void on_wal_change(uv_fs_event_t *h, const char *filename, int events, int status)
+{
+    outbox_relay *r = h->data;
+    (void)filename;
+    (void)events;
+    if (status != 0 || data_version_changed(r))
+        return;
+    /* A commit writes its frames to the WAL, syncs them, and only then
+     * publishes them in the wal-index, which is what data_version reads: the
+     * last event of another connection's commit comes before the commit is
+     * visible. Look again shortly (1, 2, 4 ... 256 ms). */
+    r->wal_rechecks = 0;
+    uv_timer_start(&r->wal_timer, on_wal_recheck, 1, 0);
 }
 
 void outbox_relay_wake(outbox_relay *r)
@@ -1375,6 +1519,9 @@ static const struct {
                     "WHERE state = 1 AND lease_until <= ?1 ORDER BY lease_until LIMIT ?2"),
     STMT(q_key_prev, "SELECT seq FROM outbox WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL AND state < 2 "
                      "AND seq < ?3 ORDER BY seq DESC LIMIT 1"),
+    STMT(q_key_head, "SELECT seq, id, topic, key, payload, headers, created_at, attempts, state, available_at, "
+                     "lease_until FROM outbox WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL AND state < 2 "
+                     "AND seq < ?3 ORDER BY seq LIMIT ?4"),
     STMT(q_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, "
                   "lease_until = ?2, attempts = attempts + 1 WHERE seq = ?3 AND state = ?4 "
                   "RETURNING lease_token, attempts"),
@@ -1424,7 +1571,7 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
 {
     outbox_relay *r;
     char host[256], wid[300], msgbuf[512];
-    int e;
+    int e, tries;
     size_t i;
 
     if (err && errlen)
@@ -1471,19 +1618,29 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
     r->s.worker_id = r->worker_id;
     r->s.stream_prefix = r->stream_prefix;
 
-    e = outbox_db_open(r->db_path, OUTBOX_OPEN_RELAY, &r->db, err, errlen);
-    if (e != 0) {
-        free_fields(r);
-        return e;
-    }
-    e = outbox_schema_check(r->db, err, errlen);
-    if (e == OUTBOX_ENOSCHEMA) {
-        int64_t v = 0;
-        /* An older schema is migrated; a database without one is refused,
-         * so that a mistyped path does not grow a fresh empty outbox. */
-        outbox__sqlite_int(r->db, "PRAGMA user_version", &v);
-        if (v > 0)
-            e = outbox_schema_apply(r->db, err, errlen);
+    /* The relay's connection never waits for a lock (busy_timeout 0), but
+     * reading the schema at start-up can meet one: a writer's, or another
+     * connection's WAL recovery after a process crashed mid-commit. That is
+     * no reason to refuse to start: retry for a bounded while. */
+    for (tries = 0;; tries++) {
+        e = outbox_db_open(r->db_path, OUTBOX_OPEN_RELAY, &r->db, err, errlen);
+        if (e == 0)
+            e = outbox_schema_check(r->db, err, errlen);
+        if (e == OUTBOX_ENOSCHEMA) {
+            int64_t v = 0;
+            /* An older schema is migrated; a database without one is refused,
+             * so that a mistyped path does not grow a fresh empty outbox. */
+            int ve = outbox__sqlite_int(r->db, "PRAGMA user_version", &v);
+            if (ve != 0)
+                e = ve;
+            else if (v > 0)
+                e = outbox_schema_apply(r->db, err, errlen);
+        }
+        if (e != OUTBOX_EBUSY || tries == 200)
+            break;
+        sqlite3_close_v2(r->db);
+        r->db = NULL;
+        sqlite3_sleep(10);
     }
     if (e != 0) {
         free_fields(r);
@@ -1515,11 +1672,12 @@ int outbox_relay_start(outbox_relay *r)
     uv_timer_init(r->loop, &r->busy_timer);
     uv_timer_init(r->loop, &r->reconnect_timer);
     uv_timer_init(r->loop, &r->shutdown_timer);
+    uv_timer_init(r->loop, &r->wal_timer);
     uv_async_init(r->loop, &r->wake_async, on_wake);
     r->kick_timer.data = r->scan_timer.data = r->busy_timer.data = r->reconnect_timer.data = r;
-    r->shutdown_timer.data = r->wake_async.data = r;
+    r->shutdown_timer.data = r->wake_async.data = r->wal_timer.data = r;
     ((uv_handle_t *)&r->kick_timer)->data = r;
-    r->handles_open = 6;
+    r->handles_open = 7;
     uv_fs_event_init(r->loop, &r->wal_watch);
     r->wal_watch.data = r;
     r->handles_open++;
@@ -1603,6 +1761,7 @@ static void maybe_finish_stop(outbox_relay *r)
     uv_close((uv_handle_t *)&r->busy_timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->reconnect_timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->shutdown_timer, on_handle_closed);
+    uv_close((uv_handle_t *)&r->wal_timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->wake_async, on_handle_closed);
     uv_close((uv_handle_t *)&r->wal_watch, on_handle_closed);
 }
@@ -1632,6 +1791,7 @@ int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), 
     uv_timer_stop(&r->reconnect_timer);
     if (r->wal_watch_active)
         uv_fs_event_stop(&r->wal_watch);
+    uv_timer_stop(&r->wal_timer);
     if (r->conn_state != C_UP)
         drop_conn(r);
     if (r->awaiting)

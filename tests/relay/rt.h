@@ -20,6 +20,20 @@
 /* A factor for waits: 10 under the valgrind test setup, else 1. */
 int rt_slow(void);
 
+/*
+ * Clean-up that also happens when a test bails out: th_tmpdir() whose
+ * tree is removed at exit, and child processes tracked from start to reap,
+ * killed by pid (SIGKILL) and reaped at exit. A tracked child must be
+ * reaped through rt_wait() or rt_stop() only, so that its pid is never
+ * signalled after the system could reuse it.
+ */
+char *rt_tmpdir(void);
+/* Starts argv (argv[0] a path) tracked, stdout and stderr appended to log
+ * (may be NULL); bails if it cannot start. */
+pid_t rt_spawn(char *const argv[], const char *log);
+/* As th_wait, and untracks pid once it is reaped. */
+int rt_wait(pid_t pid, int timeout_ms);
+
 /* Creates <dir>/<name> with the outbox schema; returns the malloc'd path. */
 char *rt_make_db(const char *dir, const char *name);
 /* A writer-style connection (busy_timeout 5000 ms); bails on error. */
@@ -44,6 +58,7 @@ typedef struct rt_entry {
     char *env;      /* field "envelope", NULL if missing */
     size_t envlen;
     int nfields;    /* fields in the entry (pairs) */
+    int id_first;   /* the first field is "id" */
 } rt_entry;
 
 typedef struct rt_stream {
@@ -87,8 +102,8 @@ pid_t rt_relay_spawn(const char *err_path, const char *db, const char *url, ...)
 /* Runs it to completion (e.g. with --drain); returns the exit status as
  * th_run; *err (may be NULL) gets stderr. */
 int rt_relay_run(int timeout_ms, char **err, const char *db, const char *url, ...);
-/* Sends sig to pid and waits up to timeout_ms; returns the status as
- * th_wait (-2 on timeout, then the process was SIGKILLed and reaped). */
+/* Sends sig to a tracked pid and waits up to timeout_ms; returns the status
+ * as th_wait (-2 on timeout, then the process was SIGKILLed and reaped). */
 int rt_stop(pid_t pid, int sig, int timeout_ms);
 
 /* A file's contents (malloc'd, "" when missing). */

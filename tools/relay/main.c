@@ -471,7 +471,9 @@ static int cmd_run(int argc, char **argv, int first)
         fprintf(stderr, "%s: %s (%s)\n", prog, err[0] ? err : outbox_strerror(e), outbox_err_name(e));
         uv_loop_close(&d.loop);
         config_free(&c);
-        return e == OUTBOX_ENOMEM ? EXIT_FATAL : EXIT_USAGE;
+        /* A database that stays locked is a runtime failure, not a usage
+         * error: a supervisor should restart us. */
+        return e == OUTBOX_ENOMEM || e == OUTBOX_EBUSY ? EXIT_FATAL : EXIT_USAGE;
     }
     uv_signal_init(&d.loop, &d.sigterm);
     uv_signal_init(&d.loop, &d.sigint);

@@ -1,0 +1,137 @@
+/*
+ * test_ordering.c: per-key ordering under injected Redis failures.
+ *
+ * Keyed messages (a few keys, many messages each) are published while
+ * Redis refuses the XADDs for a while, in two ways:
+ *   - WRONGTYPE: the stream key holds a string (SET before the relay
+ *     starts, DEL a second later);
+ *   - OOM: CONFIG SET maxmemory 1 while the relay is publishing, back to 0
+ *     a second later.
+ * Afterwards every message is in its stream and, for each key, the first
+ * appearances follow commit (seq) order. Unkeyed messages mixed in flow too.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "outbox.h"
+#include "rt.h"
+#include "tap.h"
+
+#define N 3000
+#define KEYS 6
+
+static sqlite3 *db;
+static const char *topic;
+
+static int all_published(void *arg)
+{
+    (void)arg;
+    return rt_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state <> 2", topic) == 0;
+}
+
+static int some_published(void *arg)
+{
+    (void)arg;
+    return rt_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2", topic) >= 100;
+}
+
+/* Keyed rows with some unkeyed ones mixed in, in one commit order. */
+static void write_rows(const char *prefix, const char *t)
+{
+    rt_insert_rows(db, prefix, 0, N, t, KEYS);
+    rt_exec(db, "UPDATE outbox SET key = NULL WHERE topic = %Q AND seq %% 10 = 0", t);
+}
+
+static void report(const char *what, const rt_audit *a, const char *log, long failures_logged)
+{
+    char *text = rt_slurp(log);
+    long fails = rt_count_substr(text, "publish failed, will retry");
+    is_int(a->rows, N, "%s: %d rows", what, N);
+    is_int(a->missing, 0, "%s: every message is in the stream", what);
+    is_int(a->unpublished, 0, "%s: every row is published", what);
+    is_int(a->foreign, 0, "%s: no entry without a row", what);
+    is_int(a->order_violations, 0, "%s: per key, first appearances follow commit order", what);
+    diag("%s: %ld duplicate entries, %ld failed attempts logged", what, a->dups, fails);
+    ok(fails >= failures_logged, "%s: the relay did see failures (%ld)", what, fails);
+    free(text);
+}
+
+int main(void)
+{
+    th_redis srv;
+    char *dir, *dbpath, *log1, *log2;
+    redisContext *c;
+    redisReply *rep;
+    pid_t pid;
+    rt_audit a;
+    int done;
+
+    if (th_redis_start(&srv, 0, NULL) != 0)
+        skip_all("redis-server not available");
+    dir = rt_tmpdir();
+    dbpath = rt_make_db(dir, "app.db");
+    log1 = th_path(dir, "relay1.log");
+    log2 = th_path(dir, "relay2.log");
+    db = rt_open(dbpath);
+    c = th_redis_client(&srv);
+
+    /* WRONGTYPE from the start, for a second. */
+    topic = "wt";
+    write_rows("wt", topic);
+    freeReplyObject(th_cmd(c, "SET outbox:wt x"));
+    pid = rt_relay_spawn(log1, dbpath, srv.url, "--backoff-min-ms", "50", "--backoff-max-ms", "200",
+                         "--max-attempts", "1000", NULL);
+    th_sleep_ms(1000);
+    rep = th_cmd(c, "DEL outbox:wt");
+    is_int(rep->integer, 1, "wrongtype: the string was still in place after a second");
+    freeReplyObject(rep);
+    done = rt_wait_until(30000 * rt_slow(), all_published, NULL);
+    ok(done, "wrongtype: everything published after the DEL");
+    a = rt_audit_topic(db, c, "outbox:", topic);
+    report("wrongtype", &a, log1, 1);
+    is_int(rt_stop(pid, SIGTERM, 15000), 0, "wrongtype: the relay exits 0 on SIGTERM");
+    if (!done) {
+        char *text = rt_slurp(log1);
+        rt_diag_tail("relay", text, 15);
+        free(text);
+    }
+
+    /* OOM in the middle of publishing, for a second. */
+    topic = "oom";
+    write_rows("oom", topic);
+    pid = rt_relay_spawn(log2, dbpath, srv.url, "--backoff-min-ms", "50", "--backoff-max-ms", "200",
+                         "--max-attempts", "1000", NULL);
+    ok(rt_wait_until(10000 * rt_slow(), some_published, NULL), "oom: publishing started");
+    rep = th_cmd(c, "CONFIG SET maxmemory 1");
+    ok(rep->type == REDIS_REPLY_STATUS, "oom: maxmemory 1");
+    freeReplyObject(rep);
+    diag("oom: %lld of %d published when Redis ran out of memory",
+         (long long)rt_int(db, "SELECT count(*) FROM outbox WHERE topic = 'oom' AND state = 2"), N);
+    th_sleep_ms(1000);
+    freeReplyObject(th_cmd(c, "CONFIG SET maxmemory 0"));
+    done = rt_wait_until(30000 * rt_slow(), all_published, NULL);
+    ok(done, "oom: everything published after maxmemory 0");
+    a = rt_audit_topic(db, c, "outbox:", topic);
+    report("oom", &a, log2, 1);
+    {
+        char *text = rt_slurp(log2);
+        ok(strstr(text, "OOM") != NULL, "oom: the relay logged Redis' OOM error");
+        if (!done)
+            rt_diag_tail("relay", text, 15);
+        free(text);
+    }
+    is_int(rt_stop(pid, SIGTERM, 15000), 0, "oom: the relay exits 0 on SIGTERM");
+
+    redisFree(c);
+    sqlite3_close_v2(db);
+    th_redis_destroy(&srv);
+    th_rmtree(dir);
+    free(log1);
+    free(log2);
+    free(dbpath);
+    free(dir);
+    return tap_done();
+}

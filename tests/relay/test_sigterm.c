@@ -1,0 +1,142 @@
+/*
+ * test_sigterm.c: SIGTERM in the middle of a drain, then a second run.
+ *
+ * 1. Replies held (CLIENT PAUSE ... WRITE, shorter than the shutdown
+ *    timeout) when SIGTERM arrives: the relay waits for the in-flight
+ *    replies, marks them, hands every other claimed row back, and exits 0
+ *    within the shutdown timeout with no row left in state 1; each row it
+ *    marked published is in the stream exactly once, nothing else is.
+ * 2. Replies held longer than --shutdown-timeout-ms: it gives up waiting at
+ *    the timeout, hands those rows back too, and exits 0 soon after.
+ * 3. A second run with --drain publishes the rest: every id in the stream
+ *    at least once.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "outbox.h"
+#include "rt.h"
+#include "tap.h"
+
+#define N 20000
+
+typedef struct wait_arg {
+    redisContext *c;
+    long long min;
+} wait_arg;
+
+static int stream_has(void *arg)
+{
+    wait_arg *w = arg;
+    return th_xlen(w->c, "outbox:term") >= w->min;
+}
+
+/* Starts a relay, waits until it published something, holds Redis' writes
+ * for pause_ms, sends SIGTERM; returns the exit status, the time from the
+ * pause to the exit in *since_pause and from SIGTERM to the exit in
+ * *since_term. */
+static int run_and_term(const char *log, const char *dbpath, const char *url, redisContext *c, int pause_ms,
+                        const char *shutdown_ms, int wait_ms, int64_t *since_pause, int64_t *since_term)
+{
+    wait_arg w = {c, th_xlen(c, "outbox:term") + 100};
+    pid_t pid = rt_relay_spawn(log, dbpath, url, "--shutdown-timeout-ms", shutdown_ms, NULL);
+    int64_t paused, termed;
+    int rc;
+    if (!rt_wait_until(20000 * rt_slow(), stream_has, &w))
+        diag("the relay did not start publishing");
+    paused = th_now_ms();
+    freeReplyObject(th_cmd(c, "CLIENT PAUSE %d WRITE", pause_ms));
+    th_sleep_ms(50); /* let XADDs pile up behind the pause */
+    termed = th_now_ms();
+    kill(pid, SIGTERM);
+    rc = rt_wait(pid, wait_ms);
+    *since_pause = th_now_ms() - paused;
+    *since_term = th_now_ms() - termed;
+    if (rc == -2) {
+        kill(pid, SIGKILL);
+        rt_wait(pid, -1);
+    }
+    return rc;
+}
+
+int main(void)
+{
+    th_redis srv;
+    char *dir, *dbpath, *log1, *log2, *text, *err = NULL;
+    redisContext *c;
+    sqlite3 *db;
+    int64_t since_pause, ms;
+    int rc;
+    long published, entries;
+    rt_audit a;
+
+    if (th_redis_start(&srv, 0, NULL) != 0)
+        skip_all("redis-server not available");
+    dir = rt_tmpdir();
+    dbpath = rt_make_db(dir, "app.db");
+    log1 = th_path(dir, "relay1.log");
+    log2 = th_path(dir, "relay2.log");
+    db = rt_open(dbpath);
+    rt_insert_rows(db, "t", 0, N / 2, "term", 0);
+    rt_insert_rows(db, "tk", 0, N / 2, "term", 8);
+    c = th_redis_client(&srv);
+
+    /* 1: replies come back within the shutdown timeout. */
+    rc = run_and_term(log1, dbpath, srv.url, c, 700, "5000", 6000 * rt_slow(), &since_pause, &ms);
+    is_int(rc, 0, "held replies: exit 0 after SIGTERM");
+    diag("held replies: exited %lld ms after SIGTERM", (long long)ms);
+    ok(since_pause >= 650 && ms < 5000, "it waited for the held replies, within the shutdown timeout (%lld ms)",
+       (long long)ms);
+    text = rt_slurp(log1);
+    if (rc != 0)
+        rt_diag_tail("relay", text, 20);
+    ok(strstr(text, "msg=stopping") != NULL && strstr(text, "msg=stopped") != NULL, "held replies: a graceful stop");
+    ok(strstr(text, "shutdown timeout") == NULL, "held replies: no shutdown timeout");
+    free(text);
+    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "held replies: no row left in state 1");
+    published = (long)rt_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
+    entries = (long)th_xlen(c, "outbox:term");
+    diag("held replies: %ld published, %ld pending", published, N - published);
+    ok(published > 0 && published < N, "stopped mid-drain");
+    is_int(entries, published, "held replies: the stream holds exactly the rows marked published");
+
+    /* 2: replies held past the shutdown timeout. */
+    rc = run_and_term(log2, dbpath, srv.url, c, 3000, "500", 6000 * rt_slow(), &since_pause, &ms);
+    is_int(rc, 0, "shutdown timeout: exit 0 after SIGTERM");
+    diag("shutdown timeout: exited %lld ms after SIGTERM", (long long)ms);
+    ok(ms >= 450 && since_pause < 2500, "it gave up waiting at the 500 ms timeout (%lld ms)", (long long)ms);
+    text = rt_slurp(log2);
+    if (rc != 0)
+        rt_diag_tail("relay", text, 20);
+    ok(strstr(text, "shutdown timeout") != NULL, "shutdown timeout: logged");
+    free(text);
+    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "shutdown timeout: no row left in state 1");
+    th_sleep_ms(3000); /* the pause ends; the abandoned XADDs run */
+
+    /* 3: a second run drains the rest. */
+    rc = rt_relay_run(60000 * rt_slow(), &err, dbpath, srv.url, "--drain", NULL);
+    is_int(rc, 0, "second run: --drain exits 0");
+    if (rc != 0)
+        rt_diag_tail("relay", err, 20);
+    free(err);
+    a = rt_audit_topic(db, c, "outbox:", "term");
+    is_int(a.rows, N, "%d rows", N);
+    is_int(a.missing, 0, "every id is in the stream at least once");
+    is_int(a.unpublished, 0, "every row is published");
+    is_int(a.foreign, 0, "no entry without a row");
+    is_int(a.order_violations, 0, "per key, first appearances follow commit order");
+    diag("%ld duplicate entries (from the abandoned replies)", a.dups);
+
+    redisFree(c);
+    sqlite3_close_v2(db);
+    th_redis_destroy(&srv);
+    th_rmtree(dir);
+    free(log1);
+    free(log2);
+    free(dbpath);
+    free(dir);
+    return tap_done();
+}

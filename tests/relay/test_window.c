@@ -1,0 +1,96 @@
+/*
+ * test_window.c: the in-flight window bounds what the relay holds. With
+ * --inflight 100 and Redis holding every write (CLIENT PAUSE ... WRITE), the
+ * relay claims exactly up to the window and no further: at no moment, while
+ * paused or afterwards, are more than 100 rows in state 1 (sending). Once
+ * Redis answers again everything is published.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "outbox.h"
+#include "rt.h"
+#include "tap.h"
+
+#define N 3000
+#define WINDOW 100
+
+int main(void)
+{
+    th_redis srv;
+    char *dir, *dbpath, *log, *text;
+    sqlite3 *db;
+    redisContext *c;
+    redisReply *rep;
+    pid_t pid;
+    int64_t t0, pause_end, deadline;
+    long max_sending = 0, max_sending_paused = 0, samples = 0, published = 0, published_paused = -1;
+    int rc, pause_ms;
+
+    if (th_redis_start(&srv, 0, NULL) != 0)
+        skip_all("redis-server not available");
+    dir = rt_tmpdir();
+    dbpath = rt_make_db(dir, "app.db");
+    log = th_path(dir, "relay.log");
+    db = rt_open(dbpath);
+    rt_insert_rows(db, "w", 0, N, "window", 0);
+    c = th_redis_client(&srv);
+
+    /* Not stretched by rt_slow() beyond the relay's 10 s reply timeout. */
+    pause_ms = rt_slow() > 1 ? 4000 : 2000;
+    rep = th_cmd(c, "CLIENT PAUSE %d WRITE", pause_ms);
+    ok(rep->type == REDIS_REPLY_STATUS, "CLIENT PAUSE WRITE accepted");
+    freeReplyObject(rep);
+    t0 = th_now_ms();
+    pause_end = t0 + pause_ms;
+    pid = rt_relay_spawn(log, dbpath, srv.url, "--inflight", "100", NULL);
+
+    /* While paused: sample the table as fast as we can. */
+    while (th_now_ms() < pause_end - 150) {
+        long sending = (long)rt_int(db, "SELECT count(*) FROM outbox WHERE state = 1");
+        if (sending > max_sending_paused)
+            max_sending_paused = sending;
+        samples++;
+        th_sleep_ms(2);
+    }
+    published_paused = (long)rt_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
+    diag("%ld samples while paused, at most %ld rows sending", samples, max_sending_paused);
+    is_int(max_sending_paused, WINDOW, "while Redis holds the writes, the relay fills the window of %d and no more",
+           WINDOW);
+    is_int(published_paused, 0, "nothing is marked published while Redis holds the writes");
+
+    /* After the pause: it drains, never above the window. */
+    max_sending = max_sending_paused;
+    deadline = th_now_ms() + 30000 * rt_slow();
+    while (th_now_ms() < deadline) {
+        long sending = (long)rt_int(db, "SELECT count(*) FROM outbox WHERE state = 1");
+        if (sending > max_sending)
+            max_sending = sending;
+        published = (long)rt_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
+        if (published == N)
+            break;
+        th_sleep_ms(1);
+    }
+    ok(max_sending <= WINDOW, "at most %d rows in state 1 at any sample (saw %ld)", WINDOW, max_sending);
+    is_int(published, N, "all %d rows published after the pause", N);
+    is_int(th_xlen(c, "outbox:window"), N, "the stream has %d entries", N);
+
+    rc = rt_stop(pid, SIGTERM, 15000);
+    is_int(rc, 0, "SIGTERM: the relay exits 0");
+    text = rt_slurp(log);
+    if (rc != 0 || published != N)
+        rt_diag_tail("relay", text, 20);
+    free(text);
+
+    redisFree(c);
+    sqlite3_close_v2(db);
+    th_redis_destroy(&srv);
+    th_rmtree(dir);
+    free(log);
+    free(dbpath);
+    free(dir);
+    return tap_done();
+}
