@@ -512,6 +512,9 @@ static int cmd_run(int argc, char **argv, int first)
 
 int main(int argc, char **argv)
 {
+    /* SQLite's memory statistics take a global mutex on every allocation;
+     * the daemon does not read them. Must precede any other SQLite call. */
+    sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
     if (argc < 2) {
         usage(stderr);
         return EXIT_USAGE;
