@@ -41,6 +41,10 @@
 #include "redis.h"
 
 #define READ_BUF_SIZE (64 * 1024)
+/* Replies handed to callbacks per loop turn: a long pipeline of replies
+ * would otherwise hold the loop for tens of milliseconds. The rest stays
+ * parsed-later in the reader and goes out at the next turn (idle handle). */
+#define REPLIES_PER_TURN 1024
 #define RING_MIN 64
 #define OBUF_MIN 4096
 /* A write buffer larger than this is released after use instead of being
@@ -91,7 +95,9 @@ struct outbox__redis {
     uint64_t timer_due;
     int deferred_status; /* a failure to report from the timer, see fail_soon() */
 
-    uv_idle_t idle; /* flushes output once per loop turn */
+    uv_idle_t idle; /* flushes output once per loop turn; resumes paused reads */
+    unsigned turn_budget; /* replies still to hand out in this loop turn */
+    int more_replies;     /* parsed input waits for the next turn */
 
     uv_getaddrinfo_t gai;
     int gai_active;
@@ -306,12 +312,19 @@ static void flush(outbox__redis *r)
     r->write_active = 1;
 }
 
+static void process_replies(outbox__redis *r);
+
 static void on_idle(uv_idle_t *h)
 {
     outbox__redis *r = h->data;
     enter(r);
     uv_idle_stop(&r->idle);
     flush(r);
+    r->turn_budget = REPLIES_PER_TURN;
+    if (r->more_replies) {
+        r->more_replies = 0;
+        process_replies(r);
+    }
     leave(r);
 }
 
@@ -552,6 +565,12 @@ static void process_replies(outbox__redis *r)
         void *obj = NULL;
         redisReply *reply;
         pending p;
+        if (r->turn_budget == 0) {
+            r->more_replies = 1;
+            uv_idle_start(&r->idle, on_idle);
+            return;
+        }
+        r->turn_budget--;
         if (redisReaderGetReply(r->reader, &obj) != REDIS_OK) {
             int oom = r->reader->err == REDIS_ERR_OOM;
             set_err(r, "%s: %s", r->state == ST_HANDSHAKE ? "handshake: protocol error" : "protocol error",
@@ -890,6 +909,7 @@ int outbox__redis_create(outbox__redis **out, uv_loop_t *loop, const outbox__red
     uv_timer_init(loop, &r->timer);
     r->timer.data = r;
     uv_idle_init(loop, &r->idle);
+    r->turn_budget = REPLIES_PER_TURN;
     r->idle.data = r;
     r->wreq.data = r;
     r->refs = 2;

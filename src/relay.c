@@ -16,7 +16,10 @@
 
 #include <hiredis/hiredis.h>
 
+#include "http.h"
+#include "idem.h"
 #include "internal.h"
+#include "metrics.h"
 #include "outbox/envelope.h"
 #include "outbox/relay.h"
 #include "outbox/schema.h"
@@ -25,6 +28,9 @@
 #include "sqlite_util.h"
 
 enum { ROW_PENDING = 0, ROW_SENDING = 1, ROW_PUBLISHED = 2, ROW_DEAD = 3 };
+
+/* Marks written per transaction at most (see do_work). */
+#define MARKS_PER_TXN 512
 
 /* What became of one message; decides its mark. */
 enum outcome {
@@ -44,8 +50,10 @@ typedef struct msg {
     struct msg *key_next; /* the next message of its key, held back behind this one */
     struct outbox_relay *r;
     wait_group *group;
-    int64_t seq, token, attempts, created_at;
-    char *id;
+    int64_t seq, token, attempts, created_at, replay_count;
+    char *id, *topic;
+    char *env; /* idempotent mode: the envelope, sent with its stream's batch */
+    size_t envlen;
     char *cmd; /* formatted XADD, until sent */
     size_t cmdlen;
     enum msg_state state;
@@ -67,13 +75,13 @@ struct outbox_relay {
     uv_loop_t *loop;
     outbox_relay_settings s;
     outbox__logger log;
-    char *db_path, *redis_url_text, *worker_id, *stream_prefix;
+    char *db_path, *redis_url_text, *worker_id, *stream_prefix, *metrics_listen;
     outbox__redis_url url;
     char url_desc[300];
 
     sqlite3 *db;
     sqlite3_stmt *q_due, *q_expired, *q_key_prev, *q_key_head, *q_claim, *q_published, *q_failed, *q_release, *q_dead,
-        *q_data_version, *q_next_due, *q_next_lease, *q_drain;
+        *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention;
     int64_t data_version;
 
     enum relay_state state;
@@ -128,6 +136,33 @@ struct outbox_relay {
 
     /* Counters. */
     uint64_t published_total, failed_total, dead_total, fenced_total, reconnects;
+
+    /* Metrics (see relay_metrics below). */
+    outbox__topics topics;
+    outbox__hist h_latency, h_claim_size, h_claim_secs, h_stall;
+    uint64_t retries_total, duplicates_total, held_back_total, claims_total, retention_deleted;
+    uint64_t stall_max_ns, loop_mark_ns, loop_idle_ns;
+    uv_prepare_t stall_prepare;
+    uv_check_t stall_check;
+    uv_timer_t retention_timer;
+    outbox__http *http;
+    int http_closing;
+    uint64_t down_since_wall; /* loop ms when Redis became unreachable, 0 while up */
+    /* Database figures for /metrics and /healthz, refreshed off the loop. */
+    uv_work_t dbstat_work;
+    int dbstat_running;
+    uint64_t dbstat_at;  /* loop ms of the last refresh */
+    struct dbstat {
+        int ok;
+        int64_t by_state[4], oldest_due_ms;
+        char err[160];
+    } dbstat, dbstat_tmp;
+    sqlite3 *dbstat_db;
+    outbox__http_req **waiting_reqs;
+    char **waiting_paths;
+    size_t nwaiting, capwaiting;
+    /* Idempotent publishing. */
+    char idem_sha[41];
 };
 
 #define LOG(r, lvl, ...) outbox__log(&(r)->log, (lvl), __VA_ARGS__)
@@ -137,6 +172,12 @@ static void connect_redis(outbox_relay *r);
 static void maybe_finish_stop(outbox_relay *r);
 static void send_msg(outbox_relay *r, msg *m, wait_group **grp);
 static void on_scan(uv_timer_t *t);
+static void on_handle_closed(uv_handle_t *h);
+static void finish_stop(outbox_relay *r);
+static void init_metrics(outbox_relay *r);
+static int start_ops(outbox_relay *r, char *err, size_t errlen);
+static void start_ops_handles(outbox_relay *r);
+static void close_ops(outbox_relay *r);
 static void on_busy_retry(uv_timer_t *t);
 static void on_reconnect_timer(uv_timer_t *t);
 
@@ -163,6 +204,11 @@ void outbox_relay_defaults(outbox_relay_settings *s)
     s->reply_timeout_ms = 10000;
     s->log = outbox_log_stderr;
     s->log_level = OUTBOX_LOG_INFO;
+    s->idempotent = 0;
+    s->idempotent_retention_ms = 3600000;
+    s->health_redis_down_ms = 30000;
+    s->retention_ms = 86400000;
+    s->retention_batch = 1000;
 }
 
 static int bad_setting(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -226,6 +272,24 @@ static int check_settings(const outbox_relay_settings *s, char *err, size_t errl
         return bad_setting(err, errlen, "worker-id: must be 1..200 bytes");
     if ((unsigned)s->log_level > OUTBOX_LOG_ERROR)
         return bad_setting(err, errlen, "log-level: unknown level %d", (int)s->log_level);
+    if (s->idempotent && (s->idempotent_retention_ms < 1000 || s->idempotent_retention_ms > 30ull * 86400000))
+        return bad_setting(err, errlen, "idempotent-retention-ms: %llu is out of range 1000..2592000000",
+                           (unsigned long long)s->idempotent_retention_ms);
+    if (s->idempotent && s->wait_replicas)
+        return bad_setting(err, errlen, "idempotent and wait-replicas cannot be combined in this version");
+    if (s->metrics_listen) {
+        struct sockaddr_storage ss;
+        char why[200];
+        if (outbox__http_parse_listen(s->metrics_listen, &ss, why, sizeof why) != 0)
+            return bad_setting(err, errlen, "metrics-listen: %s", why);
+    }
+    if (s->health_redis_down_ms < 1)
+        return bad_setting(err, errlen, "health-redis-down-ms: must be at least 1");
+    if (s->retention_ms && s->retention_ms < 1000)
+        return bad_setting(err, errlen, "retention-ms: %llu is below 1000 (0 keeps published rows)",
+                           (unsigned long long)s->retention_ms);
+    if (s->retention_batch < 1 || s->retention_batch > 100000)
+        return bad_setting(err, errlen, "retention-batch: %u is out of range 1..100000", s->retention_batch);
     return 0;
 }
 
@@ -350,6 +414,7 @@ static void msg_free(msg *m)
     if (!m)
         return;
     free(m->cmd);
+    free(m->env);
     free(m->result);
     free(m);
 }
@@ -360,6 +425,11 @@ static void msg_free(msg *m)
 static void queue_mark(outbox_relay *r, msg *m, enum outcome o, const char *text, size_t len)
 {
     char *copy = text ? safe_text(text, len) : NULL; /* text may be m->result */
+    if (o == OUT_PUBLISHED) {
+        /* Commit (created_at) to Redis accepting it. */
+        int64_t lat = outbox_now_ms() - m->created_at;
+        outbox__hist_observe(&r->h_latency, lat > 0 ? (double)lat / 1000.0 : 0.0);
+    }
     m->outcome = o;
     m->state = MSG_DONE;
     free(m->result);
@@ -450,6 +520,19 @@ static int write_mark(outbox_relay *r, msg *m, int64_t now)
             "msg=\"mark refused: lease taken over by another relay\" id=%s seq=%lld token=%lld mark=%s", m->id,
             (long long)m->seq, (long long)m->token, what);
         return SQLITE_OK;
+    }
+    {
+        outbox__topic_stat *ts = outbox__topics_get(&r->topics, m->topic ? m->topic : "_unknown");
+        if (m->outcome == OUT_PUBLISHED)
+            ts->published++;
+        else if (m->outcome == OUT_DEAD || (m->outcome == OUT_RETRY && strcmp(what, "dead") == 0))
+            ts->dead++;
+        else if (m->outcome == OUT_RETRY)
+            ts->retried++;
+        if (m->outcome == OUT_RETRY)
+            ts->failed++;
+        if (m->outcome == OUT_RETRY && strcmp(what, "retry") == 0)
+            r->retries_total++;
     }
     if (m->outcome == OUT_PUBLISHED) {
         r->published_total++;
@@ -618,6 +701,15 @@ static int build_command(outbox_relay *r, msg *m, const cand *c)
     }
     if (outbox_envelope_encode(&e, r->envbuf, r->envcap, &envlen) != 0)
         return OUTBOX_EINVAL;
+    if (r->s.idempotent) {
+        /* Sent later with the rest of its stream's batch in one script call. */
+        m->env = malloc(envlen ? envlen : 1);
+        if (!m->env)
+            return OUTBOX_ENOMEM;
+        memcpy(m->env, r->envbuf, envlen);
+        m->envlen = envlen;
+        return 0;
+    }
     snprintf(stream, sizeof stream, "%s%s", r->stream_prefix, c->topic);
     argv[argc] = "XADD";
     lens[argc++] = 4;
@@ -835,7 +927,7 @@ static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t
             goto done;
         }
         idl = strlen(c->id);
-        m = calloc(1, sizeof *m + idl + 1);
+        m = calloc(1, sizeof *m + idl + 1 + strlen(c->topic) + 1);
         if (!m) {
             sqlite3_reset(r->q_claim);
             rc = SQLITE_NOMEM;
@@ -845,10 +937,13 @@ static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t
         m->seq = c->seq;
         m->token = sqlite3_column_int64(r->q_claim, 0);
         m->attempts = sqlite3_column_int64(r->q_claim, 1);
+        m->replay_count = sqlite3_column_int64(r->q_claim, 2);
         sqlite3_reset(r->q_claim);
         m->created_at = c->created_at;
         m->id = (char *)(m + 1);
         memcpy(m->id, c->id, idl + 1);
+        m->topic = m->id + idl + 1;
+        strcpy(m->topic, c->topic);
         m->state = MSG_HELD;
         if (c->state == ROW_SENDING)
             LOG(r, OUTBOX_LOG_INFO, "msg=\"took over an expired lease\" id=%s seq=%lld token=%lld", m->id,
@@ -870,7 +965,9 @@ static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t
             goto done;
         }
         if (ks) {
-            if (ks->c && ks->last) {
+            /* In idempotent mode the script appends a stream's batch in
+             * order and stops at the first failure: no chain needed. */
+            if (ks->c && ks->last && !r->s.idempotent) {
                 ks->last->key_next = m; /* held behind its predecessor */
                 m->behind = 1;
             }
@@ -1068,6 +1165,144 @@ static void send_msg(outbox_relay *r, msg *m, wait_group **grp)
 }
 
 /* ------------------------------------------------------------------ */
+/* idempotent publishing: one script call per stream per batch */
+
+typedef struct idem_call {
+    outbox_relay *r;
+    size_t n;
+    msg *msgs[]; /* in seq order */
+} idem_call;
+
+static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
+{
+    idem_call *call = data;
+    outbox_relay *r = call->r;
+    size_t i;
+    (void)conn;
+    r->awaiting -= call->n;
+    if (status != 0 || !reply) {
+        const char *why = status ? outbox_strerror(status) : "no reply";
+        for (i = 0; i < call->n; i++)
+            queue_mark(r, call->msgs[i], OUT_RELEASE, why, strlen(why));
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+        /* The whole call failed before appending anything (a script error
+         * aborts at once; OOM refuses the call). NOSCRIPT is not the
+         * messages' fault: load the script again and release them. */
+        int noscript = reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0;
+        if (noscript)
+            r->idem_sha[0] = '\0';
+        for (i = 0; i < call->n; i++)
+            queue_mark(r, call->msgs[i], noscript ? OUT_RELEASE : OUT_RETRY, reply->str, reply->len);
+    } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != call->n) {
+        static const char bad[] = "unexpected reply from the publish script";
+        for (i = 0; i < call->n; i++)
+            queue_mark(r, call->msgs[i], OUT_RETRY, bad, sizeof bad - 1);
+    } else {
+        for (i = 0; i < call->n; i++) {
+            const char *text;
+            size_t len;
+            msg *m = call->msgs[i];
+            switch (outbox__idem_element(reply->element[i], &text, &len)) {
+            case OUTBOX_IDEM_DUPLICATE:
+                r->duplicates_total++;
+                LOG(r, OUTBOX_LOG_INFO, "msg=\"duplicate publish suppressed\" id=%s entry=%.*s", m->id, (int)len,
+                    text);
+                /* It is in the stream. */
+                queue_mark(r, m, OUT_PUBLISHED, text, len);
+                break;
+            case OUTBOX_IDEM_APPENDED:
+                queue_mark(r, m, OUT_PUBLISHED, text, len);
+                break;
+            default:
+                if (len >= 8 && memcmp(text, "HELDBACK", 8) == 0) {
+                    r->held_back_total++;
+                    queue_mark(r, m, OUT_RELEASE, text, len);
+                } else {
+                    queue_mark(r, m, OUT_RETRY, text, len);
+                }
+                break;
+            }
+        }
+    }
+    free(call);
+    maybe_finish_stop(r);
+}
+
+static void send_idem(outbox_relay *r, msg **ms, size_t n)
+{
+    unsigned char *done = calloc(n ? n : 1, 1);
+    outbox__idem_msg *im = malloc((n ? n : 1) * sizeof *im);
+    size_t i, j;
+
+    for (i = 0; i < n; i++) {
+        idem_call *call;
+        size_t cnt = 0;
+        char stream[400], *cmd = NULL;
+        long len;
+        int e;
+        if (done && done[i])
+            continue;
+        call = malloc(sizeof *call + (n - i) * sizeof(msg *));
+        if (!call || !done || !im) {
+            free(call);
+            for (j = i; j < n; j++)
+                if (!done || !done[j])
+                    queue_mark(r, ms[j], OUT_RELEASE, "out of memory", 13);
+            break;
+        }
+        for (j = i; j < n; j++)
+            if (!done[j] && strcmp(ms[j]->topic, ms[i]->topic) == 0) {
+                done[j] = 1;
+                call->msgs[cnt] = ms[j];
+                im[cnt].id = ms[j]->id;
+                im[cnt].replay_count = ms[j]->replay_count;
+                im[cnt].env = ms[j]->env;
+                im[cnt].envlen = ms[j]->envlen;
+                cnt++;
+            }
+        call->r = r;
+        call->n = cnt;
+        snprintf(stream, sizeof stream, "%s%s", r->stream_prefix, ms[i]->topic);
+        len = outbox__idem_format(&cmd, r->idem_sha[0] ? r->idem_sha : NULL, r->stream_prefix, stream,
+                                  r->s.idempotent_retention_ms, r->s.maxlen, im, cnt);
+        e = len < 0 ? OUTBOX_ENOMEM
+                    : outbox__redis_command_raw(r->conn, cmd, (size_t)len, 0, on_idem_reply, call);
+        free(cmd);
+        if (e != 0) {
+            for (j = 0; j < cnt; j++)
+                queue_mark(r, call->msgs[j], OUT_RELEASE, outbox_strerror(e), strlen(outbox_strerror(e)));
+            free(call);
+            continue;
+        }
+        for (j = 0; j < cnt; j++) {
+            call->msgs[j]->state = MSG_SENT;
+            free(call->msgs[j]->env);
+            call->msgs[j]->env = NULL;
+        }
+        r->awaiting += cnt;
+    }
+    free(done);
+    free(im);
+}
+
+static void on_idem_loaded(outbox__redis *conn, int status, redisReply *reply, void *data)
+{
+    outbox_relay *r = data;
+    (void)conn;
+    if (status == 0 && reply && reply->type == REDIS_REPLY_STRING && reply->len == 40)
+        memcpy(r->idem_sha, reply->str, 41);
+}
+
+static void load_idem_script(outbox_relay *r)
+{
+    const char *argv[3] = {"SCRIPT", "LOAD", outbox__idem_lua};
+    size_t lens[3] = {6, 4, strlen(outbox__idem_lua)};
+    r->idem_sha[0] = '\0';
+    if (r->conn)
+        outbox__redis_command_argv(r->conn, 3, argv, lens, 0, on_idem_loaded, r);
+}
+
+/* ------------------------------------------------------------------ */
 /* the unit of work */
 
 static void arm_scan(outbox_relay *r, uint64_t delay)
@@ -1153,7 +1388,8 @@ static void do_work(outbox_relay *r)
     int rc, want_claim;
     unsigned want = 0;
     msg **claimed = NULL, *marks, *m;
-    size_t nclaimed = 0, ndead = 0, i, nmarks = 0;
+    size_t nclaimed = 0, ndead = 0, i, nmarks = 0, nclaimed_sent = 0;
+    uint64_t claim_t0 = 0;
     uint64_t held;
     wait_group *grp = NULL;
 
@@ -1181,13 +1417,18 @@ static void do_work(outbox_relay *r)
         db_busy_retry(r, rc, "begin");
         return;
     }
-    for (m = r->marks_head; m; m = m->next) {
+    /* At most MARKS_PER_TXN marks per transaction, so one unit of work
+     * stays short; the rest go in the next one, on the next loop turn. */
+    for (m = r->marks_head; m && nmarks < MARKS_PER_TXN; m = m->next) {
         rc = write_mark(r, m, now);
         if (rc != SQLITE_OK)
             goto rollback;
         nmarks++;
     }
+    if (nmarks == MARKS_PER_TXN && m)
+        want_claim = 0; /* marks first: they free the window */
     if (want_claim) {
+        claim_t0 = uv_hrtime();
         rc = claim(r, want, now, &claimed, &nclaimed, &ndead);
         if (rc != SQLITE_OK)
             goto rollback;
@@ -1195,25 +1436,39 @@ static void do_work(outbox_relay *r)
     rc = sqlite3_exec(r->db, "COMMIT", NULL, NULL, NULL);
     if (rc != SQLITE_OK)
         goto rollback;
+    if (want_claim && nclaimed + ndead > 0) {
+        /* Claim batch size and the whole transaction's time (marks included). */
+        r->claims_total++;
+        outbox__hist_observe(&r->h_claim_size, (double)(nclaimed + ndead));
+        outbox__hist_observe(&r->h_claim_secs, (double)(uv_hrtime() - claim_t0) / 1e9);
+    }
     r->busy_delay_ms = 0;
 
     /* Committed: the marked messages leave the window. */
     marks = r->marks_head;
-    r->marks_head = r->marks_tail = NULL;
-    while (marks) {
+    for (i = 0; i < nmarks; i++) {
         m = marks->next;
         seqset_del(r, marks->seq);
         r->inflight--;
         msg_free(marks);
         marks = m;
     }
+    r->marks_head = marks;
+    if (!marks)
+        r->marks_tail = NULL;
+    else
+        schedule_work(r);
     for (i = 0; i < nclaimed; i++) {
         seqset_add(r, claimed[i]->seq);
         r->inflight++;
     }
     /* Send every claimed message that is not held behind an earlier one of
      * its key; those go when their predecessor is accepted. */
-    for (i = 0; i < nclaimed; i++) {
+    if (r->s.idempotent && r->conn_state == C_UP) {
+        send_idem(r, claimed, nclaimed);
+        nclaimed_sent = nclaimed;
+    }
+    for (i = nclaimed_sent; i < nclaimed; i++) {
         if (claimed[i]->behind)
             continue;
         if (r->conn_state == C_UP) {
@@ -1404,6 +1659,8 @@ static void drop_conn(outbox_relay *r)
     outbox__redis *c = r->conn;
     r->conn = NULL;
     r->conn_state = C_DOWN;
+    if (!r->down_since_wall)
+        r->down_since_wall = uv_now(r->loop);
     if (c) {
         r->handles_open++;
         outbox__redis_close(c, on_conn_closed, r);
@@ -1451,6 +1708,9 @@ static void on_connected(outbox__redis *c, int status, void *data)
         return;
     }
     r->conn_state = C_UP;
+    r->down_since_wall = 0;
+    if (r->s.idempotent)
+        load_idem_script(r);
     if (r->reconnect_failures)
         LOG(r, OUTBOX_LOG_INFO, "msg=\"redis reachable again\" redis=%s after_ms=%llu attempts=%u", r->url_desc,
             (unsigned long long)(mono_ms(r) - r->down_since_ms), r->reconnect_failures);
@@ -1524,7 +1784,7 @@ static const struct {
                      "AND seq < ?3 ORDER BY seq LIMIT ?4"),
     STMT(q_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, "
                   "lease_until = ?2, attempts = attempts + 1 WHERE seq = ?3 AND state = ?4 "
-                  "RETURNING lease_token, attempts"),
+                  "RETURNING lease_token, attempts, replay_count"),
     STMT(q_published, "UPDATE outbox SET state = 2, published_at = ?4, stream_id = ?5, lease_owner = NULL, "
                       "lease_until = NULL, last_error = NULL "
                       "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"),
@@ -1534,6 +1794,8 @@ static const struct {
                     "lease_owner = NULL, lease_until = NULL "
                     "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"),
     STMT(q_data_version, "PRAGMA data_version"),
+    STMT(q_retention, "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 2 "
+                      "AND published_at < ?1 ORDER BY published_at LIMIT ?2)"),
     STMT(q_next_due, "SELECT min(available_at) FROM outbox WHERE state = 0 AND available_at > ?1"),
     STMT(q_next_lease, "SELECT min(lease_until) FROM outbox WHERE state = 1 AND lease_until > ?1"),
     STMT(q_drain, "SELECT EXISTS(SELECT 1 FROM outbox WHERE state = 0 AND available_at <= ?1) "
@@ -1556,6 +1818,11 @@ static void free_fields(outbox_relay *r)
         sqlite3_close_v2(r->db);
     }
     sqlite3_close_v2(r->ckpt_db);
+    sqlite3_close_v2(r->dbstat_db);
+    outbox__topics_free(&r->topics);
+    free(r->waiting_reqs);
+    free(r->waiting_paths);
+    free(r->metrics_listen);
     outbox__redis_url_free(&r->url);
     free(r->db_path);
     free(r->redis_url_text);
@@ -1617,6 +1884,15 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
     r->s.redis_url = r->redis_url_text;
     r->s.worker_id = r->worker_id;
     r->s.stream_prefix = r->stream_prefix;
+    if (s->metrics_listen) {
+        r->metrics_listen = strdup(s->metrics_listen);
+        if (!r->metrics_listen) {
+            free_fields(r);
+            return OUTBOX_ENOMEM;
+        }
+        r->s.metrics_listen = r->metrics_listen;
+    }
+    init_metrics(r);
 
     /* The relay's connection never waits for a lock (busy_timeout 0), but
      * reading the schema at start-up can meet one: a writer's, or another
@@ -1665,8 +1941,17 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
 int outbox_relay_start(outbox_relay *r)
 {
     char walpath[4200];
+    int e;
+    char err[300];
     if (!r || r->state != R_CREATED)
         return OUTBOX_ESTATE;
+    /* Binding the metrics port is the one thing that can fail: first, so a
+     * failed start leaves nothing to close. */
+    e = start_ops(r, err, sizeof err);
+    if (e != 0) {
+        LOG(r, OUTBOX_LOG_ERROR, "msg=\"cannot start\" error=\"%s\"", err);
+        return e;
+    }
     uv_timer_init(r->loop, &r->kick_timer);
     uv_timer_init(r->loop, &r->scan_timer);
     uv_timer_init(r->loop, &r->busy_timer);
@@ -1689,12 +1974,342 @@ int outbox_relay_start(outbox_relay *r)
     sqlite3_step(r->q_data_version);
     r->data_version = sqlite3_column_int64(r->q_data_version, 0);
     sqlite3_reset(r->q_data_version);
+    start_ops_handles(r);
+    r->down_since_wall = uv_now(r->loop);
     r->state = R_RUNNING;
     LOG(r, OUTBOX_LOG_INFO, "msg=started worker=%s db=%s redis=%s batch=%u inflight=%u", r->worker_id, r->db_path,
         r->url_desc, r->s.batch, r->s.inflight);
     connect_redis(r);
     arm_scan(r, 0);
     return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* operations: loop stall, retention, database figures, /metrics, /healthz */
+
+static const double latency_bounds[] = {0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+static const double size_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+static const double claim_bounds[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
+static const double stall_bounds[] = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
+
+static void init_metrics(outbox_relay *r)
+{
+    outbox__topics_init(&r->topics, 1000);
+    outbox__hist_init(&r->h_latency, latency_bounds, OUTBOX_ARRAY_LEN(latency_bounds));
+    outbox__hist_init(&r->h_claim_size, size_bounds, OUTBOX_ARRAY_LEN(size_bounds));
+    outbox__hist_init(&r->h_claim_secs, claim_bounds, OUTBOX_ARRAY_LEN(claim_bounds));
+    outbox__hist_init(&r->h_stall, stall_bounds, OUTBOX_ARRAY_LEN(stall_bounds));
+}
+
+/* An iteration's own work is the time from the end of one poll (check) to
+ * the start of the next (prepare): that is how long the loop was stalled. */
+static void on_stall_check(uv_check_t *h)
+{
+    (void)h;
+}
+
+/* From one prepare to the next is one loop iteration; minus the time the
+ * loop slept in the kernel (uv_metrics_idle_time) it is the time the
+ * iteration's callbacks held the loop. */
+static void on_stall_prepare(uv_prepare_t *h)
+{
+    outbox_relay *r = h->data;
+    uint64_t now = uv_hrtime(), idle = uv_metrics_idle_time(r->loop), d;
+    if (!r->loop_mark_ns) {
+        r->loop_mark_ns = now;
+        r->loop_idle_ns = idle;
+        return;
+    }
+    d = now - r->loop_mark_ns - (idle - r->loop_idle_ns);
+    r->loop_mark_ns = now;
+    r->loop_idle_ns = idle;
+    if (d > r->stall_max_ns)
+        r->stall_max_ns = d;
+    outbox__hist_observe(&r->h_stall, (double)d / 1e9);
+}
+
+static void on_retention(uv_timer_t *t)
+{
+    outbox_relay *r = t->data;
+    int rc, n = 0;
+    if (r->state != R_RUNNING || !r->q_retention)
+        return;
+    sqlite3_bind_int64(r->q_retention, 1, outbox_now_ms() - (int64_t)r->s.retention_ms);
+    sqlite3_bind_int64(r->q_retention, 2, r->s.retention_batch);
+    rc = sqlite3_step(r->q_retention);
+    sqlite3_reset(r->q_retention);
+    if (rc == SQLITE_DONE) {
+        n = sqlite3_changes(r->db);
+        r->retention_deleted += (uint64_t)n;
+        if (n)
+            LOG(r, OUTBOX_LOG_DEBUG, "msg=\"retention deleted published rows\" count=%d", n);
+    } else if ((rc & 0xff) != SQLITE_BUSY) {
+        LOG(r, OUTBOX_LOG_WARN, "msg=\"retention delete failed\" error=\"%s\"", sqlite3_errmsg(r->db));
+    }
+    /* A full batch means more are due: continue soon, in small steps, so the
+     * application's writers are never held up for long. */
+    uv_timer_start(&r->retention_timer, on_retention, n == (int)r->s.retention_batch ? 20 : 10000, 0);
+}
+
+/* Runs on a libuv worker thread with its own read-only connection: a count
+ * over a large table must never hold up publishing. */
+static void dbstat_run(uv_work_t *w)
+{
+    outbox_relay *r = w->data;
+    struct dbstat *d = &r->dbstat_tmp;
+    sqlite3_stmt *st = NULL;
+    int rc;
+    memset(d, 0, sizeof *d);
+    if (!r->dbstat_db) {
+        rc = sqlite3_open_v2(r->db_path, &r->dbstat_db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX, NULL);
+        if (rc != SQLITE_OK) {
+            snprintf(d->err, sizeof d->err, "cannot open the database: %s",
+                     r->dbstat_db ? sqlite3_errmsg(r->dbstat_db) : sqlite3_errstr(rc));
+            sqlite3_close_v2(r->dbstat_db);
+            r->dbstat_db = NULL;
+            return;
+        }
+        sqlite3_busy_timeout(r->dbstat_db, 1000);
+    }
+    rc = sqlite3_prepare_v2(r->dbstat_db, "SELECT state, count(*) FROM outbox GROUP BY state", -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+            int state = sqlite3_column_int(st, 0);
+            if (state >= 0 && state < 4)
+                d->by_state[state] = sqlite3_column_int64(st, 1);
+        }
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) {
+        snprintf(d->err, sizeof d->err, "database query failed: %s", sqlite3_errmsg(r->dbstat_db));
+        return;
+    }
+    st = NULL;
+    rc = sqlite3_prepare_v2(r->dbstat_db, "SELECT min(available_at) FROM outbox WHERE state = 0 AND available_at <= ?1",
+                            -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        int64_t now = outbox_now_ms();
+        sqlite3_bind_int64(st, 1, now);
+        if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
+            d->oldest_due_ms = now - sqlite3_column_int64(st, 0);
+    }
+    sqlite3_finalize(st);
+    d->ok = 1;
+}
+
+static void answer(outbox_relay *r, outbox__http_req *req, const char *path);
+
+static void dbstat_done(uv_work_t *w, int status)
+{
+    outbox_relay *r = w->data;
+    size_t i, n = r->nwaiting;
+    (void)status;
+    r->dbstat_running = 0;
+    r->dbstat = r->dbstat_tmp;
+    r->dbstat_at = uv_now(r->loop);
+    r->nwaiting = 0;
+    for (i = 0; i < n; i++) {
+        answer(r, r->waiting_reqs[i], r->waiting_paths[i]);
+        free(r->waiting_paths[i]);
+    }
+    maybe_finish_stop(r);
+}
+
+static void write_metrics(outbox_relay *r, outbox__sbuf *b)
+{
+    static const char *const states[] = {"pending", "sending", "published", "dead"};
+    char labels[300];
+    size_t i;
+
+    outbox__sbuf_printf(b, "# HELP outbox_messages Outbox rows by state (from the database).\n"
+                           "# TYPE outbox_messages gauge\n");
+    for (i = 0; i < 4; i++)
+        if (r->dbstat.ok)
+            outbox__sbuf_printf(b, "outbox_messages{state=\"%s\"} %lld\n", states[i],
+                                (long long)r->dbstat.by_state[i]);
+    outbox__sbuf_printf(b,
+                        "# HELP outbox_oldest_pending_seconds Age of the oldest due pending row.\n"
+                        "# TYPE outbox_oldest_pending_seconds gauge\n"
+                        "outbox_oldest_pending_seconds %.3f\n",
+                        r->dbstat.ok ? (double)r->dbstat.oldest_due_ms / 1000.0 : 0.0);
+    outbox__sbuf_printf(b,
+                        "# HELP outbox_inflight Messages claimed by this relay and not yet marked.\n"
+                        "# TYPE outbox_inflight gauge\noutbox_inflight %llu\n"
+                        "# HELP outbox_awaiting_replies Messages sent to Redis awaiting their reply.\n"
+                        "# TYPE outbox_awaiting_replies gauge\noutbox_awaiting_replies %llu\n",
+                        (unsigned long long)r->inflight, (unsigned long long)r->awaiting);
+    outbox__sbuf_printf(b, "# HELP outbox_published_total Messages published (Redis accepted the XADD).\n"
+                           "# TYPE outbox_published_total counter\n");
+    for (i = 0; i < r->topics.cap; i++)
+        if (r->topics.slots[i].topic) {
+            outbox__logfmt_quote(labels, sizeof labels, r->topics.slots[i].topic);
+            outbox__sbuf_printf(b, "outbox_published_total{topic=\"%s\"} %llu\n", r->topics.slots[i].topic,
+                                (unsigned long long)r->topics.slots[i].published);
+        }
+    outbox__sbuf_printf(b, "# HELP outbox_failed_total Failed publish attempts (error replies).\n"
+                           "# TYPE outbox_failed_total counter\n");
+    for (i = 0; i < r->topics.cap; i++)
+        if (r->topics.slots[i].topic)
+            outbox__sbuf_printf(b, "outbox_failed_total{topic=\"%s\"} %llu\n", r->topics.slots[i].topic,
+                                (unsigned long long)r->topics.slots[i].failed);
+    outbox__sbuf_printf(b, "# HELP outbox_dead_lettered_total Messages that became dead.\n"
+                           "# TYPE outbox_dead_lettered_total counter\n");
+    for (i = 0; i < r->topics.cap; i++)
+        if (r->topics.slots[i].topic)
+            outbox__sbuf_printf(b, "outbox_dead_lettered_total{topic=\"%s\"} %llu\n", r->topics.slots[i].topic,
+                                (unsigned long long)r->topics.slots[i].dead);
+    outbox__sbuf_printf(b,
+                        "# HELP outbox_retries_total Messages scheduled for another attempt.\n"
+                        "# TYPE outbox_retries_total counter\noutbox_retries_total %llu\n"
+                        "# HELP outbox_fenced_total Marks refused because the lease was taken over.\n"
+                        "# TYPE outbox_fenced_total counter\noutbox_fenced_total %llu\n"
+                        "# HELP outbox_duplicates_suppressed_total Idempotent mode: second publishes not appended.\n"
+                        "# TYPE outbox_duplicates_suppressed_total counter\noutbox_duplicates_suppressed_total %llu\n"
+                        "# HELP outbox_redis_reconnects_total Established Redis connections that were lost.\n"
+                        "# TYPE outbox_redis_reconnects_total counter\noutbox_redis_reconnects_total %llu\n"
+                        "# HELP outbox_redis_connected 1 while connected to Redis.\n"
+                        "# TYPE outbox_redis_connected gauge\noutbox_redis_connected %d\n"
+                        "# HELP outbox_retention_deleted_total Published rows deleted by retention.\n"
+                        "# TYPE outbox_retention_deleted_total counter\noutbox_retention_deleted_total %llu\n"
+                        "# HELP outbox_claims_total Claim transactions that claimed at least one row.\n"
+                        "# TYPE outbox_claims_total counter\noutbox_claims_total %llu\n",
+                        (unsigned long long)r->retries_total, (unsigned long long)r->fenced_total,
+                        (unsigned long long)r->duplicates_total, (unsigned long long)r->reconnects,
+                        r->conn_state == C_UP, (unsigned long long)r->retention_deleted,
+                        (unsigned long long)r->claims_total);
+    outbox__sbuf_printf(b, "# HELP outbox_publish_latency_seconds From commit (created_at) to Redis accepting it.\n"
+                           "# TYPE outbox_publish_latency_seconds histogram\n");
+    outbox__prom_hist(b, "outbox_publish_latency_seconds", "", &r->h_latency);
+    outbox__sbuf_printf(b, "# HELP outbox_claim_batch_size Rows per claim transaction.\n"
+                           "# TYPE outbox_claim_batch_size histogram\n");
+    outbox__prom_hist(b, "outbox_claim_batch_size", "", &r->h_claim_size);
+    outbox__sbuf_printf(b, "# HELP outbox_claim_duration_seconds Time of a claim transaction (marks included).\n"
+                           "# TYPE outbox_claim_duration_seconds histogram\n");
+    outbox__prom_hist(b, "outbox_claim_duration_seconds", "", &r->h_claim_secs);
+    outbox__sbuf_printf(b, "# HELP outbox_loop_stall_seconds Time the event loop spent per iteration outside poll.\n"
+                           "# TYPE outbox_loop_stall_seconds histogram\n");
+    outbox__prom_hist(b, "outbox_loop_stall_seconds", "", &r->h_stall);
+    outbox__sbuf_printf(b,
+                        "# HELP outbox_loop_stall_max_seconds Longest event-loop iteration since start.\n"
+                        "# TYPE outbox_loop_stall_max_seconds gauge\noutbox_loop_stall_max_seconds %.6f\n",
+                        (double)r->stall_max_ns / 1e9);
+}
+
+static void answer(outbox_relay *r, outbox__http_req *req, const char *path)
+{
+    if (strcmp(path, "/metrics") == 0) {
+        outbox__sbuf b = {0};
+        write_metrics(r, &b);
+        if (b.oom)
+            outbox__http_respond(req, 500, "text/plain", "out of memory\n", 14);
+        else
+            outbox__http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.len);
+        outbox__sbuf_free(&b);
+        return;
+    }
+    /* /healthz */
+    {
+        char body[300];
+        uint64_t down = r->down_since_wall ? uv_now(r->loop) - r->down_since_wall : 0;
+        int n;
+        if (!r->dbstat.ok)
+            n = snprintf(body, sizeof body, "unhealthy: %s\n", r->dbstat.err[0] ? r->dbstat.err : "database not checked");
+        else if (r->conn_state != C_UP && down >= r->s.health_redis_down_ms)
+            n = snprintf(body, sizeof body, "unhealthy: redis unreachable for %llu ms (%s)\n",
+                         (unsigned long long)down, r->url_desc);
+        else
+            n = snprintf(body, sizeof body, "ok\n");
+        outbox__http_respond(req, body[0] == 'o' ? 200 : 503, "text/plain; charset=utf-8", body, (size_t)n);
+    }
+}
+
+static void on_http(void *data, outbox__http_req *req, const char *path)
+{
+    outbox_relay *r = data;
+    if (strcmp(path, "/metrics") != 0 && strcmp(path, "/healthz") != 0) {
+        static const char nf[] = "not found: try /metrics or /healthz\n";
+        outbox__http_respond(req, 404, "text/plain; charset=utf-8", nf, sizeof nf - 1);
+        return;
+    }
+    /* Database figures at most a second old; a refresh runs off the loop. */
+    if (r->dbstat_at && uv_now(r->loop) - r->dbstat_at < 1000 && !r->dbstat_running) {
+        answer(r, req, path);
+        return;
+    }
+    if (r->nwaiting == r->capwaiting) {
+        size_t nc = r->capwaiting ? r->capwaiting * 2 : 8;
+        outbox__http_req **nr = realloc(r->waiting_reqs, nc * sizeof *nr);
+        char **np;
+        if (nr)
+            r->waiting_reqs = nr;
+        np = nr ? realloc(r->waiting_paths, nc * sizeof *np) : NULL;
+        if (!nr || !np) {
+            outbox__http_respond(req, 500, "text/plain", "out of memory\n", 14);
+            return;
+        }
+        r->waiting_paths = np;
+        r->capwaiting = nc;
+    }
+    r->waiting_paths[r->nwaiting] = strdup(path);
+    if (!r->waiting_paths[r->nwaiting]) {
+        outbox__http_respond(req, 500, "text/plain", "out of memory\n", 14);
+        return;
+    }
+    r->waiting_reqs[r->nwaiting++] = req;
+    if (!r->dbstat_running) {
+        r->dbstat_work.data = r;
+        if (uv_queue_work(r->loop, &r->dbstat_work, dbstat_run, dbstat_done) == 0)
+            r->dbstat_running = 1;
+    }
+}
+
+static void on_http_closed(void *data)
+{
+    outbox_relay *r = data;
+    r->http = NULL;
+    if (--r->handles_open == 0)
+        finish_stop(r);
+}
+
+/* Starts what --metrics-listen and retention need; called by start. */
+static int start_ops(outbox_relay *r, char *err, size_t errlen)
+{
+    if (r->s.metrics_listen) {
+        int e = outbox__http_start(&r->http, r->loop, r->s.metrics_listen, on_http, r, &r->log, err, errlen);
+        if (e != 0)
+            return e;
+        LOG(r, OUTBOX_LOG_INFO, "msg=\"serving /metrics and /healthz\" listen=%s", r->s.metrics_listen);
+    }
+    return 0;
+}
+
+static void start_ops_handles(outbox_relay *r)
+{
+    /* Idle-time accounting for the stall measure; harmless if refused. */
+    uv_loop_configure(r->loop, UV_METRICS_IDLE_TIME);
+    uv_prepare_init(r->loop, &r->stall_prepare);
+    uv_check_init(r->loop, &r->stall_check);
+    uv_timer_init(r->loop, &r->retention_timer);
+    r->stall_prepare.data = r->stall_check.data = r->retention_timer.data = r;
+    uv_prepare_start(&r->stall_prepare, on_stall_prepare);
+    uv_check_start(&r->stall_check, on_stall_check);
+    /* The stall probes must not keep the loop alive by themselves. */
+    uv_unref((uv_handle_t *)&r->stall_prepare);
+    uv_unref((uv_handle_t *)&r->stall_check);
+    if (r->s.retention_ms)
+        uv_timer_start(&r->retention_timer, on_retention, 1000, 0);
+    r->handles_open += 3 + (r->http ? 1 : 0);
+}
+
+static void close_ops(outbox_relay *r)
+{
+    uv_close((uv_handle_t *)&r->stall_prepare, on_handle_closed);
+    uv_close((uv_handle_t *)&r->stall_check, on_handle_closed);
+    uv_close((uv_handle_t *)&r->retention_timer, on_handle_closed);
+    if (r->http) {
+        outbox__http *h = r->http;
+        outbox__http_close(h, on_http_closed, r);
+    }
 }
 
 static void finish_stop(outbox_relay *r)
@@ -1734,7 +2349,7 @@ static void maybe_finish_stop(outbox_relay *r)
     msg *m;
     if (r->state != R_STOPPING || r->closing)
         return;
-    if (r->awaiting > 0 || r->ckpt_running)
+    if (r->awaiting > 0 || r->ckpt_running || r->dbstat_running)
         return;
     if (r->marks_head) {
         /* Marks still to write: do_work writes them (or its busy retry does).
@@ -1764,6 +2379,7 @@ static void maybe_finish_stop(outbox_relay *r)
     uv_close((uv_handle_t *)&r->wal_timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->wake_async, on_handle_closed);
     uv_close((uv_handle_t *)&r->wal_watch, on_handle_closed);
+    close_ops(r);
 }
 
 static void on_shutdown_timeout(uv_timer_t *t)
@@ -1788,6 +2404,7 @@ int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), 
     LOG(r, OUTBOX_LOG_INFO, "msg=stopping inflight=%llu awaiting_replies=%llu", (unsigned long long)r->inflight,
         (unsigned long long)r->awaiting);
     uv_timer_stop(&r->scan_timer);
+    uv_timer_stop(&r->retention_timer);
     uv_timer_stop(&r->reconnect_timer);
     if (r->wal_watch_active)
         uv_fs_event_stop(&r->wal_watch);

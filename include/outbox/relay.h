@@ -100,6 +100,24 @@ typedef struct outbox_relay_settings {
     outbox_log_fn log;
     void *log_data;
     outbox_log_level log_level;
+    /* Idempotent publishing (default 0): each batch goes to its stream
+     * through one server-side script call that appends a message only if
+     * its publish marker does not exist, so a message published twice within
+     * idempotent_retention_ms (default 3600000) is appended once. Costs one
+     * marker key (about 100 bytes) per message for the retention. */
+    int idempotent;
+    uint64_t idempotent_retention_ms;
+    /* "HOST:PORT" to serve Prometheus /metrics and /healthz on, or NULL
+     * (default) for none. Copied. */
+    const char *metrics_listen;
+    /* /healthz answers 503 once Redis has been unreachable this long;
+     * default 30000 ms. */
+    uint64_t health_redis_down_ms;
+    /* Published rows older than this are deleted, oldest first, in batches
+     * of retention_batch from a timer; default 86400000 ms (24 h), 0 keeps
+     * them forever. Dead rows are never deleted. */
+    uint64_t retention_ms;
+    unsigned retention_batch; /* default 1000 */
 } outbox_relay_settings;
 
 /* Fills s with the defaults documented above (db_path, redis_url NULL). */

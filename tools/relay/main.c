@@ -69,6 +69,18 @@ static const opt options[] = {
     {"log-level", T_LEVEL, S(log_level), 0, 0, "LEVEL", "debug, info, warn or error (default info)"},
     {"drain", T_FLAG, S(drain), 0, 0, NULL,
      "exit 0 once nothing is due, nothing is leased and nothing is in flight"},
+    {"idempotent", T_FLAG, S(idempotent), 0, 0, NULL,
+     "publish through a script that appends each message once per retention (default off)"},
+    {"idempotent-retention-ms", T_U64, S(idempotent_retention_ms), 1000, 2592000000ull, "MS",
+     "how long publish markers are kept (default 3600000)"},
+    {"metrics-listen", T_STR, S(metrics_listen), 0, 0, "HOST:PORT",
+     "serve Prometheus /metrics and /healthz there (default off)"},
+    {"health-redis-down-ms", T_U64, S(health_redis_down_ms), 1, 86400000, "MS",
+     "/healthz answers 503 once Redis is unreachable this long (default 30000)"},
+    {"retention-ms", T_U64, S(retention_ms), 0, 3650ull * 86400000, "MS",
+     "delete published rows older than this; 0 keeps them (default 86400000)"},
+    {"retention-batch", T_UINT, S(retention_batch), 1, 100000, "N",
+     "rows deleted per retention transaction (default 1000)"},
 };
 #undef S
 
@@ -481,7 +493,16 @@ static int cmd_run(int argc, char **argv, int first)
     uv_signal_start(&d.sigterm, on_signal, SIGTERM);
     uv_signal_start(&d.sigint, on_signal, SIGINT);
     signal(SIGPIPE, SIG_IGN);
-    outbox_relay_start(d.relay);
+    if (outbox_relay_start(d.relay) != 0) {
+        fprintf(stderr, "%s: cannot start (see the log above)\n", prog);
+        uv_close((uv_handle_t *)&d.sigterm, NULL);
+        uv_close((uv_handle_t *)&d.sigint, NULL);
+        outbox_relay_destroy(d.relay);
+        uv_run(&d.loop, UV_RUN_DEFAULT);
+        uv_loop_close(&d.loop);
+        config_free(&c);
+        return EXIT_USAGE;
+    }
     uv_run(&d.loop, UV_RUN_DEFAULT);
     outbox_relay_destroy(d.relay);
     uv_run(&d.loop, UV_RUN_DEFAULT);
@@ -493,6 +514,9 @@ static int cmd_run(int argc, char **argv, int first)
 
 int main(int argc, char **argv)
 {
+    /* SQLite's memory statistics take a global mutex on every allocation;
+     * the daemon does not read them. Must precede any other SQLite call. */
+    sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
     if (argc < 2) {
         usage(stderr);
         return EXIT_USAGE;
