@@ -109,6 +109,7 @@ struct outbox_relay {
     uint64_t inflight, awaiting;
     msg *marks_head, *marks_tail;
     uint64_t busy_delay_ms;
+    uint64_t lock_free_until; /* loop ms before which no new write transaction starts */
     int last_claim_full;
 
     /* In-flight seqs, to tell our own leases from expired ones. */
@@ -1389,7 +1390,7 @@ static void do_work(outbox_relay *r)
     unsigned want = 0;
     msg **claimed = NULL, *marks, *m;
     size_t nclaimed = 0, ndead = 0, i, nmarks = 0, nclaimed_sent = 0;
-    uint64_t claim_t0 = 0;
+    uint64_t claim_t0 = 0, txn_t0;
     uint64_t held;
     wait_group *grp = NULL;
 
@@ -1412,6 +1413,7 @@ static void do_work(outbox_relay *r)
         return;
     }
 
+    txn_t0 = uv_hrtime();
     rc = sqlite3_exec(r->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
         db_busy_retry(r, rc, "begin");
@@ -1443,6 +1445,15 @@ static void do_work(outbox_relay *r)
         outbox__hist_observe(&r->h_claim_secs, (double)(uv_hrtime() - claim_t0) / 1e9);
     }
     r->busy_delay_ms = 0;
+    /* Leave the write lock free for a while before the next transaction:
+     * back to back, the relay would hold it nearly all the time while
+     * draining, and the application's writers (whose busy handler retries
+     * at intervals) and other relays would hardly ever get it. At least
+     * 1 ms, or a quarter of this transaction's time. */
+    {
+        uint64_t ms = (uv_hrtime() - txn_t0) / 4000000;
+        r->lock_free_until = uv_now(r->loop) + (ms ? ms : 1);
+    }
 
     /* Committed: the marked messages leave the window. */
     marks = r->marks_head;
@@ -1510,8 +1521,10 @@ static void schedule_work(outbox_relay *r)
 {
     if (r->state == R_STOPPED || r->state == R_CREATED)
         return;
-    if (!uv_is_active((uv_handle_t *)&r->kick_timer) && !uv_is_active((uv_handle_t *)&r->busy_timer))
-        uv_timer_start(&r->kick_timer, on_kick, 0, 0);
+    if (!uv_is_active((uv_handle_t *)&r->kick_timer) && !uv_is_active((uv_handle_t *)&r->busy_timer)) {
+        uint64_t now = uv_now(r->loop);
+        uv_timer_start(&r->kick_timer, on_kick, r->lock_free_until > now ? r->lock_free_until - now : 0, 0);
+    }
 }
 
 static void on_scan(uv_timer_t *t)
