@@ -35,7 +35,7 @@ awk -v dir="$tmp" '
 count=$(ls "$tmp"/example*.c 2>/dev/null | wc -l)
 check "README has 2 C examples (found $count)" test "$count" -eq 2
 
-libs="$build/src/liboutbox.a $(pkg-config --libs libuv hiredis sqlite3 msgpack) -lpthread -lm"
+libs="$build/src/liboutbox.a $(pkg-config --libs libuv hiredis sqlite3 msgpack) -lhttp_parser -lpthread -lm"
 for f in "$tmp"/example*.c; do
     b=${f%.c}
     # shellcheck disable=SC2086
