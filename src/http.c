@@ -259,6 +259,13 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     size_t take;
     int status;
     if (n < 0) {
+        /* A client may half-close once its request is sent (nc -N, some
+         * health checkers): the answer still goes out, and the idle timer
+         * still bounds the connection. */
+        if (n == UV_EOF && c->head_done && !c->closing) {
+            uv_read_stop(s);
+            return;
+        }
         conn_close(c);
         return;
     }
@@ -344,7 +351,6 @@ int outbox__http_parse_listen(const char *listen, struct sockaddr_storage *ss, c
 {
     char host[256];
     const char *colon;
-    char *end;
     long port;
     size_t hl;
 
@@ -358,8 +364,9 @@ int outbox__http_parse_listen(const char *listen, struct sockaddr_storage *ss, c
         snprintf(err, errlen, "'%s' has no port (want HOST:PORT, e.g. 127.0.0.1:9464)", listen);
         return OUTBOX_EINVAL;
     }
-    port = strtol(colon + 1, &end, 10);
-    if (!colon[1] || *end || port < 1 || port > 65535) {
+    /* Digits only: strtol alone would take " 80", "+80" or "0x50". */
+    port = strspn(colon + 1, "0123456789") == strlen(colon + 1) ? strtol(colon + 1, NULL, 10) : -1;
+    if (!colon[1] || port < 1 || port > 65535) {
         snprintf(err, errlen, "'%s': port must be 1..65535", listen);
         return OUTBOX_EINVAL;
     }

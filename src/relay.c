@@ -1174,6 +1174,8 @@ typedef struct idem_call {
     msg *msgs[]; /* in seq order */
 } idem_call;
 
+static void load_idem_script(outbox_relay *r);
+
 static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     idem_call *call = data;
@@ -1190,7 +1192,12 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
          * aborts at once; OOM refuses the call). NOSCRIPT is not the
          * messages' fault: load the script again and release them. */
         int noscript = reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0;
-        if (noscript)
+        /* Only the first NOSCRIPT reloads: the calls sent before it fail
+         * too, but their replies all come before the reload's, while the
+         * sha is empty (calls sent meanwhile carry the whole script). */
+        if (noscript && r->idem_sha[0] && r->conn_state == C_UP)
+            load_idem_script(r);
+        else if (noscript)
             r->idem_sha[0] = '\0';
         for (i = 0; i < call->n; i++)
             queue_mark(r, call->msgs[i], noscript ? OUT_RELEASE : OUT_RETRY, reply->str, reply->len);
@@ -2128,10 +2135,57 @@ static void dbstat_done(uv_work_t *w, int status)
     maybe_finish_stop(r);
 }
 
+/* A label value in the exposition format: backslash, double quote and
+ * newline escaped. A row with an invalid topic (written past the schema's
+ * checks) is dead-lettered under its own topic, so any byte can get here. */
+static void prom_label_value(outbox__sbuf *b, const char *v)
+{
+    while (*v) {
+        size_t n = strcspn(v, "\\\"\n");
+        if (n)
+            outbox__sbuf_printf(b, "%.*s", (int)n, v);
+        v += n;
+        if (*v) {
+            outbox__sbuf_printf(b, "\\%c", *v == '\n' ? 'n' : *v);
+            v++;
+        }
+    }
+}
+
+/* One per-topic counter family. Topics beyond the table's limit are counted
+ * in the shared "_other" entry, which must be shown too or the family's sum
+ * would fall short of the total; a real topic of that name gets its sum, so
+ * no two series carry the same labels. */
+static void topic_family(outbox__sbuf *b, const outbox_relay *r, const char *name, size_t off)
+{
+    const outbox__topics *t = &r->topics;
+    uint64_t other = *(const uint64_t *)(const void *)((const char *)&t->other + off);
+    size_t i;
+    for (i = 0; i <= t->cap; i++) {
+        const outbox__topic_stat *ts = i < t->cap ? &t->slots[i] : &t->other;
+        uint64_t v;
+        if (!ts->topic)
+            continue;
+        if (i < t->cap) {
+            v = *(const uint64_t *)(const void *)((const char *)ts + off);
+            if (strcmp(ts->topic, t->other.topic) == 0) {
+                v += other;
+                other = 0;
+            }
+        } else if (other) {
+            v = other;
+        } else {
+            continue;
+        }
+        outbox__sbuf_printf(b, "%s{topic=\"", name);
+        prom_label_value(b, ts->topic);
+        outbox__sbuf_printf(b, "\"} %llu\n", (unsigned long long)v);
+    }
+}
+
 static void write_metrics(outbox_relay *r, outbox__sbuf *b)
 {
     static const char *const states[] = {"pending", "sending", "published", "dead"};
-    char labels[300];
     size_t i;
 
     outbox__sbuf_printf(b, "# HELP outbox_messages Outbox rows by state (from the database).\n"
@@ -2153,24 +2207,13 @@ static void write_metrics(outbox_relay *r, outbox__sbuf *b)
                         (unsigned long long)r->inflight, (unsigned long long)r->awaiting);
     outbox__sbuf_printf(b, "# HELP outbox_published_total Messages published (Redis accepted the XADD).\n"
                            "# TYPE outbox_published_total counter\n");
-    for (i = 0; i < r->topics.cap; i++)
-        if (r->topics.slots[i].topic) {
-            outbox__logfmt_quote(labels, sizeof labels, r->topics.slots[i].topic);
-            outbox__sbuf_printf(b, "outbox_published_total{topic=\"%s\"} %llu\n", r->topics.slots[i].topic,
-                                (unsigned long long)r->topics.slots[i].published);
-        }
+    topic_family(b, r, "outbox_published_total", offsetof(outbox__topic_stat, published));
     outbox__sbuf_printf(b, "# HELP outbox_failed_total Failed publish attempts (error replies).\n"
                            "# TYPE outbox_failed_total counter\n");
-    for (i = 0; i < r->topics.cap; i++)
-        if (r->topics.slots[i].topic)
-            outbox__sbuf_printf(b, "outbox_failed_total{topic=\"%s\"} %llu\n", r->topics.slots[i].topic,
-                                (unsigned long long)r->topics.slots[i].failed);
+    topic_family(b, r, "outbox_failed_total", offsetof(outbox__topic_stat, failed));
     outbox__sbuf_printf(b, "# HELP outbox_dead_lettered_total Messages that became dead.\n"
                            "# TYPE outbox_dead_lettered_total counter\n");
-    for (i = 0; i < r->topics.cap; i++)
-        if (r->topics.slots[i].topic)
-            outbox__sbuf_printf(b, "outbox_dead_lettered_total{topic=\"%s\"} %llu\n", r->topics.slots[i].topic,
-                                (unsigned long long)r->topics.slots[i].dead);
+    topic_family(b, r, "outbox_dead_lettered_total", offsetof(outbox__topic_stat, dead));
     outbox__sbuf_printf(b,
                         "# HELP outbox_retries_total Messages scheduled for another attempt.\n"
                         "# TYPE outbox_retries_total counter\noutbox_retries_total %llu\n"
@@ -2222,7 +2265,8 @@ static void answer(outbox_relay *r, outbox__http_req *req, const char *path)
     }
     /* /healthz */
     {
-        char body[300];
+        /* Room for the longest URL description and database error. */
+        char body[sizeof r->url_desc + sizeof r->dbstat.err + 64];
         uint64_t down = r->down_since_wall ? uv_now(r->loop) - r->down_since_wall : 0;
         int n;
         if (!r->dbstat.ok)
@@ -2232,6 +2276,10 @@ static void answer(outbox_relay *r, outbox__http_req *req, const char *path)
                          (unsigned long long)down, r->url_desc);
         else
             n = snprintf(body, sizeof body, "ok\n");
+        if (n < 0)
+            n = 0;
+        else if ((size_t)n >= sizeof body)
+            n = (int)sizeof body - 1; /* snprintf's length is what it wanted to write */
         outbox__http_respond(req, body[0] == 'o' ? 200 : 503, "text/plain; charset=utf-8", body, (size_t)n);
     }
 }

@@ -1,0 +1,151 @@
+/*
+ * Retention deletes published rows older than --retention-ms and nothing
+ * else: not pending, sending or dead rows (whatever their published_at), not
+ * recent published rows. The first pass runs a second after start; a full
+ * batch is followed by the next one 20 ms later, so a large set goes in
+ * several small transactions while publishing goes on. --retention-ms 0
+ * keeps everything.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "ops.h"
+#include "outbox.h"
+#include "tap.h"
+
+static th_redis redis;
+static char *dir, *dbpath, *logpath;
+static sqlite3 *db;
+
+/* n rows of prefix in `state`, published_at = now - age_ms (NULL when
+ * age_ms < 0), with whatever else that state needs. */
+static void rows(const char *prefix, int n, int state, int64_t age_ms)
+{
+    int64_t now = ot_unix_ms();
+    ot_insert(db, prefix, 0, n, "ret");
+    ot_exec(db,
+            "UPDATE outbox SET state = %d, published_at = CASE WHEN %d THEN NULL ELSE %lld END, "
+            "stream_id = CASE %d WHEN 2 THEN '1-1' END, lease_owner = CASE %d WHEN 1 THEN 'someone-else' END, "
+            "lease_token = %d, lease_until = CASE %d WHEN 1 THEN %lld END, "
+            "available_at = CASE %d WHEN 0 THEN %lld ELSE available_at END WHERE id LIKE '%q-%%'",
+            state, age_ms < 0, (long long)(now - age_ms), state, state, state == 1, state, (long long)(now + 3600000),
+            state, (long long)(now + 3600000), prefix);
+}
+
+static int64_t count_prefix(const char *prefix)
+{
+    return ot_int(db, "SELECT count(*) FROM outbox WHERE id LIKE '%q-%%'", prefix);
+}
+
+static void only_eligible(void)
+{
+    char listen[64], *log, *text = NULL;
+    int port = ot_free_port();
+    pid_t pid;
+    int64_t start, gone_at = -1;
+
+    rows("old", 20, 2, 120000);        /* published two minutes ago: deleted */
+    rows("recent", 5, 2, 30000);       /* published 30 s ago: kept */
+    rows("edge", 5, 2, 50000);         /* 50 s: kept */
+    rows("nullpub", 3, 2, -1);         /* published, published_at NULL: kept */
+    rows("pending", 5, 0, 120000);     /* not due for an hour */
+    rows("sending", 5, 1, 120000);     /* leased by another relay for an hour */
+    rows("dead", 5, 3, 120000);        /* dead rows are never deleted */
+
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    start = th_now_ms();
+    pid = ot_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "60000", "--retention-batch", "7",
+                         "--log-level", "debug", "--metrics-listen", listen, NULL);
+    th_sleep_ms(500);
+    is_int(count_prefix("old"), 20, "nothing is deleted before the first pass, a second after start");
+    while (th_now_ms() - start < 8000 && count_prefix("old") > 0)
+        th_sleep_ms(5);
+    if (count_prefix("old") == 0)
+        gone_at = th_now_ms() - start;
+    is_int(count_prefix("old"), 0, "the published rows older than 60 s are deleted (%lld ms after start)",
+           (long long)gone_at);
+    ok(gone_at >= 900 && gone_at < 3000, "by the first pass and its immediate follow-ups (%lld ms)",
+       (long long)gone_at);
+    th_sleep_ms(300);
+    is_int(count_prefix("recent"), 5, "published rows 30 s old are kept");
+    is_int(count_prefix("edge"), 5, "published rows 50 s old are kept");
+    is_int(count_prefix("nullpub"), 3, "published rows without published_at are kept");
+    is_int(count_prefix("pending"), 5, "pending rows are kept");
+    is_int(ot_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'pending-%%' AND state = 0"), 5,
+           "and still pending");
+    is_int(count_prefix("sending"), 5, "sending rows are kept");
+    is_int(count_prefix("dead"), 5, "dead rows are kept");
+    log = ot_slurp(logpath);
+    is_int(ot_count(log, "retention deleted published rows\" count=7"), 2, "two full batches of 7 ...");
+    is_int(ot_count(log, "retention deleted published rows\" count=6"), 1, "... then the remaining 6");
+    free(log);
+    ot_http_get(port, "/metrics", &text);
+    is_int((long long)ot_prom_val(text, "outbox_retention_deleted_total"), 20, "outbox_retention_deleted_total");
+    free(text);
+    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+}
+
+static void large_set(void)
+{
+    pid_t pid;
+    int64_t start, gone_at = -1;
+    char *log;
+    int batches;
+
+    rows("bulk", 3000, 2, 600000);
+    ot_insert(db, "fresh", 0, 1000, "ret2");
+    if (truncate(logpath, 0) != 0)
+        bail("truncate %s", logpath);
+    start = th_now_ms();
+    pid = ot_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "60000", "--retention-batch", "100",
+                         "--log-level", "debug", NULL);
+    while (th_now_ms() - start < 10000 && count_prefix("bulk") > 0)
+        th_sleep_ms(10);
+    if (count_prefix("bulk") == 0)
+        gone_at = th_now_ms() - start;
+    is_int(count_prefix("bulk"), 0, "3,000 old published rows are gone within 10 s (%lld ms)", (long long)gone_at);
+    while (th_now_ms() - start < 10000 &&
+           ot_int(db, "SELECT count(*) FROM outbox WHERE topic = 'ret2' AND state = 2") < 1000)
+        th_sleep_ms(10);
+    is_int(ot_int(db, "SELECT count(*) FROM outbox WHERE topic = 'ret2' AND state = 2"), 1000,
+           "1,000 rows committed at the same time are published meanwhile, and kept");
+    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    log = ot_slurp(logpath);
+    batches = ot_count(log, "retention deleted published rows\" count=100");
+    is_int(batches, 30, "in 30 transactions of --retention-batch 100");
+    free(log);
+}
+
+static void keep_forever(void)
+{
+    pid_t pid;
+    rows("ancient", 50, 2, 86400000LL * 400);
+    pid = ot_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "0", NULL);
+    th_sleep_ms(1500);
+    is_int(count_prefix("ancient"), 50, "--retention-ms 0 keeps published rows of any age");
+    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+}
+
+int main(void)
+{
+    if (th_redis_start(&redis, 0, NULL) != 0)
+        bail("cannot start redis-server");
+    dir = ot_tmpdir();
+    dbpath = ot_make_db(dir, "retention.db");
+    logpath = th_path(dir, "relay.log");
+    db = ot_open(dbpath);
+
+    only_eligible();
+    large_set();
+    keep_forever();
+
+    sqlite3_close_v2(db);
+    th_redis_destroy(&redis);
+    free(dbpath);
+    free(logpath);
+    ot_rmdir(dir);
+    return tap_done();
+}
