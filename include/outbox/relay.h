@@ -136,7 +136,9 @@ OUTBOX_API int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const ou
                                    char *err, size_t errlen);
 
 /* Connects to Redis (retrying with backoff while it is unreachable) and
- * starts scanning. Returns 0 or OUTBOX_ESTATE if already started. */
+ * starts scanning. Returns 0, OUTBOX_ESTATE if already started, or
+ * OUTBOX_EIO / OUTBOX_EINVAL when metrics_listen cannot be bound (the relay
+ * then stays unstarted: destroy it). */
 OUTBOX_API int outbox_relay_start(outbox_relay *r);
 
 /*
