@@ -35,7 +35,12 @@ awk -v dir="$tmp" '
 count=$(ls "$tmp"/example*.c 2>/dev/null | wc -l)
 check "README has 2 C examples (found $count)" test "$count" -eq 2
 
-libs="$build/src/liboutbox.a $(pkg-config --libs libuv hiredis sqlite3 msgpack) -lhttp_parser -lpthread -lm"
+# A sanitizer build's archive needs the same runtime when linking.
+san=""
+if nm "$build/src/liboutbox.a" 2>/dev/null | grep -q "__asan_"; then
+    san="-fsanitize=address,undefined"
+fi
+libs="$san $build/src/liboutbox.a $(pkg-config --libs libuv hiredis sqlite3 msgpack) -lhttp_parser -lpthread -lm"
 for f in "$tmp"/example*.c; do
     b=${f%.c}
     # shellcheck disable=SC2086
