@@ -14,9 +14,10 @@
  * Cluster slot. A message resent with outbox-replay has a new replay count,
  * so the resend is published again.
  *
- * Redis 8.6 and later have XADD ... IDMP for the same purpose; the relay
- * detects the server version at connect (INFO server) so a native path can
- * be added, but this version always uses the script.
+ * Redis 8.6 and later have XADD ... IDMP for the same purpose. The publish
+ * path is chosen in one place (the relay's send_idem()), where a native
+ * path for servers that offer it can be added; this version always uses the
+ * script, which is what Redis 7 (Debian's) supports.
  */
 #ifndef OUTBOX_SRC_IDEM_H
 #define OUTBOX_SRC_IDEM_H
