@@ -1,0 +1,246 @@
+/*
+ * outbox-bench: shared declarations of the benchmark tool's modules.
+ *
+ * bench.c     command line, scenario table, tables and BENCH lines
+ * util.c      clocks, growable strings, percentiles, child processes, /proc
+ * env.c       the private redis-server, hiredis helpers, redis-benchmark
+ * dataset.c   the message shape and the databases the scenarios start from
+ * sc_*.c      one file per group of scenarios
+ *
+ * Non-static functions are prefixed bench_; scenario entry points sc_.
+ */
+#ifndef OUTBOX_BENCH_H
+#define OUTBOX_BENCH_H
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include <hiredis/hiredis.h>
+#include <sqlite3.h>
+
+#include "outbox.h"
+
+#ifndef PATH_MAX
+#define PATH_MAX 4096
+#endif
+
+/* ------------------------------------------------------------------ */
+/* growable string (JSON lines, messages) */
+
+typedef struct bench_str {
+    char *p;
+    size_t len, cap;
+} bench_str;
+
+void bench_str_printf(bench_str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void bench_str_free(bench_str *s);
+
+/* ------------------------------------------------------------------ */
+/* the report of one scenario: a small table and one JSON object */
+
+#define BENCH_MAX_ROWS 48
+
+typedef struct bench_row {
+    char metric[64];
+    char value[96];
+    char target[32];
+    char verdict[8]; /* "pass", "FAIL" or "" */
+} bench_row;
+
+typedef struct bench_report {
+    const char *scenario;
+    char title[512];
+    bench_row rows[BENCH_MAX_ROWS];
+    int nrows;
+    bench_str json; /* the members after "scenario", each starting with ',' */
+    bench_str notes; /* lines printed under the table */
+    int failed;      /* the scenario could not run: error says why */
+    char error[512];
+    int skipped; /* not run on purpose: error says why */
+    int has_target, all_pass;
+    double load_before, load_after; /* 1-minute load average around the run */
+    double seconds;
+} bench_report;
+
+void bench_row_add(bench_report *r, const char *metric, const char *target, int verdict, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+void bench_note(bench_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void bench_fail(bench_report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* JSON members, appended in call order. */
+void bench_json_int(bench_report *r, const char *key, long long v);
+void bench_json_num(bench_report *r, const char *key, double v, int decimals);
+void bench_json_str(bench_report *r, const char *key, const char *v);
+void bench_json_bool(bench_report *r, const char *key, int v);
+void bench_json_raw(bench_report *r, const char *key, const char *json);
+/* Appends a JSON number (null when not finite) to s. */
+void bench_str_num(bench_str *s, double v, int decimals);
+
+/* verdicts for bench_row_add */
+enum { V_NONE = -1, V_FAIL = 0, V_PASS = 1 };
+
+/* "1,234,567" */
+const char *bench_thousands(char *buf, size_t len, double v);
+
+/* ------------------------------------------------------------------ */
+/* the run */
+
+typedef struct bench {
+    char tmpdir[PATH_MAX];
+    char sock[PATH_MAX + 16];
+    char redis_url[PATH_MAX + 32];
+    char build_dir[PATH_MAX];
+    char relay_bin[PATH_MAX + 64];
+    char consume_bin[PATH_MAX + 64];
+    pid_t redis_pid;
+    redisContext *rc; /* control connection */
+
+    int quick, json_only, keep, verbose;
+    long messages;   /* drain, loop, idempotent, consume, writer */
+    long claim_rows; /* the big backlog of the claim scenario */
+    unsigned keys;   /* distinct ordering keys */
+    const char *writer_sync; /* PRAGMA synchronous of the latency writer: FULL (default) or NORMAL */
+    int messages_set, claim_rows_set;
+    int relay_has_idempotent;
+} bench;
+
+/* Progress on stderr (silent with --json-only). */
+void bench_progress(const bench *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A path inside the run's temporary directory. */
+const char *bench_path(const bench *b, char *buf, size_t len, const char *name);
+
+/* ------------------------------------------------------------------ */
+/* util.c */
+
+uint64_t bench_mono_us(void);
+/* The 1-minute load average, -1 when unknown. */
+double bench_loadavg(void);
+uint64_t bench_mono_ns(void);
+int64_t bench_wall_us(void);
+void bench_sleep_ms(unsigned ms);
+
+/* Sorts v (n values) in place and returns the q-quantile (0..1), nearest
+ * rank; 0 when n == 0. */
+double bench_quantile_sorted(const double *v, size_t n, double q);
+void bench_sort(double *v, size_t n);
+double bench_median(double *v, size_t n);
+
+/* Child processes. argv[0] is looked up in PATH when it has no slash.
+ * stdout/stderr go to the given files (NULL: /dev/null; "-": inherit). The
+ * pid is remembered so that an interrupted run can stop it. */
+int bench_spawn(const char *const argv[], const char *out_path, const char *err_path, pid_t *pid);
+/* Waits for pid at most timeout_ms (then SIGKILLs it); returns 0 with its
+ * wait status and resource usage, or -1. Polls every millisecond. */
+int bench_wait(pid_t pid, int *status, struct rusage *ru, unsigned timeout_ms);
+/* Peaks of a process's resident memory, sampled from /proc/PID/status. */
+typedef struct bench_rss {
+    long long hwm_kb; /* VmHWM, the kernel's own peak, as last seen */
+    long long rss_kb, anon_kb, file_kb, shmem_kb;
+    const char *watch_file; /* in: a file whose size to follow (the WAL), or NULL */
+    long long file_bytes;   /* its largest size seen */
+} bench_rss;
+/* bench_wait that also samples pid's memory every 10 ms into *peak. */
+int bench_wait_sampled(pid_t pid, int *status, struct rusage *ru, unsigned timeout_ms, bench_rss *peak);
+/* SIGTERM, then the wait; SIGKILL after timeout_ms. */
+int bench_stop(pid_t pid, int *status, struct rusage *ru, unsigned timeout_ms);
+/* Kills every child still registered (interrupted run). */
+void bench_kill_children(void);
+/* Describes a wait status: "exit 0", "signal 9". */
+const char *bench_status_text(int status, char *buf, size_t len);
+
+/* CPU time of a live process in ns (schedstat, else utime+stime), -1. */
+int64_t bench_proc_cpu_ns(pid_t pid);
+/* Voluntary plus involuntary context switches of a live process, -1. */
+long long bench_proc_ctxsw(pid_t pid);
+/* The last `lines` lines of a file, for error messages. */
+void bench_tail_file(const char *path, char *buf, size_t len, int lines);
+int bench_file_exists_x(const char *path);
+/* Puts the words of OUTBOX_BENCH_WRAP (a profiler command prefix, split on
+ * spaces into buf) at the start of argv (room for 24); returns how many. */
+int bench_wrap_argv(const char **argv, char *buf, size_t len);
+void bench_unlink_db(const char *path);
+
+/* ------------------------------------------------------------------ */
+/* env.c */
+
+int bench_env_start(bench *b, char *err, size_t errlen);
+void bench_env_stop(bench *b);
+redisContext *bench_redis_connect(const bench *b);
+/* A command on the control connection; NULL (and err) on failure. */
+redisReply *bench_redis(bench *b, const char *fmt, ...);
+int bench_redis_flush(bench *b);
+/* Sum of XLEN over the 8 bench streams (-1 on error), on connection c. */
+long long bench_streams_len(redisContext *c);
+/* redis-benchmark pipelined XADD with an entry of the given envelope size;
+ * requests per second and p50 latency in ms. */
+int bench_redis_benchmark(bench *b, long n, int clients, int pipeline, size_t envelope_len, double *rps,
+                          double *p50_ms, char *err, size_t errlen);
+/* Memory used by Redis in bytes, -1. */
+long long bench_redis_used_memory(bench *b);
+
+/* ------------------------------------------------------------------ */
+/* dataset.c: the message shape. Topics bench.t0 .. bench.t7 (streams
+ * outbox:bench.t0 ...), every second message keyed with one of `keys` keys,
+ * payloads of payload_len bytes. */
+
+#define BENCH_TOPICS 8
+#define BENCH_PAYLOAD 128
+
+typedef struct bench_shape {
+    size_t payload_len;
+    unsigned keys;
+} bench_shape;
+
+typedef struct bench_msgbuf {
+    char topic[32];
+    char key[32];
+    char id[OUTBOX_ID_MAX + 1];
+    unsigned char payload[4096];
+    outbox_message m;
+} bench_msgbuf;
+
+/* Fills mb->m for message number i (id NULL: the writer generates a
+ * UUIDv7). */
+void bench_shape_message(const bench_shape *sh, uint64_t i, bench_msgbuf *mb);
+/* The average encoded envelope size of the shape (keyed and unkeyed). */
+size_t bench_shape_envelope_len(const bench_shape *sh);
+
+/* Creates a fresh database at path with n messages of the shape, written
+ * with outbox_enqueue (synchronous=OFF, not measured). rows_per_txn 0 means
+ * one transaction. Ends with a TRUNCATE checkpoint. */
+int bench_dataset_build(const char *path, uint64_t n, const bench_shape *sh, uint64_t rows_per_txn, char *err,
+                        size_t errlen);
+/* The same for big backlogs: one transaction of raw prepared INSERTs (ids
+ * UUIDv7-shaped, increasing, without outbox_enqueue's validation and random
+ * bits), synchronous=OFF, a 512 MiB page cache. */
+int bench_dataset_build_fast(const char *path, uint64_t n, const bench_shape *sh, char *err, size_t errlen);
+/* Opens a fresh database with the outbox schema (flags for outbox_db_open). */
+int bench_db_fresh(const char *path, int flags, sqlite3 **db, char *err, size_t errlen);
+int bench_exec(sqlite3 *db, const char *sql, char *err, size_t errlen);
+/* SELECT count(*) FROM outbox WHERE state = st, -1. */
+long long bench_count_state(const char *path, int st);
+
+/* ------------------------------------------------------------------ */
+/* scenarios */
+
+int sc_drain(bench *b, bench_report *r);
+int sc_idle(bench *b, bench_report *r);
+int sc_memory(bench *b, bench_report *r);
+int sc_idempotent(bench *b, bench_report *r);
+int sc_consume(bench *b, bench_report *r);
+int sc_latency(bench *b, bench_report *r);
+int sc_writer(bench *b, bench_report *r);
+int sc_claim(bench *b, bench_report *r);
+int sc_loop(bench *b, bench_report *r);
+
+/* Shared by the drain-like scenarios: runs the relay daemon with --drain
+ * over db (extra options appended), returns its wall time in seconds, its
+ * resource usage (and, with peak, its sampled memory); fails when it does not
+ * exit 0 or leaves rows pending. OUTBOX_BENCH_WRAP (e.g. "perf record -g
+ * -o FILE --") prefixes the command, for profiling. */
+int bench_relay_drain(bench *b, const char *db, const char *tag, const char *const *extra, double *secs,
+                      struct rusage *ru, bench_rss *peak, char *err, size_t errlen);
+
+#endif
