@@ -123,6 +123,7 @@ struct outbox_relay {
     /* Checkpointing on a worker thread. */
     uv_work_t ckpt_work;
     int ckpt_running;
+    int ckpt_restart; /* the next checkpoint is a RESTART (the WAL grew large) */
     int ckpt_pages; /* set from other threads by the attach hook: atomics */
     sqlite3 *ckpt_db;
 
@@ -1559,7 +1560,20 @@ static void ckpt_run(uv_work_t *w)
         }
         sqlite3_busy_timeout(r->ckpt_db, 0);
     }
-    /* PASSIVE never waits for readers or writers. */
+    /* PASSIVE never waits for readers or writers, but under a steady stream
+     * of commits it never catches up with the end of the WAL either, and the
+     * WAL is only rewound once a checkpoint did. So when the WAL has grown
+     * large, RESTART: it waits (here, off the loop, at most 200 ms) for a
+     * moment without a writer, which the relay leaves between transactions,
+     * and lets the next writer start the WAL from its beginning again. */
+    if (r->ckpt_restart) {
+        sqlite3_busy_timeout(r->ckpt_db, 200);
+        if (sqlite3_wal_checkpoint_v2(r->ckpt_db, NULL, SQLITE_CHECKPOINT_RESTART, NULL, NULL) == SQLITE_OK) {
+            sqlite3_busy_timeout(r->ckpt_db, 0);
+            return;
+        }
+        sqlite3_busy_timeout(r->ckpt_db, 0);
+    }
     sqlite3_wal_checkpoint_v2(r->ckpt_db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
 }
 
@@ -1576,6 +1590,7 @@ static void maybe_checkpoint(outbox_relay *r, int pages)
     if (pages < 1000 || r->ckpt_running || r->state != R_RUNNING)
         return;
     __atomic_store_n(&r->ckpt_pages, 0, __ATOMIC_RELAXED);
+    r->ckpt_restart = pages >= 16000; /* about 64 MiB of WAL with 4 KiB pages */
     r->ckpt_work.data = r;
     if (uv_queue_work(r->loop, &r->ckpt_work, ckpt_run, ckpt_done) == 0)
         r->ckpt_running = 1;
