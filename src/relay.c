@@ -1560,6 +1560,10 @@ static void ckpt_run(uv_work_t *w)
         }
         sqlite3_busy_timeout(r->ckpt_db, 0);
     }
+    /* A connection that has not read anything has not opened the WAL yet,
+     * and a checkpoint through it silently does nothing (SQLite 3.40
+     * returns SQLITE_OK with a log size of -1): read first. */
+    sqlite3_exec(r->ckpt_db, "SELECT count(*) FROM sqlite_master", NULL, NULL, NULL);
     /* PASSIVE never waits for readers or writers, but under a steady stream
      * of commits it never catches up with the end of the WAL either, and the
      * WAL is only rewound once a checkpoint did. So when the WAL has grown
