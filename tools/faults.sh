@@ -6,7 +6,8 @@
 # every 7th transaction rolled back; two outbox-relay processes publish from
 # the same database file; a private redis-server (AOF, fsync always) receives.
 # Faults are injected at random moments: relay A is killed with SIGKILL and
-# restarted, Redis is killed and restarted. Then the writer stops, one relay
+# restarted, Redis is killed and restarted; then Redis stops answering for 2 s
+# (DEBUG SLEEP) and the relays' peak RSS meanwhile must stay under 64 MiB. Then the writer stops, one relay
 # drains, and the harness checks:
 #   lost        committed ids (not dead) missing from their stream   must be 0
 #   orphans     stream entries without a committed row               must be 0
@@ -14,7 +15,7 @@
 #   duplicates  entries beyond the first of an id (at-least-once)    reported
 #   dead        dead-lettered rows (visible, replayable)              reported
 # and prints one summary line:
-#   faults: committed=N lost=0 orphans=0 stuck=0 duplicates=D dead=X relay_kills=K redis_restarts=R
+#   faults: committed=N lost=0 orphans=0 stuck=0 duplicates=D dead=X pending=0 relay_kills=K redis_restarts=R writer_failures=0 relay_rss_during_slow_redis_kb=M
 #
 #   bash tools/faults.sh                 the test-suite size (10 relay kills)
 #   SOAK=1 bash tools/faults.sh          the soak (60 relay kills, 5 Redis restarts)
@@ -102,6 +103,20 @@ while [ "$redis_restarts" -lt "$restarts" ]; do
     redis_restarts=$((redis_restarts + 1))
 done
 
+# Slow replies: Redis stops answering for 2 s (DEBUG SLEEP) while the writer
+# keeps committing; the relays' memory must stay bounded by their window.
+rss_max=0
+redis-cli -s "$sock" DEBUG SLEEP 2 >/dev/null 2>&1 &
+sleeper=$!
+for _ in $(seq 25); do
+    for p in $relay_a $relay_b; do
+        kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null)
+        [ -n "$kb" ] && [ "$kb" -gt "$rss_max" ] && rss_max=$kb
+    done
+    sleep 0.1
+done
+wait "$sleeper" 2>/dev/null
+
 touch "$work/stop"
 wait "$writer_pid" 2>/dev/null
 writer_pid=""
@@ -132,7 +147,7 @@ done
 sqlite3 "$db" "SELECT id || ' ' || state FROM outbox" >"$work/rows"
 
 python3 - "$work/rows" "$work/stream-ids" "$relay_kills" "$redis_restarts" "${IDEMPOTENT:-0}" \
-    "$([ -f "$work/writer.failed" ] && wc -l <"$work/writer.failed" || echo 0)" <<'PY'
+    "$([ -f "$work/writer.failed" ] && wc -l <"$work/writer.failed" || echo 0)" "$rss_max" <<'PY'
 import collections, sys
 rows = dict(line.split() for line in open(sys.argv[1]) if line.strip())
 entries = [line.strip() for line in open(sys.argv[2]) if line.strip()]
@@ -143,8 +158,10 @@ orphans = sum(1 for i in counts if i not in rows)
 stuck = sum(1 for s in rows.values() if s == "1")
 pending = sum(1 for s in rows.values() if s == "0")
 dups = sum(c - 1 for c in counts.values())
-print("faults: committed=%d lost=%d orphans=%d stuck=%d duplicates=%d dead=%d pending=%d relay_kills=%s redis_restarts=%s writer_failures=%s"
-      % (len(rows), lost, orphans, stuck, dups, dead, pending, sys.argv[3], sys.argv[4], sys.argv[6]))
-bad = lost or orphans or stuck or pending or len(rows) == 0 or (sys.argv[5] == "1" and dups)
+rss_kb = int(sys.argv[7])
+print("faults: committed=%d lost=%d orphans=%d stuck=%d duplicates=%d dead=%d pending=%d relay_kills=%s redis_restarts=%s writer_failures=%s relay_rss_during_slow_redis_kb=%d"
+      % (len(rows), lost, orphans, stuck, dups, dead, pending, sys.argv[3], sys.argv[4], sys.argv[6], rss_kb))
+bad = (lost or orphans or stuck or pending or len(rows) == 0 or (sys.argv[5] == "1" and dups)
+       or rss_kb > 64 * 1024)
 sys.exit(1 if bad else 0)
 PY
