@@ -6,7 +6,7 @@
 #   bash tools/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash tools/deps.sh
+bash tools/deps.sh clang
 secs=${1:-600}
 shift || true
 targets=("$@")
