@@ -20,12 +20,17 @@ static inline int tap_check_(int cond, const char *file, int line, const char *f
 static inline int tap_check_(int cond, const char *file, int line, const char *fmt, ...)
 {
     va_list ap;
+    char desc[2048];
     tap_count_++;
-    printf("%sok %d - ", cond ? "" : "not ", tap_count_);
     va_start(ap, fmt);
-    vprintf(fmt, ap);
+    vsnprintf(desc, sizeof desc, fmt, ap);
     va_end(ap);
-    printf("\n");
+    /* One line per check: a description that quotes program output must
+     * not break the TAP stream. */
+    for (char *p = desc; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+    printf("%sok %d - %s\n", cond ? "" : "not ", tap_count_, desc);
     if (!cond) {
         tap_failed_++;
         printf("#   failed at %s:%d\n", file, line);
@@ -48,13 +53,26 @@ static inline int tap_check_(int cond, const char *file, int line, const char *f
         if (!tap_check_(same_, __FILE__, __LINE__, __VA_ARGS__))                                   \
             printf("#   got '%s', want '%s'\n", got_ ? got_ : "(null)", want_ ? want_ : "(null)"); \
     } while (0)
-#define diag(...)                                                                                  \
-    do {                                                                                           \
-        printf("# ");                                                                              \
-        printf(__VA_ARGS__);                                                                       \
-        printf("\n");                                                                              \
-        fflush(stdout);                                                                            \
-    } while (0)
+static inline void tap_diag_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline void tap_diag_(const char *fmt, ...)
+{
+    va_list ap;
+    char text[4096], *line, *next;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    /* Every line of a diagnostic is a TAP comment. */
+    for (line = text; line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        if (next && !*next)
+            next = NULL;
+        printf("# %s\n", line);
+    }
+    fflush(stdout);
+}
+#define diag(...) tap_diag_(__VA_ARGS__)
 /* Stops the test executable at once (setup failure). */
 #define bail(...)                                                                                  \
     do {                                                                                           \
