@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <hiredis/hiredis.h>
+#include <sqlite3.h>
 
 /* Creates a fresh directory under $TMPDIR (default /tmp) named
  * outbox-test-XXXXXX; returns a malloc'd path; bails out on failure. */
@@ -78,6 +79,15 @@ pid_t th_spawn(char *const argv[], char *const env_add[], const char *out_path, 
 /* Waits for pid up to timeout_ms; returns the exit status as th_run, or -2 on
  * timeout (the process is left running). */
 int th_wait(pid_t pid, int timeout_ms);
+
+/* Runs SQL (printf-style through sqlite3_vmprintf: %q, %Q, %lld ...);
+ * bails on error. */
+void th_sql_exec(sqlite3 *db, const char *fmt, ...);
+/* The first column of the first row as an integer (NULL or no row: 0);
+ * bails on error. */
+int64_t th_sql_int(sqlite3 *db, const char *fmt, ...);
+/* A file's contents, malloc'd and NUL-terminated ("" when missing). */
+char *th_slurp(const char *path);
 
 /* Monotonic milliseconds. */
 int64_t th_now_ms(void);

@@ -161,34 +161,6 @@ long long ct_int(redisContext *c, const char *fmt, ...)
     return n;
 }
 
-char *ct_slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    size_t len = 0, cap = 0, n;
-    if (f) {
-        char chunk[8192];
-        while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-            if (len + n + 1 > cap) {
-                cap = (len + n + 1) * 2;
-                buf = realloc(buf, cap);
-                if (!buf)
-                    bail("out of memory");
-            }
-            memcpy(buf + len, chunk, n);
-            len += n;
-        }
-        fclose(f);
-    }
-    if (!buf) {
-        buf = malloc(1);
-        if (!buf)
-            bail("out of memory");
-    }
-    buf[len] = '\0';
-    return buf;
-}
-
 int ct_lines(const char *s)
 {
     int n = 0;

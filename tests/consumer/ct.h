@@ -48,8 +48,6 @@ char *ct_get(redisContext *c, const char *key);
 /* An integer reply of a command (printf-style); bails on another reply. */
 long long ct_int(redisContext *c, const char *fmt, ...);
 
-/* A whole file as a malloc'd string ("" when missing). */
-char *ct_slurp(const char *path);
 /* Lines in s; the count of lines equal to line. */
 int ct_lines(const char *s);
 int ct_line_count(const char *s, const char *line);

@@ -251,7 +251,7 @@ static void test_exec(void)
     r = run_args(args, env);
     is_int(r.code, 0, "--exec --drain exits 0");
     p = th_path(dir, "m-bin.payload");
-    t = ct_slurp(p);
+    t = th_slurp(p);
     want_len = sizeof binary;
     {
         FILE *f = fopen(p, "rb");
@@ -265,7 +265,7 @@ static void test_exec(void)
     free(t);
     free(p);
     p = th_path(dir, "m-hdr.env");
-    t = ct_slurp(p);
+    t = th_slurp(p);
     {
         char want[200];
         const char *lines[] = {"OUTBOX_ID=m-hdr", "OUTBOX_TOPIC=cli", "OUTBOX_KEY=customer-7",
@@ -280,13 +280,13 @@ static void test_exec(void)
     free(t);
     free(p);
     p = th_path(dir, "m-bin.env");
-    t = ct_slurp(p);
+    t = th_slurp(p);
     is_int(ct_line_count(t, "OUTBOX_KEY="), 1, "a message without key: OUTBOX_KEY empty");
     is_int(ct_line_count(t, "OUTBOX_HEADERS=null"), 1, "a message without headers: OUTBOX_HEADERS=null");
     free(t);
     free(p);
     p = th_path(dir, "m-empty.payload");
-    t = ct_slurp(p);
+    t = th_slurp(p);
     ok(access(p, F_OK) == 0 && t[0] == '\0', "an empty payload: the command ran with empty stdin");
     free(t);
     free(p);
@@ -311,7 +311,7 @@ static void test_sigterm(void)
     th_sleep_ms(100);
     st = ct_stop(pid, 10000);
     is_int(st, 0, "SIGTERM on an idle consumer: exit 0");
-    t = ct_slurp(log);
+    t = th_slurp(log);
     ok(strstr(t, "consumer stopped") != NULL, "it logs its stop");
     free(t);
     free(log);

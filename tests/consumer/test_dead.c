@@ -85,7 +85,7 @@ static void test_poison(void)
     ct_xadd_msg(rc, stream, "m-good", "poison", "fine", 4, good);
     st = ct_consume_run(args, env, &out, &err, 30000 * ct_slow());
     is_int(st, 0, "--drain exits 0 once the poison message is dead-lettered");
-    t = ct_slurp(attempts);
+    t = th_slurp(attempts);
     is_int(ct_line_count(t, "m-poison 1") + ct_line_count(t, "m-poison 2"), 2,
            "the failing command ran max_deliveries (2) times, deliveries 1 and 2");
     is_int(ct_lines(t), 3, "and no more: 2 failures + 1 good message");
@@ -155,7 +155,7 @@ static void test_malformed(void)
 
     st = ct_consume_run(args, env, &out, &err, 30000 * ct_slow());
     is_int(st, 0, "--drain exits 0");
-    t = ct_slurp(effects);
+    t = th_slurp(effects);
     is_int(ct_lines(t), 2, "only the two good messages ran the command");
     ok(ct_line_count(t, "m-good1") == 1 && ct_line_count(t, "m-good2") == 1, "each once");
     free(t);

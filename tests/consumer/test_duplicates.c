@@ -147,7 +147,7 @@ static void test_two_consumers(void)
         s2 = ct_stop(p2, 5000);
     is_int(s1, 0, "consumer 1 drained and exited 0");
     is_int(s2, 0, "consumer 2 drained and exited 0");
-    text = ct_slurp(effects);
+    text = th_slurp(effects);
     lines = ct_lines(text);
     is_int(lines, NDUP, "%d effects for %d ids in %d entries", lines, NDUP, 2 * NDUP);
     for (int i = 0; i < NDUP; i++) {
@@ -167,7 +167,7 @@ static void test_two_consumers(void)
         freeReplyObject(r);
     }
     {
-        char *l1 = ct_slurp(log1), *l2 = ct_slurp(log2);
+        char *l1 = th_slurp(log1), *l2 = th_slurp(log2);
         const char *p;
         for (p = l1; (p = strstr(p, "applied=")); p++)
             d1 = atoll(p + 8);

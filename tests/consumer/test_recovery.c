@@ -32,7 +32,7 @@ typedef struct lines_arg {
 static int has_lines(void *arg)
 {
     lines_arg *a = arg;
-    char *t = ct_slurp(a->path);
+    char *t = th_slurp(a->path);
     int n = ct_lines(t);
     free(t);
     return n >= a->want;
@@ -79,7 +79,7 @@ static void test_killed_mid_effect(void)
     if (a < 0)
         bail("cannot start consumer A");
     ok(ct_wait_for(has_lines, &la, 10000 * ct_slow()), "consumer A started the command");
-    t = ct_slurp(pidfile);
+    t = th_slurp(pidfile);
     sleep_pid = atol(t);
     free(t);
     kill(a, SIGKILL);
@@ -104,7 +104,7 @@ static void test_killed_mid_effect(void)
     ok(ct_wait_for(nothing_pending, &pa, 5000 * ct_slow()), "the entry is acknowledged");
     th_sleep_ms(300); /* time for a wrong second application */
     is_int(ct_stop(b, 10000), 0, "consumer B stops on SIGTERM with status 0");
-    t = ct_slurp(effects);
+    t = th_slurp(effects);
     is_int(ct_lines(t), 1, "applied exactly once");
     ok(strncmp(t, "m-crash ", 8) == 0, "the effect is m-crash's (%.*s)", (int)strcspn(t, "\n"), t);
     free(t);
@@ -112,7 +112,7 @@ static void test_killed_mid_effect(void)
     is_str(v, "D", "the key is D now");
     free(v);
     is_int(th_xlen(rc, "outbox:crash:dead"), 0, "not dead-lettered while A's lease ran out");
-    log = ct_slurp(logb);
+    log = th_slurp(logb);
     ok(strstr(log, "recovered an idle pending entry") != NULL, "B says it recovered an idle entry");
     if (th_xlen(rc, "outbox:crash:dead") != 0)
         ct_diag_text("B", log);
@@ -150,13 +150,13 @@ static void test_killed_before_ack(void)
     ok(ct_wait_for(nothing_pending, &pa, 10000 * ct_slow()), "both entries acknowledged");
     th_sleep_ms(200);
     is_int(ct_stop(c, 10000), 0, "consumer C stops with status 0");
-    t = ct_slurp(effects);
+    t = th_slurp(effects);
     is_int(ct_line_count(t, "m-done"), 0, "m-done (already done) not applied again");
     is_int(ct_line_count(t, "m-new"), 1, "m-new applied once");
     free(t);
     is_int(ct_pending_for(rc, stream, "g", "ghost"), 0, "nothing left pending for ghost");
     is_int(th_xlen(rc, "outbox:acked:dead"), 0, "nothing dead-lettered");
-    t = ct_slurp(logc);
+    t = th_slurp(logc);
     ok(strstr(t, "duplicate skipped") && strstr(t, "id=m-done"), "C logs the duplicate as skipped");
     free(t);
     free(effects);
@@ -195,7 +195,7 @@ static void test_autoclaim(void)
     ok(ct_wait_for(nothing_pending, &pa, 5000 * ct_slow()), "nothing pending in the group");
     th_sleep_ms(300);
     is_int(ct_stop(d, 10000), 0, "consumer D stops with status 0");
-    t = ct_slurp(effects);
+    t = th_slurp(effects);
     is_int(ct_lines(t), NREC, "exactly %d effects", NREC);
     for (int i = 0; i < NREC; i++) {
         char line[32];
@@ -207,7 +207,7 @@ static void test_autoclaim(void)
     is_int(bad, 0, "each applied once, the recovered ones with OUTBOX_DELIVERIES=2");
     free(t);
     is_int(ct_pending_for(rc, stream, "g", "ghost"), 0, "nothing left pending for ghost");
-    t = ct_slurp(logd);
+    t = th_slurp(logd);
     for (const char *p = t; (p = strstr(p, "recovered an idle pending entry")); p++)
         recovered++;
     is_int(recovered, NREC / 2, "D recovered the ghost's %d entries", NREC / 2);
@@ -219,7 +219,7 @@ static void test_autoclaim(void)
 static int log_has(void *arg)
 {
     const char **a = arg;
-    char *t = ct_slurp(a[0]);
+    char *t = th_slurp(a[0]);
     int yes = strstr(t, a[1]) != NULL;
     free(t);
     return yes;

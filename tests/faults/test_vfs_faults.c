@@ -266,7 +266,7 @@ static void insert_big(sqlite3 *db, const char *prefix, int first, int n, const 
     static char payload[3000];
     int i;
     memset(payload, 'p', sizeof payload);
-    rt_exec(db, "BEGIN IMMEDIATE");
+    th_sql_exec(db, "BEGIN IMMEDIATE");
     if (sqlite3_prepare_v2(db, "INSERT INTO outbox(id, topic, key, payload) VALUES (?1, ?2, ?3, ?4)", -1, &st,
                            NULL) != SQLITE_OK)
         bail("prepare insert: %s", sqlite3_errmsg(db));
@@ -283,7 +283,7 @@ static void insert_big(sqlite3 *db, const char *prefix, int first, int n, const 
         sqlite3_reset(st);
     }
     sqlite3_finalize(st);
-    rt_exec(db, "COMMIT");
+    th_sql_exec(db, "COMMIT");
 }
 
 #define INITIAL_ROWS 2000
@@ -450,10 +450,10 @@ static void part1(th_redis *srv, redisContext *c, const char *dir)
     is_int(published_not_in_stream(chk, c, "outbox:faults"), 0,
            "no row is marked published whose id is not in the stream");
     diag("after the faulty run: %lld pending, %lld sending, %lld published, %lld dead",
-         (long long)rt_int(chk, "SELECT count(*) FROM outbox WHERE state = 0"),
-         (long long)rt_int(chk, "SELECT count(*) FROM outbox WHERE state = 1"),
-         (long long)rt_int(chk, "SELECT count(*) FROM outbox WHERE state = 2"),
-         (long long)rt_int(chk, "SELECT count(*) FROM outbox WHERE state = 3"));
+         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox WHERE state = 0"),
+         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox WHERE state = 1"),
+         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox WHERE state = 2"),
+         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox WHERE state = 3"));
     {
         sqlite3_stmt *q = NULL;
         const char *res = "";
@@ -469,7 +469,7 @@ static void part1(th_redis *srv, redisContext *c, const char *dir)
     is_int(a.missing, 0, "every row has an entry in its stream");
     is_int(a.foreign, 0, "no entry without a row");
     is_int(a.unpublished, 0, "every row is marked published");
-    is_int(rt_int(chk, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "no row stuck in state 1");
+    is_int(th_sql_int(chk, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "no row stuck in state 1");
     is_int(a.dead, 0, "no row dead-lettered by database faults");
     is_int(a.order_violations, 0, "per key in commit order");
     diag("entries %ld, duplicates %ld", a.entries, a.dups);
@@ -590,7 +590,7 @@ static void part2(th_redis *srv, redisContext *c, const char *dir)
     {
         sqlite3 *peek = rt_open(db);
         diag("when the lock was taken: %lld of %d published",
-             (long long)rt_int(peek, "SELECT count(*) FROM outbox WHERE state = 2"), INITIAL_ROWS);
+             (long long)th_sql_int(peek, "SELECT count(*) FROM outbox WHERE state = 2"), INITIAL_ROWS);
         sqlite3_close_v2(peek);
     }
     uv_run(&loop, UV_RUN_DEFAULT);

@@ -135,49 +135,11 @@ sqlite3 *ot_open(const char *path)
     return db;
 }
 
-void ot_exec(sqlite3 *db, const char *fmt, ...)
-{
-    va_list ap;
-    char *sql, *msg = NULL;
-    va_start(ap, fmt);
-    sql = sqlite3_vmprintf(fmt, ap);
-    va_end(ap);
-    if (!sql)
-        bail("out of memory");
-    if (sqlite3_exec(db, sql, NULL, NULL, &msg) != SQLITE_OK)
-        bail("SQL failed: %s: %s", sql, msg ? msg : "?");
-    sqlite3_free(sql);
-}
-
-int64_t ot_int(sqlite3 *db, const char *fmt, ...)
-{
-    va_list ap;
-    char *sql;
-    sqlite3_stmt *st = NULL;
-    int64_t v = 0;
-    int rc;
-    va_start(ap, fmt);
-    sql = sqlite3_vmprintf(fmt, ap);
-    va_end(ap);
-    if (!sql)
-        bail("out of memory");
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
-        bail("SQL failed: %s: %s", sql, sqlite3_errmsg(db));
-    rc = sqlite3_step(st);
-    if (rc == SQLITE_ROW)
-        v = sqlite3_column_int64(st, 0);
-    else if (rc != SQLITE_DONE)
-        bail("SQL failed: %s: %s", sql, sqlite3_errmsg(db));
-    sqlite3_finalize(st);
-    sqlite3_free(sql);
-    return v;
-}
-
 void ot_insert(sqlite3 *db, const char *prefix, int first, int n, const char *topic)
 {
     sqlite3_stmt *st = NULL;
     int i;
-    ot_exec(db, "BEGIN IMMEDIATE");
+    th_sql_exec(db, "BEGIN IMMEDIATE");
     if (sqlite3_prepare_v2(db, "INSERT INTO outbox(id, topic, payload) VALUES (?1, ?2, ?3)", -1, &st, NULL) !=
         SQLITE_OK)
         bail("prepare insert: %s", sqlite3_errmsg(db));
@@ -193,7 +155,7 @@ void ot_insert(sqlite3 *db, const char *prefix, int first, int n, const char *to
         sqlite3_reset(st);
     }
     sqlite3_finalize(st);
-    ot_exec(db, "COMMIT");
+    th_sql_exec(db, "COMMIT");
 }
 
 /* ---- streams ------------------------------------------------------------- */
@@ -616,31 +578,6 @@ double ot_prom_sum(const char *text, const char *name, int *n)
 }
 
 /* ---- text ---------------------------------------------------------------- */
-
-char *ot_slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    size_t len = 0, cap = 0, n;
-    if (f) {
-        char chunk[65536];
-        while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-            if (len + n + 1 > cap) {
-                cap = (len + n + 1) * 2;
-                buf = realloc(buf, cap);
-                if (!buf)
-                    bail("out of memory");
-            }
-            memcpy(buf + len, chunk, n);
-            len += n;
-        }
-        fclose(f);
-    }
-    if (!buf && !(buf = malloc(1)))
-        bail("out of memory");
-    buf[len] = '\0';
-    return buf;
-}
 
 int ot_count(const char *text, const char *needle)
 {

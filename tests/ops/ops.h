@@ -29,10 +29,6 @@ void ot_rmdir(char *dir);
 char *ot_make_db(const char *dir, const char *name);
 /* A writer-style connection (busy_timeout 5000 ms). */
 sqlite3 *ot_open(const char *path);
-/* SQL through sqlite3_vmprintf (%q, %lld ...); bails on error. */
-void ot_exec(sqlite3 *db, const char *fmt, ...);
-/* First column of the first row (0 when NULL or no row). */
-int64_t ot_int(sqlite3 *db, const char *fmt, ...);
 /* n rows "<prefix>-<i>" (i from first), topic, no key, in one transaction. */
 void ot_insert(sqlite3 *db, const char *prefix, int first, int n, const char *topic);
 /* Unix ms, the clock of the outbox columns. */
@@ -84,8 +80,6 @@ double ot_prom_val(const char *text, const char *series);
 /* The sum over samples named name (any labels); count in *n (may be NULL). */
 double ot_prom_sum(const char *text, const char *name, int *n);
 
-/* File contents (malloc'd; "" when missing). */
-char *ot_slurp(const char *path);
 int ot_count(const char *text, const char *needle);
 void ot_diag_tail(const char *what, const char *text, int max_lines);
 

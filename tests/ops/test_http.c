@@ -286,9 +286,9 @@ int main(void)
     close(silent_fd);
 
     deadline = th_now_ms() + 10000;
-    while (th_now_ms() < deadline && ot_int(db, "SELECT count(*) FROM outbox WHERE state = 2") < written)
+    while (th_now_ms() < deadline && th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2") < written)
         th_sleep_ms(10);
-    is_int(ot_int(db, "SELECT count(*) FROM outbox WHERE state = 2"), 2000,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2"), 2000,
            "the 2,000 rows written meanwhile are all published");
     {
         redisContext *c = th_redis_client(&redis);
@@ -304,7 +304,7 @@ int main(void)
     is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM with a client mid-request");
     ok(th_now_ms() - t_slow < 2000, "at once (%lld ms)", (long long)(th_now_ms() - t_slow));
     close(slow_fd);
-    log = ot_slurp(logpath);
+    log = th_slurp(logpath);
     ok(!strstr(log, "level=error"), "no errors in the relay's log");
     free(log);
 

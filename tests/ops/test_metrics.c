@@ -99,7 +99,7 @@ static int scrape(const char *path, char **body)
 
 static int published_rows(void)
 {
-    return (int)ot_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
+    return (int)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
 }
 
 static pid_t metrics_while_draining(void)
@@ -223,15 +223,15 @@ static void topic_labels(void)
     double sum;
     sqlite3_stmt *st;
 
-    ot_exec(db, "PRAGMA ignore_check_constraints = ON");
-    ot_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('odd-1', 'x\"y\\z' || char(10) || 'w', x'00')");
-    ot_exec(db, "PRAGMA ignore_check_constraints = OFF");
+    th_sql_exec(db, "PRAGMA ignore_check_constraints = ON");
+    th_sql_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('odd-1', 'x\"y\\z' || char(10) || 'w', x'00')");
+    th_sql_exec(db, "PRAGMA ignore_check_constraints = OFF");
     start = th_now_ms();
-    while (th_now_ms() - start < 5000 && ot_int(db, "SELECT state FROM outbox WHERE id = 'odd-1'") != 3)
+    while (th_now_ms() - start < 5000 && th_sql_int(db, "SELECT state FROM outbox WHERE id = 'odd-1'") != 3)
         th_sleep_ms(5);
-    is_int(ot_int(db, "SELECT state FROM outbox WHERE id = 'odd-1'"), 3, "a row with an invalid topic is dead");
+    is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'odd-1'"), 3, "a row with an invalid topic is dead");
 
-    ot_exec(db, "BEGIN");
+    th_sql_exec(db, "BEGIN");
     if (sqlite3_prepare_v2(db, "INSERT INTO outbox(id, topic, payload) VALUES (?1, ?1, x'00')", -1, &st, NULL) !=
         SQLITE_OK)
         bail("prepare: %s", sqlite3_errmsg(db));
@@ -244,7 +244,7 @@ static void topic_labels(void)
         sqlite3_reset(st);
     }
     sqlite3_finalize(st);
-    ot_exec(db, "COMMIT");
+    th_sql_exec(db, "COMMIT");
     start = th_now_ms();
     while (th_now_ms() - start < 10000 && published_rows() < N_ROWS + 1100)
         th_sleep_ms(10);
@@ -322,9 +322,9 @@ static void health_flips(pid_t pid)
     is_int(st, 200, "/healthz is 200 again once Redis is back (%lld ms)", (long long)t200);
     t0 = th_now_ms();
     while (th_now_ms() - t0 < 10000 &&
-           ot_int(db, "SELECT count(*) FROM outbox WHERE topic = 'gamma' AND state = 2") < 100)
+           th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'gamma' AND state = 2") < 100)
         th_sleep_ms(10);
-    is_int(ot_int(db, "SELECT count(*) FROM outbox WHERE topic = 'gamma' AND state = 2"), 100,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'gamma' AND state = 2"), 100,
            "the rows committed while Redis was down are published after it returned");
     {
         char *text = NULL;
@@ -388,7 +388,7 @@ int main(void)
     health_flips(pid);
     long_url();
 
-    log = ot_slurp(logpath);
+    log = th_slurp(logpath);
     is_int(ot_count(log, "level=error"), ot_count(log, "level=error msg=\"dead-lettered\" id=odd-1 "),
            "no errors in the relay's log but the invalid row's dead letter");
     free(log);

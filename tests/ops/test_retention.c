@@ -26,7 +26,7 @@ static void rows(const char *prefix, int n, int state, int64_t age_ms)
 {
     int64_t now = ot_unix_ms();
     ot_insert(db, prefix, 0, n, "ret");
-    ot_exec(db,
+    th_sql_exec(db,
             "UPDATE outbox SET state = %d, published_at = CASE WHEN %d THEN NULL ELSE %lld END, "
             "stream_id = CASE %d WHEN 2 THEN '1-1' END, lease_owner = CASE %d WHEN 1 THEN 'someone-else' END, "
             "lease_token = %d, lease_until = CASE %d WHEN 1 THEN %lld END, "
@@ -37,7 +37,7 @@ static void rows(const char *prefix, int n, int state, int64_t age_ms)
 
 static int64_t count_prefix(const char *prefix)
 {
-    return ot_int(db, "SELECT count(*) FROM outbox WHERE id LIKE '%q-%%'", prefix);
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE '%q-%%'", prefix);
 }
 
 static void only_eligible(void)
@@ -74,11 +74,11 @@ static void only_eligible(void)
     is_int(count_prefix("edge"), 5, "published rows 50 s old are kept");
     is_int(count_prefix("nullpub"), 3, "published rows without published_at are kept");
     is_int(count_prefix("pending"), 5, "pending rows are kept");
-    is_int(ot_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'pending-%%' AND state = 0"), 5,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'pending-%%' AND state = 0"), 5,
            "and still pending");
     is_int(count_prefix("sending"), 5, "sending rows are kept");
     is_int(count_prefix("dead"), 5, "dead rows are kept");
-    log = ot_slurp(logpath);
+    log = th_slurp(logpath);
     is_int(ot_count(log, "retention deleted published rows\" count=7"), 2, "two full batches of 7 ...");
     is_int(ot_count(log, "retention deleted published rows\" count=6"), 1, "... then the remaining 6");
     free(log);
@@ -108,12 +108,12 @@ static void large_set(void)
         gone_at = th_now_ms() - start;
     is_int(count_prefix("bulk"), 0, "3,000 old published rows are gone within 10 s (%lld ms)", (long long)gone_at);
     while (th_now_ms() - start < 10000 &&
-           ot_int(db, "SELECT count(*) FROM outbox WHERE topic = 'ret2' AND state = 2") < 1000)
+           th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'ret2' AND state = 2") < 1000)
         th_sleep_ms(10);
-    is_int(ot_int(db, "SELECT count(*) FROM outbox WHERE topic = 'ret2' AND state = 2"), 1000,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'ret2' AND state = 2"), 1000,
            "1,000 rows committed at the same time are published meanwhile, and kept");
     is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
-    log = ot_slurp(logpath);
+    log = th_slurp(logpath);
     batches = ot_count(log, "retention deleted published rows\" count=100");
     is_int(batches, 30, "in 30 transactions of --retention-batch 100");
     free(log);

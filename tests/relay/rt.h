@@ -38,11 +38,6 @@ int rt_wait(pid_t pid, int timeout_ms);
 char *rt_make_db(const char *dir, const char *name);
 /* A writer-style connection (busy_timeout 5000 ms); bails on error. */
 sqlite3 *rt_open(const char *path);
-/* Runs SQL (printf-style through sqlite3_vmprintf: %q, %Q, %lld ...);
- * bails on error. */
-void rt_exec(sqlite3 *db, const char *fmt, ...);
-/* The first column of the first row as an integer (NULL or no row: 0). */
-int64_t rt_int(sqlite3 *db, const char *fmt, ...);
 /* Unix milliseconds, the clock of created_at / available_at / lease_until. */
 int64_t rt_unix_ms(void);
 
@@ -106,8 +101,6 @@ int rt_relay_run(int timeout_ms, char **err, const char *db, const char *url, ..
  * as th_wait (-2 on timeout, then the process was SIGKILLed and reaped). */
 int rt_stop(pid_t pid, int sig, int timeout_ms);
 
-/* A file's contents (malloc'd, "" when missing). */
-char *rt_slurp(const char *path);
 /* Lines in text, and occurrences of needle. */
 int rt_count_lines(const char *text);
 int rt_count_substr(const char *text, const char *needle);

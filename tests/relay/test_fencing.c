@@ -75,13 +75,13 @@ static void on_poll(uv_timer_t *h)
     case 0:
         /* Wait until relay-a holds every row and its XADDs are waiting. */
         t->claimed_seen =
-            (long)rt_int(t->db, "SELECT count(*) FROM outbox WHERE state = 1 AND lease_owner = 'relay-a'");
+            (long)th_sql_int(t->db, "SELECT count(*) FROM outbox WHERE state = 1 AND lease_owner = 'relay-a'");
         if (t->claimed_seen < N)
             return;
         t->xlen_at_takeover = (long)th_xlen(t->c, "outbox:fence");
         t->takeover_at = now - t->t0;
         /* The takeover another relay would do once the lease expired. */
-        rt_exec(t->db, "UPDATE outbox SET lease_owner = 'relay-b', lease_token = lease_token + 1, "
+        th_sql_exec(t->db, "UPDATE outbox SET lease_owner = 'relay-b', lease_token = lease_token + 1, "
                        "lease_until = %lld WHERE state = 1",
                 (long long)(rt_unix_ms() + 600000));
         t->phase = 1;
@@ -148,7 +148,7 @@ int main(void)
     is_int(t.st.fenced_total, N, "fenced_total counts every refused mark");
     is_int(t.st.published_total, 0, "no mark counted as published");
     is_int(t.fenced_logged, N, "each refused mark is logged, each one a 'published' mark");
-    is_int(rt_int(t.db, "SELECT count(*) FROM outbox WHERE state = 1 AND lease_owner = 'relay-b' "
+    is_int(th_sql_int(t.db, "SELECT count(*) FROM outbox WHERE state = 1 AND lease_owner = 'relay-b' "
                         "AND lease_token = 2 AND stream_id IS NULL AND published_at IS NULL"),
            N, "every row keeps the new owner, its token and state 1");
     is_int(th_xlen(t.c, "outbox:fence"), N, "the XADDs themselves were appended (at-least-once)");

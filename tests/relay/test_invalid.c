@@ -56,8 +56,8 @@ int main(void)
     /* Bad rows interleaved with good ones, keyed and not. */
     rt_insert_rows(db, "g", 0, N_GOOD / 2, "inv", 3);
     for (i = 0; i < N_BAD; i++)
-        rt_exec(db, "INSERT INTO outbox(id, topic, key, payload, headers) VALUES (%s)", bad[i].sql_values);
-    rt_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('exact-100', 'inv', zeroblob(100))");
+        th_sql_exec(db, "INSERT INTO outbox(id, topic, key, payload, headers) VALUES (%s)", bad[i].sql_values);
+    th_sql_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('exact-100', 'inv', zeroblob(100))");
     rt_insert_rows(db, "g", N_GOOD / 2, N_GOOD / 2, "inv", 3);
 
     rc = rt_relay_run(30000 * rt_slow(), &err, dbpath, srv.url, "--drain", "--max-payload", "100", NULL);
@@ -85,8 +85,8 @@ int main(void)
         }
         sqlite3_finalize(st);
     }
-    is_int(rt_int(db, "SELECT state FROM outbox WHERE id = 'exact-100'"), 2, "a payload of exactly 100 is published");
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'g-%%' AND state = 2"), N_GOOD,
+    is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'exact-100'"), 2, "a payload of exactly 100 is published");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'g-%%' AND state = 2"), N_GOOD,
            "all %d valid rows published", N_GOOD);
 
     c = th_redis_client(&srv);

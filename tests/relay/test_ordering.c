@@ -29,25 +29,25 @@ static const char *topic;
 static int all_published(void *arg)
 {
     (void)arg;
-    return rt_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state <> 2", topic) == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state <> 2", topic) == 0;
 }
 
 static int some_published(void *arg)
 {
     (void)arg;
-    return rt_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2", topic) >= 100;
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2", topic) >= 100;
 }
 
 /* Keyed rows with some unkeyed ones mixed in, in one commit order. */
 static void write_rows(const char *prefix, const char *t)
 {
     rt_insert_rows(db, prefix, 0, N, t, KEYS);
-    rt_exec(db, "UPDATE outbox SET key = NULL WHERE topic = %Q AND seq %% 10 = 0", t);
+    th_sql_exec(db, "UPDATE outbox SET key = NULL WHERE topic = %Q AND seq %% 10 = 0", t);
 }
 
 static void report(const char *what, const rt_audit *a, const char *log, long failures_logged)
 {
-    char *text = rt_slurp(log);
+    char *text = th_slurp(log);
     long fails = rt_count_substr(text, "publish failed, will retry");
     is_int(a->rows, N, "%s: %d rows", what, N);
     is_int(a->missing, 0, "%s: every message is in the stream", what);
@@ -94,7 +94,7 @@ int main(void)
     report("wrongtype", &a, log1, 1);
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "wrongtype: the relay exits 0 on SIGTERM");
     if (!done) {
-        char *text = rt_slurp(log1);
+        char *text = th_slurp(log1);
         rt_diag_tail("relay", text, 15);
         free(text);
     }
@@ -109,7 +109,7 @@ int main(void)
     ok(rep->type == REDIS_REPLY_STATUS, "oom: maxmemory 1");
     freeReplyObject(rep);
     diag("oom: %lld of %d published when Redis ran out of memory",
-         (long long)rt_int(db, "SELECT count(*) FROM outbox WHERE topic = 'oom' AND state = 2"), N);
+         (long long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'oom' AND state = 2"), N);
     th_sleep_ms(1000);
     freeReplyObject(th_cmd(c, "CONFIG SET maxmemory 0"));
     done = rt_wait_until(30000 * rt_slow(), all_published, NULL);
@@ -117,7 +117,7 @@ int main(void)
     a = rt_audit_topic(db, c, "outbox:", topic);
     report("oom", &a, log2, 1);
     {
-        char *text = rt_slurp(log2);
+        char *text = th_slurp(log2);
         ok(strstr(text, "OOM") != NULL, "oom: the relay logged Redis' OOM error");
         if (!done)
             rt_diag_tail("relay", text, 15);

@@ -39,18 +39,18 @@ static size_t make_headers(unsigned char *buf, int n)
 static void write_plain(sqlite3 *db)
 {
     int i;
-    rt_exec(db, "BEGIN IMMEDIATE");
+    th_sql_exec(db, "BEGIN IMMEDIATE");
     for (i = 0; i < N_PLAIN; i++) {
         if (i == 7)
-            rt_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('plain-%06d', 'plain', X'')", i);
+            th_sql_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('plain-%06d', 'plain', X'')", i);
         else if (i % 2)
-            rt_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('plain-%06d', 'plain', 'text payload %d')",
+            th_sql_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('plain-%06d', 'plain', 'text payload %d')",
                     i, i);
         else
-            rt_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('plain-%06d', 'plain', X'00ff%04x00')", i,
+            th_sql_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('plain-%06d', 'plain', X'00ff%04x00')", i,
                     i);
     }
-    rt_exec(db, "COMMIT");
+    th_sql_exec(db, "COMMIT");
 }
 
 static void write_api(sqlite3 *db)
@@ -66,7 +66,7 @@ static void write_api(sqlite3 *db)
         outbox_message m;
         size_t plen = (size_t)snprintf((char *)payload, sizeof payload, "api%c%d", 0, i);
         if (i % 100 == 0)
-            rt_exec(db, "BEGIN IMMEDIATE");
+            th_sql_exec(db, "BEGIN IMMEDIATE");
         memset(&m, 0, sizeof m);
         m.topic = i % 4 == 3 ? "api.other" : "api";
         snprintf(key, sizeof key, "cust-%d", i % 5);
@@ -80,7 +80,7 @@ static void write_api(sqlite3 *db)
         if ((e = outbox_enqueue(w, &m, NULL)) != 0)
             bail("outbox_enqueue: %s", outbox_writer_errmsg(w));
         if (i % 100 == 99)
-            rt_exec(db, "COMMIT");
+            th_sql_exec(db, "COMMIT");
     }
     outbox_writer_destroy(w);
 }
@@ -202,7 +202,7 @@ int main(void)
     db = rt_open(dbpath);
     write_plain(db);
     write_api(db);
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE state = 0"), N_PLAIN + N_API, "%d rows pending",
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 0"), N_PLAIN + N_API, "%d rows pending",
            N_PLAIN + N_API);
 
     t0 = th_now_ms();
@@ -231,10 +231,10 @@ int main(void)
                topics[t]);
         is_int(k.out_of_order, 0, "%s: entries are in commit order (per key; unkeyed overall)", topics[t]);
     }
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE lease_owner IS NOT NULL OR lease_until IS NOT NULL "
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE lease_owner IS NOT NULL OR lease_until IS NOT NULL "
                       "OR last_error IS NOT NULL OR published_at IS NULL"),
            0, "published rows have no lease, no error, and a published_at");
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE attempts <> 1"), 0, "each row took one attempt");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE attempts <> 1"), 0, "each row took one attempt");
 
     redisFree(c);
     sqlite3_close_v2(db);

@@ -22,7 +22,7 @@ static sqlite3 *db;
 static int all_published(void *arg)
 {
     (void)arg;
-    return rt_int(db, "SELECT count(*) FROM outbox WHERE state = 2") == N;
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2") == N;
 }
 
 int main(void)
@@ -48,7 +48,7 @@ int main(void)
     pid = rt_relay_spawn(log, dbpath, srv.url, NULL);
     th_sleep_ms(DOWN_MS);
     is_int(rt_wait(pid, 0), -2, "the relay is still running after %d ms without Redis", DOWN_MS);
-    text = rt_slurp(log);
+    text = th_slurp(log);
     lines_down = rt_count_lines(text);
     diag("%d log lines during the outage", lines_down);
     ok(lines_down <= 5, "no flood of log lines while Redis is down (%d lines in %d ms)", lines_down, DOWN_MS);
@@ -56,7 +56,7 @@ int main(void)
     if (lines_down > 5)
         rt_diag_tail("relay", text, 10);
     free(text);
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE state = 0 AND attempts = 0"), N,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 0 AND attempts = 0"), N,
            "nothing was claimed while Redis was down");
 
     is_int(th_redis_restart(&srv), 0, "redis-server started");
@@ -66,10 +66,10 @@ int main(void)
     diag("published %lld ms after Redis came up", (long long)(th_now_ms() - up_at));
     c = th_redis_client(&srv);
     is_int(th_xlen(c, "outbox:down"), N, "%d entries in the stream", N);
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE attempts <> 1"), 0, "each row took one attempt");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE attempts <> 1"), 0, "each row took one attempt");
 
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "SIGTERM: the relay exits 0");
-    text = rt_slurp(log);
+    text = th_slurp(log);
     ok(strstr(text, "redis reachable again") != NULL, "the recovery is logged");
     ok(rt_count_lines(text) <= 10, "%d log lines in all", rt_count_lines(text));
     if (!done)

@@ -90,14 +90,14 @@ int main(void)
     diag("held replies: exited %lld ms after SIGTERM", (long long)ms);
     ok(since_pause >= 650 && ms < 5000, "it waited for the held replies, within the shutdown timeout (%lld ms)",
        (long long)ms);
-    text = rt_slurp(log1);
+    text = th_slurp(log1);
     if (rc != 0)
         rt_diag_tail("relay", text, 20);
     ok(strstr(text, "msg=stopping") != NULL && strstr(text, "msg=stopped") != NULL, "held replies: a graceful stop");
     ok(strstr(text, "shutdown timeout") == NULL, "held replies: no shutdown timeout");
     free(text);
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "held replies: no row left in state 1");
-    published = (long)rt_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "held replies: no row left in state 1");
+    published = (long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
     entries = (long)th_xlen(c, "outbox:term");
     diag("held replies: %ld published, %ld pending", published, N - published);
     ok(published > 0 && published < N, "stopped mid-drain");
@@ -108,12 +108,12 @@ int main(void)
     is_int(rc, 0, "shutdown timeout: exit 0 after SIGTERM");
     diag("shutdown timeout: exited %lld ms after SIGTERM", (long long)ms);
     ok(ms >= 450 && since_pause < 2500, "it gave up waiting at the 500 ms timeout (%lld ms)", (long long)ms);
-    text = rt_slurp(log2);
+    text = th_slurp(log2);
     if (rc != 0)
         rt_diag_tail("relay", text, 20);
     ok(strstr(text, "shutdown timeout") != NULL, "shutdown timeout: logged");
     free(text);
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "shutdown timeout: no row left in state 1");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "shutdown timeout: no row left in state 1");
     th_sleep_ms(3000); /* the pause ends; the abandoned XADDs run */
 
     /* 3: a second run drains the rest. */

@@ -29,19 +29,19 @@ static sqlite3 *db;
 static int dead_done(void *arg)
 {
     (void)arg;
-    return rt_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND state = 2") == N_DEAD;
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND state = 2") == N_DEAD;
 }
 
 static int normal_done(void *arg)
 {
     (void)arg;
-    return rt_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'n-%%' AND state = 2") == N_NORMAL;
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'n-%%' AND state = 2") == N_NORMAL;
 }
 
 static int live_done(void *arg)
 {
     (void)arg;
-    return rt_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND state = 2") == N_LIVE;
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND state = 2") == N_LIVE;
 }
 
 int main(void)
@@ -67,11 +67,11 @@ int main(void)
     rt_insert_rows(db, "n", 0, N_NORMAL, "normal", 0);
     now = rt_unix_ms();
     live_until = now + 600000; /* shortened below */
-    rt_exec(db,
+    th_sql_exec(db,
             "UPDATE outbox SET state = 1, lease_owner = 'dead-relay', lease_token = 5, attempts = 1, "
             "lease_until = %lld WHERE id LIKE 'dead-%%'",
             (long long)(now - 60000));
-    rt_exec(db,
+    th_sql_exec(db,
             "UPDATE outbox SET state = 1, lease_owner = 'live-relay', lease_token = 7, attempts = 1, "
             "lease_until = %lld WHERE id LIKE 'live-%%'",
             (long long)live_until);
@@ -79,13 +79,13 @@ int main(void)
     pid = rt_relay_spawn(log, dbpath, srv.url, "--inflight", "64", "--batch", "64", "--worker-id", "relay-t",
                          NULL);
     ok(rt_wait_until(10000 * rt_slow(), dead_done, NULL), "rows with an expired lease are published");
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND lease_token = 6"), N_DEAD,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND lease_token = 6"), N_DEAD,
            "each taken-over row got lease_token 6 (one new claim)");
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND attempts = 2"), N_DEAD,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND attempts = 2"), N_DEAD,
            "the takeover counts as an attempt");
 
     ok(rt_wait_until(30000 * rt_slow(), normal_done, NULL), "the %d ordinary rows are published", N_NORMAL);
-    is_int(rt_int(db,
+    is_int(th_sql_int(db,
                   "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND state = 1 AND "
                   "lease_owner = 'live-relay' AND lease_token = 7 AND lease_until = %lld AND attempts = 1",
                   (long long)live_until),
@@ -93,14 +93,14 @@ int main(void)
 
     /* The live owner shortens its lease, then lets it run out. */
     live_until = rt_unix_ms() + LIVE_MS;
-    rt_exec(db,
+    th_sql_exec(db,
             "UPDATE outbox SET lease_until = %lld WHERE id LIKE 'live-%%' AND state = 1 AND "
             "lease_owner = 'live-relay' AND lease_token = 7",
             (long long)live_until);
     is_int(sqlite3_changes(db), N_LIVE, "the live owner still holds all %d rows", N_LIVE);
     th_sleep_ms(LIVE_MS - 300);
     {
-        int64_t held = rt_int(db,
+        int64_t held = th_sql_int(db,
                               "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND state = 1 AND "
                               "lease_owner = 'live-relay' AND lease_token = 7 AND lease_until = %lld AND "
                               "attempts = 1",
@@ -120,9 +120,9 @@ int main(void)
     ok(rt_wait_until((LIVE_MS + 10000) * rt_slow(), live_done, NULL),
        "after the lease expired, they are taken over and published");
     diag("taken over %lld ms after expiry", (long long)(rt_unix_ms() - live_until));
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND lease_token = 8"), N_LIVE,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND lease_token = 8"), N_LIVE,
            "with lease_token 8");
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND published_at < %lld",
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND published_at < %lld",
                   (long long)live_until),
            0, "none of them before the expiry");
     is_int(th_xlen(c, "outbox:takeover"), N_DEAD + N_LIVE, "each taken-over row is in the stream once");
@@ -130,7 +130,7 @@ int main(void)
 
     rc = rt_stop(pid, SIGTERM, 15000);
     is_int(rc, 0, "SIGTERM: the relay exits 0");
-    text = rt_slurp(log);
+    text = th_slurp(log);
     is_int(rt_count_substr(text, "took over an expired lease"), N_DEAD + N_LIVE, "each takeover is logged");
     if (rc != 0)
         rt_diag_tail("relay", text, 20);

@@ -61,8 +61,8 @@ int main(void)
     if (rc2 == -2)
         rt_stop(p2, SIGKILL, 5000);
 
-    t1 = rt_slurp(log1);
-    t2 = rt_slurp(log2);
+    t1 = th_slurp(log1);
+    t2 = th_slurp(log2);
     n1 = stopped_published(t1);
     n2 = stopped_published(t2);
     diag("w1 published %ld, w2 published %ld", n1, n2);
@@ -76,7 +76,7 @@ int main(void)
     free(t2);
 
     c = th_redis_client(&srv);
-    is_int(rt_int(db, "SELECT count(*) FROM outbox WHERE state IN (0, 1)"), 0, "no row left in state 0 or 1");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state IN (0, 1)"), 0, "no row left in state 0 or 1");
     a = rt_audit_topic(db, c, "outbox:", "two.u");
     b = rt_audit_topic(db, c, "outbox:", "two.k");
     is_int(a.missing + b.missing, 0, "every message is in its stream");

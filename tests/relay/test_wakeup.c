@@ -43,7 +43,7 @@ int main(void)
     for (i = 0; i < SAMPLES; i++) {
         int64_t t0, dt;
         long long want = i + 1;
-        rt_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('wake-%d', 'wake', 'x')", i);
+        th_sql_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('wake-%d', 'wake', 'x')", i);
         t0 = th_now_ms();
         while (th_xlen(c, "outbox:wake") < want && th_now_ms() - t0 < 3000 * rt_slow())
             th_sleep_ms(1);
@@ -61,7 +61,7 @@ int main(void)
 
     rc = rt_stop(pid, SIGTERM, 15000);
     is_int(rc, 0, "SIGTERM: the relay exits 0");
-    text = rt_slurp(log);
+    text = th_slurp(log);
     if (rc != 0 || late)
         rt_diag_tail("relay", text, 10);
     free(text);
