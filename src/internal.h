@@ -28,6 +28,11 @@ void outbox__log(const outbox__logger *lg, outbox_log_level level, const char *f
  * and other control bytes as \xNN. Always NUL-terminates (truncates). */
 void outbox__logfmt_quote(char *buf, size_t len, const char *value);
 
+/* The length of the longest valid UTF-8 prefix of s (len when all of it is
+ * valid): overlong forms, surrogates and code points above U+10FFFF are
+ * invalid. */
+size_t outbox__utf8_prefix(const unsigned char *s, size_t len);
+
 /* Copies at most len-1 bytes and NUL-terminates; returns src's length. */
 size_t outbox__strlcpy(char *dst, const char *src, size_t len);
 

@@ -87,8 +87,7 @@ int outbox_validate_topic(const char *topic, char *err, size_t errlen)
     return 0;
 }
 
-/* Returns the offset of the first invalid UTF-8 sequence, or len. */
-static size_t utf8_check(const unsigned char *s, size_t len)
+size_t outbox__utf8_prefix(const unsigned char *s, size_t len)
 {
     size_t i = 0;
     while (i < len) {
@@ -132,7 +131,7 @@ int outbox_validate_key(const char *key, size_t len, char *err, size_t errlen)
         return fail(err, errlen, OUTBOX_EKEY, "key is %zu bytes, the limit is %d", len, OUTBOX_KEY_MAX);
     if (memchr(key, '\0', len))
         return fail(err, errlen, OUTBOX_EKEY, "key contains a NUL byte");
-    bad = utf8_check((const unsigned char *)key, len);
+    bad = outbox__utf8_prefix((const unsigned char *)key, len);
     if (bad != len)
         return fail(err, errlen, OUTBOX_EKEY, "key is not valid UTF-8 at byte %zu", bad);
     return 0;

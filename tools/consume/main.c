@@ -14,6 +14,7 @@
 #include <msgpack.h>
 #include <uv.h>
 
+#include "internal.h"
 #include "outbox.h"
 
 static const char *prog = "outbox-consume";
@@ -63,40 +64,7 @@ static void sb_str(sbuf *b, const char *s)
 
 static int utf8_valid(const unsigned char *s, size_t n)
 {
-    size_t i = 0;
-    while (i < n) {
-        unsigned c = s[i];
-        size_t need, k;
-        uint32_t cp;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        if ((c & 0xe0) == 0xc0) {
-            need = 1;
-            cp = c & 0x1f;
-        } else if ((c & 0xf0) == 0xe0) {
-            need = 2;
-            cp = c & 0x0f;
-        } else if ((c & 0xf8) == 0xf0) {
-            need = 3;
-            cp = c & 0x07;
-        } else {
-            return 0;
-        }
-        if (need > n - i - 1)
-            return 0;
-        for (k = 1; k <= need; k++) {
-            if ((s[i + k] & 0xc0) != 0x80)
-                return 0;
-            cp = cp << 6 | (s[i + k] & 0x3f);
-        }
-        if ((need == 1 && cp < 0x80) || (need == 2 && cp < 0x800) || (need == 3 && cp < 0x10000) || cp > 0x10ffff ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += need + 1;
-    }
-    return 1;
+    return outbox__utf8_prefix(s, n) == n;
 }
 
 static void json_string(sbuf *b, const char *s, size_t n)
