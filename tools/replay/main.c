@@ -26,100 +26,16 @@
 #include <msgpack.h>
 #include <sqlite3.h>
 
+#include "args.h"
 #include "msgpack_check.h"
 #include "outbox.h"
 
 enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
-/* parse_args() and open_db() return this to mean "go on". */
+/* open_db() returns this to mean "go on". */
 #define GO_ON (-1)
 
 static const char *const prog = "outbox-replay";
-
-enum { ST_PENDING = 0, ST_SENDING = 1, ST_PUBLISHED = 2, ST_DEAD = 3, ST_COUNT = 4 };
-static const char *const state_names[ST_COUNT] = {"pending", "sending", "published", "dead"};
-#define STATE_BIT(s) (1u << (s))
-
-typedef enum command { CMD_NONE = -1, CMD_LIST, CMD_SHOW, CMD_STATS, CMD_REQUEUE, CMD_PURGE, CMD_COUNT } command;
-static const char *const command_names[CMD_COUNT] = {"list", "show", "stats", "requeue", "purge"};
-
-/* Limits of option values. */
-#define LIMIT_MAX 1000000
-#define BATCH_MAX 100000
-#define THRESHOLD_MAX 1000000000
-#define REASON_MAX 1024
-/* Stays well below SQLite's limit on host parameters (32766). */
-#define IDS_MAX 10000
-
-enum optid {
-    O_DB,
-    O_STATE,
-    O_TOPIC,
-    O_KEY,
-    O_ID,
-    O_ID_PREFIX,
-    O_SINCE,
-    O_UNTIL,
-    O_DRY_RUN,
-    O_YES,
-    O_FORCE,
-    O_REASON,
-    O_JSON,
-    O_LIMIT,
-    O_BATCH,
-    O_THRESHOLD,
-    O_COUNT
-};
-
-#define FOR(c) (1u << (c))
-#define FOR_FILTERS (FOR(CMD_LIST) | FOR(CMD_STATS) | FOR(CMD_REQUEUE) | FOR(CMD_PURGE))
-#define FOR_CHANGES (FOR(CMD_REQUEUE) | FOR(CMD_PURGE))
-#define FOR_ALL (FOR_FILTERS | FOR(CMD_SHOW))
-
-static const struct optdef {
-    const char *name;
-    int takes_value;
-    int repeatable;
-    unsigned applies; /* FOR() bits of the subcommands that accept it */
-} optdefs[O_COUNT] = {
-    [O_DB] = {"db", 1, 0, FOR_ALL},
-    [O_STATE] = {"state", 1, 1, FOR_FILTERS},
-    [O_TOPIC] = {"topic", 1, 0, FOR_FILTERS},
-    [O_KEY] = {"key", 1, 0, FOR_FILTERS},
-    [O_ID] = {"id", 1, 1, FOR_FILTERS},
-    [O_ID_PREFIX] = {"id-prefix", 1, 0, FOR_FILTERS},
-    [O_SINCE] = {"since", 1, 0, FOR_FILTERS},
-    [O_UNTIL] = {"until", 1, 0, FOR_FILTERS},
-    [O_DRY_RUN] = {"dry-run", 0, 0, FOR_CHANGES},
-    [O_YES] = {"yes", 0, 0, FOR_CHANGES},
-    [O_FORCE] = {"force", 0, 0, FOR(CMD_REQUEUE)},
-    [O_REASON] = {"reason", 1, 0, FOR(CMD_REQUEUE)},
-    [O_JSON] = {"json", 0, 0, FOR_ALL},
-    [O_LIMIT] = {"limit", 1, 0, FOR(CMD_LIST)},
-    [O_BATCH] = {"batch", 1, 0, FOR_CHANGES},
-    [O_THRESHOLD] = {"threshold", 1, 0, FOR_CHANGES},
-};
-
-typedef struct options {
-    command cmd;
-    const char *db;
-    const char *show_id;
-    unsigned states; /* STATE_BIT() of every --state; 0 when none was given */
-    const char *topic, *key;
-    const char *id_prefix;
-    /* The smallest string above every id that starts with id_prefix: ids
-     * are printable ASCII, so the prefix with its last byte incremented. */
-    char id_prefix_end[OUTBOX_ID_MAX + 1];
-    const char **ids;
-    size_t nids;
-    int has_since, has_until;
-    int64_t since, until;
-    const char *since_arg, *until_arg;
-    const char *reason;
-    int dry_run, yes, force, json;
-    int64_t limit, batch, threshold;
-    int seen[O_COUNT];
-} options;
 
 /* ---- messages ------------------------------------------------------------ */
 
@@ -390,131 +306,6 @@ static void print_clean(FILE *f, const unsigned char *s, size_t n, int keep_line
 
 /* ---- times --------------------------------------------------------------- */
 
-/* Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant). */
-static int64_t days_from_civil(int64_t y, int m, int d)
-{
-    int64_t era, yoe, doy, doe;
-    y -= m <= 2;
-    era = (y >= 0 ? y : y - 399) / 400;
-    yoe = y - era * 400;
-    doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-    doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    return era * 146097 + doe - 719468;
-}
-
-static int days_in_month(int64_t y, int m)
-{
-    static const int days[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    return m == 2 && leap ? 29 : days[m - 1];
-}
-
-/* Exactly n decimal digits at *p, advancing it. */
-static int digits(const char **p, int n, int *v)
-{
-    int x = 0;
-    for (int i = 0; i < n; i++) {
-        char c = (*p)[i];
-        if (c < '0' || c > '9')
-            return -1;
-        x = x * 10 + (c - '0');
-    }
-    *p += n;
-    *v = x;
-    return 0;
-}
-
-/* Parses TIME (see the help) into unix ms. 0, or -1 with *why set. */
-static int parse_time(const char *s, int64_t *out, const char **why)
-{
-    const char *p = s;
-    int y, mo, d, h = 0, mi = 0, sec = 0, ms = 0, oh = 0, om = 0, sign = 0;
-    size_t n = strlen(s), i;
-
-    *why = "not a time";
-    if (n > 0 && strspn(s, "0123456789") == n) {
-        if (n > 15) {
-            *why = "out of range";
-            return -1;
-        }
-        *out = strtoll(s, NULL, 10);
-        return 0;
-    }
-    if (digits(&p, 4, &y) || *p++ != '-' || digits(&p, 2, &mo) || *p++ != '-' || digits(&p, 2, &d))
-        return -1;
-    if (mo < 1 || mo > 12 || d < 1 || d > days_in_month(y, mo)) {
-        *why = "no such date";
-        return -1;
-    }
-    if (*p) {
-        if (*p != 'T' && *p != 't')
-            return -1;
-        p++;
-        if (digits(&p, 2, &h) || *p++ != ':' || digits(&p, 2, &mi))
-            return -1;
-        if (*p == ':') {
-            p++;
-            if (digits(&p, 2, &sec))
-                return -1;
-            if (*p == '.' || *p == ',') {
-                p++;
-                for (i = 0; p[i] >= '0' && p[i] <= '9'; i++)
-                    if (i < 3)
-                        ms = ms * 10 + (p[i] - '0');
-                if (i == 0 || i > 9)
-                    return -1;
-                for (; i < 3; i++)
-                    ms *= 10;
-                p += strspn(p, "0123456789");
-            }
-        }
-        if (h > 23 || mi > 59 || sec > 59) {
-            *why = "no such time of day";
-            return -1;
-        }
-        if (*p == 'Z' || *p == 'z') {
-            p++;
-        } else if (*p == '+' || *p == '-') {
-            sign = *p++ == '-' ? -1 : 1;
-            if (digits(&p, 2, &oh))
-                return -1;
-            if (*p == ':')
-                p++;
-            if (*p && digits(&p, 2, &om))
-                return -1;
-            if (oh > 23 || om > 59) {
-                *why = "no such time zone offset";
-                return -1;
-            }
-        } else if (!*p) {
-            *why = "no time zone (add Z or an offset such as +02:00)";
-            return -1;
-        } else {
-            return -1;
-        }
-        if (*p)
-            return -1;
-    }
-    *out = ((days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec) - sign * (oh * 3600 + om * 60)) * 1000 +
-           ms;
-    return 0;
-}
-
-/* ISO-8601 UTC with milliseconds: 2026-11-29T10:00:00.123Z. */
-static const char *fmt_time(int64_t ms, char buf[96])
-{
-    int64_t sec = ms >= 0 ? ms / 1000 : -((-ms + 999) / 1000);
-    time_t t = (time_t)sec;
-    struct tm tm;
-    if (!gmtime_r(&t, &tm)) {
-        snprintf(buf, 96, "%" PRId64, ms);
-        return buf;
-    }
-    snprintf(buf, 96, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-             tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ms - sec * 1000));
-    return buf;
-}
-
 /* A short duration: 250ms, 12.3s, 5m03s, 2h07m, 3d04h. */
 static const char *fmt_dur(int64_t ms, char buf[32])
 {
@@ -533,286 +324,6 @@ static const char *fmt_dur(int64_t ms, char buf[32])
     else
         snprintf(buf, 32, "%" PRId64 "d%02" PRId64 "h", s / 86400, s % 86400 / 3600);
     return buf;
-}
-
-/* ---- arguments ----------------------------------------------------------- */
-
-static int parse_count(const char *name, const char *v, int64_t min, int64_t max, int64_t *out)
-{
-    char *end;
-    long long x;
-    errno = 0;
-    if (!*v || strspn(v, "0123456789") != strlen(v)) {
-        errorf("--%s: '%s' is not a whole number (%" PRId64 "..%" PRId64 ")", name, v, min, max);
-        return -1;
-    }
-    x = strtoll(v, &end, 10);
-    if (errno == ERANGE || x < min || x > max) {
-        errorf("--%s: %s is out of range %" PRId64 "..%" PRId64, name, v, min, max);
-        return -1;
-    }
-    *out = x;
-    return 0;
-}
-
-static int set_option(options *o, enum optid id, const char *v)
-{
-    char err[256];
-    const char *why;
-    const char *name = optdefs[id].name;
-    size_t n;
-    int s;
-
-    switch (id) {
-    case O_DB:
-        if (!*v) {
-            errorf("--db: empty path");
-            return -1;
-        }
-        o->db = v;
-        return 0;
-    case O_STATE:
-        for (s = 0; s < ST_COUNT; s++)
-            if (strcmp(v, state_names[s]) == 0)
-                break;
-        if (s == ST_COUNT) {
-            errorf("--state: unknown state '%s' (pending, sending, published, dead)", v);
-            return -1;
-        }
-        o->states |= STATE_BIT(s);
-        return 0;
-    case O_TOPIC:
-        if (outbox_validate_topic(v, err, sizeof err) != 0) {
-            errorf("--topic: %s", err);
-            return -1;
-        }
-        o->topic = v;
-        return 0;
-    case O_KEY:
-        if (!*v || outbox_validate_key(v, strlen(v), err, sizeof err) != 0) {
-            errorf("--key: %s", *v ? err : "empty key (messages without a key cannot be selected by key)");
-            return -1;
-        }
-        o->key = v;
-        return 0;
-    case O_ID:
-        if (outbox_validate_id(v, err, sizeof err) != 0) {
-            errorf("--id: %s", err);
-            return -1;
-        }
-        if (o->nids == IDS_MAX) {
-            errorf("--id: more than %d ids", IDS_MAX);
-            return -1;
-        }
-        o->ids[o->nids++] = v;
-        return 0;
-    case O_ID_PREFIX:
-        n = strlen(v);
-        if (n == 0 || n > OUTBOX_ID_MAX) {
-            errorf("--id-prefix: must be 1..%d characters", OUTBOX_ID_MAX);
-            return -1;
-        }
-        for (size_t i = 0; i < n; i++)
-            if (v[i] < '!' || v[i] > '~') {
-                errorf("--id-prefix: '%s' has a character that no message id has at byte %zu (ids are printable "
-                       "ASCII without spaces)",
-                       v, i);
-                return -1;
-            }
-        o->id_prefix = v;
-        memcpy(o->id_prefix_end, v, n + 1);
-        o->id_prefix_end[n - 1]++;
-        return 0;
-    case O_SINCE:
-    case O_UNTIL:
-        if (parse_time(v, id == O_SINCE ? &o->since : &o->until, &why) != 0) {
-            errorf("--%s: '%s': %s; use ISO-8601 like 2026-11-29T10:00:00Z, 2026-11-29T10:00:00.123+02:00 or "
-                   "2026-11-29, or unix milliseconds",
-                   name, v, why);
-            return -1;
-        }
-        if (id == O_SINCE) {
-            o->has_since = 1;
-            o->since_arg = v;
-        } else {
-            o->has_until = 1;
-            o->until_arg = v;
-        }
-        return 0;
-    case O_REASON:
-        n = strlen(v);
-        if (strspn(v, " \t\r\n") == n) {
-            errorf("--reason: empty; say why these messages are resent (it is recorded in each row)");
-            return -1;
-        }
-        if (n > REASON_MAX) {
-            errorf("--reason: longer than %d bytes", REASON_MAX);
-            return -1;
-        }
-        if (!utf8_valid((const unsigned char *)v, n)) {
-            errorf("--reason: not valid UTF-8");
-            return -1;
-        }
-        o->reason = v;
-        return 0;
-    case O_LIMIT:
-        return parse_count(name, v, 0, LIMIT_MAX, &o->limit);
-    case O_BATCH:
-        return parse_count(name, v, 1, BATCH_MAX, &o->batch);
-    case O_THRESHOLD:
-        return parse_count(name, v, 0, THRESHOLD_MAX, &o->threshold);
-    case O_DRY_RUN:
-        o->dry_run = 1;
-        return 0;
-    case O_YES:
-        o->yes = 1;
-        return 0;
-    case O_FORCE:
-        o->force = 1;
-        return 0;
-    case O_JSON:
-        o->json = 1;
-        return 0;
-    case O_COUNT:
-        break;
-    }
-    return -1;
-}
-
-static int positional(options *o, const char *a)
-{
-    int c;
-    if (o->cmd == CMD_NONE) {
-        if (!strcmp(a, "help")) {
-            usage(stdout);
-            return EXIT_OK;
-        }
-        for (c = 0; c < CMD_COUNT; c++)
-            if (!strcmp(a, command_names[c]))
-                break;
-        if (c == CMD_COUNT) {
-            errorf("unknown subcommand '%s' (list, show, stats, requeue, purge; see --help)", a);
-            return EXIT_USAGE;
-        }
-        o->cmd = (command)c;
-        return GO_ON;
-    }
-    if (o->cmd == CMD_SHOW && !o->show_id) {
-        o->show_id = a;
-        return GO_ON;
-    }
-    errorf("unexpected argument '%s' (see --help)", a);
-    return EXIT_USAGE;
-}
-
-/* Fills o from argv. Returns GO_ON, or the exit status (--help, errors). */
-static int parse_args(options *o, int argc, char **argv)
-{
-    int i, rc, only_positional = 0;
-
-    o->cmd = CMD_NONE;
-    o->limit = 100;
-    o->batch = 500;
-    o->threshold = 100;
-    if (argc < 2) {
-        usage(stderr);
-        return EXIT_USAGE;
-    }
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i], *value = NULL, *eq;
-        char name[32];
-        size_t len;
-        int id;
-
-        if (only_positional || a[0] != '-' || !a[1]) {
-            rc = positional(o, a);
-            if (rc != GO_ON)
-                return rc;
-            continue;
-        }
-        if (!strcmp(a, "--")) {
-            only_positional = 1;
-            continue;
-        }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return EXIT_OK;
-        }
-        if (!strcmp(a, "-V") || !strcmp(a, "--version")) {
-            printf("%s %s (liboutbox %s)\n", prog, OUTBOX_VERSION_STRING, outbox_version());
-            return EXIT_OK;
-        }
-        if (a[1] != '-') {
-            errorf("unknown option '%s' (see --help)", a);
-            return EXIT_USAGE;
-        }
-        eq = strchr(a + 2, '=');
-        len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-        for (id = 0; id < O_COUNT; id++)
-            if (len < sizeof name && strlen(optdefs[id].name) == len && !strncmp(optdefs[id].name, a + 2, len))
-                break;
-        if (id == O_COUNT) {
-            errorf("unknown option '%.*s' (see --help)", (int)(len + 2), a);
-            return EXIT_USAGE;
-        }
-        snprintf(name, sizeof name, "%s", optdefs[id].name);
-        if (!optdefs[id].takes_value && eq) {
-            errorf("--%s takes no value", name);
-            return EXIT_USAGE;
-        }
-        if (optdefs[id].takes_value) {
-            if (eq) {
-                value = eq + 1;
-            } else if (i + 1 < argc) {
-                value = argv[++i];
-            } else {
-                errorf("--%s needs a value", name);
-                return EXIT_USAGE;
-            }
-            if (o->seen[id] && !optdefs[id].repeatable) {
-                errorf("--%s given twice", name);
-                return EXIT_USAGE;
-            }
-        }
-        o->seen[id]++;
-        if (set_option(o, (enum optid)id, value) != 0)
-            return EXIT_USAGE;
-    }
-
-    if (o->cmd == CMD_NONE) {
-        errorf("no subcommand given (list, show, stats, requeue, purge; see --help)");
-        return EXIT_USAGE;
-    }
-    for (i = 0; i < O_COUNT; i++)
-        if (o->seen[i] && !(optdefs[i].applies & FOR(o->cmd))) {
-            errorf("--%s does not apply to %s (see --help)", optdefs[i].name, command_names[o->cmd]);
-            return EXIT_USAGE;
-        }
-    if (o->cmd == CMD_SHOW && !o->show_id) {
-        errorf("show needs a message id: %s show ID --db PATH", prog);
-        return EXIT_USAGE;
-    }
-    if (!o->db) {
-        errorf("--db PATH is required");
-        return EXIT_USAGE;
-    }
-    if (o->has_since && o->has_until && o->since >= o->until) {
-        errorf("--since %s is not before --until %s: nothing could match", o->since_arg, o->until_arg);
-        return EXIT_USAGE;
-    }
-    if (o->cmd == CMD_PURGE && (o->states & ~STATE_BIT(ST_DEAD))) {
-        for (i = 0; i < ST_COUNT; i++)
-            if (i != ST_DEAD && (o->states & STATE_BIT(i)))
-                break;
-        errorf("purge deletes only dead messages: --state %s is not allowed (leave --state out, or --state dead)",
-               state_names[i]);
-        return EXIT_USAGE;
-    }
-    if (o->cmd == CMD_REQUEUE && !o->reason) {
-        errorf("requeue needs --reason TEXT: it is recorded in every requeued message (replay_reason)");
-        return EXIT_USAGE;
-    }
-    return GO_ON;
 }
 
 /* ---- database ------------------------------------------------------------ */
@@ -867,7 +378,7 @@ static int is_config_error(int e)
 
 /* Opens --db and checks the schema. Returns GO_ON with *out set, or an exit
  * status after a message. */
-static int open_db(const options *o, int writable, sqlite3 **out)
+static int open_db(const replay_options *o, int writable, sqlite3 **out)
 {
     char err[768] = "";
     sqlite3 *db = NULL;
@@ -908,7 +419,7 @@ static int db_fail(sqlite3 *db, const char *what)
  * cannot share a slot with the named parameters (:now, ...) of the rest of
  * a statement, which SQLite numbers in order of appearance. states:
  * STATE_BIT()s, 0 for any. */
-static void where_sql(sbuf *b, const options *o, unsigned states)
+static void where_sql(sbuf *b, const replay_options *o, unsigned states)
 {
     int n = 0, s;
     size_t i;
@@ -957,7 +468,7 @@ static int bind_f_text(sqlite3_stmt *st, int n, const char *v)
     return sqlite3_bind_text(st, sqlite3_bind_parameter_index(st, name), v, -1, SQLITE_STATIC);
 }
 
-static int where_bind(sqlite3_stmt *st, const options *o, unsigned states)
+static int where_bind(sqlite3_stmt *st, const replay_options *o, unsigned states)
 {
     int n = 0, s, rc = SQLITE_OK;
     size_t i;
@@ -991,7 +502,7 @@ static int bind_named(sqlite3_stmt *st, const char *name, int64_t v)
 /* Prepares "SELECT cols FROM outbox WHERE <filters><extra><tail>" with the
  * filters bound. extra and tail are fixed text from this file whose values
  * are named parameters (:now, :last, :max, :lim) bound by the caller. */
-static int prepare_select(sqlite3 *db, const options *o, unsigned states, const char *cols, const char *extra,
+static int prepare_select(sqlite3 *db, const replay_options *o, unsigned states, const char *cols, const char *extra,
                           const char *tail, sqlite3_stmt **out)
 {
     sbuf b = {0};
@@ -1073,7 +584,7 @@ static const unsigned char *col_text(sqlite3_stmt *st, int i, size_t *n)
 
 static const char *state_name(int64_t s)
 {
-    return s >= 0 && s < ST_COUNT ? state_names[s] : "unknown";
+    return s >= 0 && s < ST_COUNT ? replay_state_names[s] : "unknown";
 }
 
 /* What a requeue or purge does to one row. */
@@ -1133,7 +644,7 @@ static void json_time_col(FILE *f, sqlite3_stmt *st, const char *k, int i)
         fprintf(f, "null,\"%s_ms\":null", k);
         return;
     }
-    fprintf(f, "\"%s\",\"%s_ms\":%" PRId64, fmt_time(sqlite3_column_int64(st, i), buf), k,
+    fprintf(f, "\"%s\",\"%s_ms\":%" PRId64, replay_fmt_time(sqlite3_column_int64(st, i), buf), k,
             (int64_t)sqlite3_column_int64(st, i));
 }
 
@@ -1231,7 +742,7 @@ static void cell_col(cell *c, sqlite3_stmt *st, int i, size_t maxw)
 static void cell_time(cell *c, sqlite3_stmt *st, int i)
 {
     char buf[96];
-    cell_str(c, col_null(st, i) ? "-" : fmt_time(sqlite3_column_int64(st, i), buf));
+    cell_str(c, col_null(st, i) ? "-" : replay_fmt_time(sqlite3_column_int64(st, i), buf));
 }
 
 static void row_cells(cell *cells, sqlite3_stmt *st, action act, int64_t now)
@@ -1292,7 +803,7 @@ typedef struct rowcount {
 /* Prints the selected rows as a table (two passes over the same read
  * transaction: widths, then lines; memory stays bounded whatever the number
  * of rows) or as a JSON array. The caller holds a read transaction. */
-static int print_rows(sqlite3 *db, const options *o, const rowsel *rs, int64_t now, rowcount *count)
+static int print_rows(sqlite3 *db, const replay_options *o, const rowsel *rs, int64_t now, rowcount *count)
 {
     sqlite3_stmt *st;
     size_t widths[T_COUNT];
@@ -1365,7 +876,7 @@ static int print_rows(sqlite3 *db, const options *o, const rowsel *rs, int64_t n
 
 /* ---- list ---------------------------------------------------------------- */
 
-static int cmd_list(const options *o)
+static int cmd_list(const replay_options *o)
 {
     sqlite3 *db;
     rowsel rs = {o->states, 0, o->limit, CMD_LIST};
@@ -1564,7 +1075,7 @@ static void show_time(const char *label, sqlite3_stmt *st, int i, int64_t now)
     if (col_null(st, i))
         puts("-");
     else
-        printf("%s (%s %s)\n", fmt_time(t, buf), fmt_dur(now - t, d), t <= now ? "ago" : "from now");
+        printf("%s (%s %s)\n", replay_fmt_time(t, buf), fmt_dur(now - t, d), t <= now ? "ago" : "from now");
 }
 
 static void show_human(sqlite3_stmt *st, int64_t now)
@@ -1595,7 +1106,7 @@ static void show_human(sqlite3_stmt *st, int64_t now)
         if (col_null(st, C_LEASE_UNTIL))
             puts(", no expiry");
         else
-            printf(", until %s (%s %s)\n", fmt_time(until, buf), until > now ? "live, expires in" : "expired",
+            printf(", until %s (%s %s)\n", replay_fmt_time(until, buf), until > now ? "live, expires in" : "expired",
                    fmt_dur(until - now, d));
     } else {
         printf("- (token %" PRId64 ")\n", (int64_t)sqlite3_column_int64(st, C_LEASE_TOKEN));
@@ -1637,7 +1148,7 @@ static void show_human(sqlite3_stmt *st, int64_t now)
     putchar('\n');
 }
 
-static int cmd_show(const options *o)
+static int cmd_show(const replay_options *o)
 {
     sqlite3 *db;
     sqlite3_stmt *st = NULL;
@@ -1671,7 +1182,7 @@ done:
 
 /* ---- stats --------------------------------------------------------------- */
 
-static int cmd_stats(const options *o)
+static int cmd_stats(const replay_options *o)
 {
     sqlite3 *db;
     sqlite3_stmt *by_topic = NULL, *due = NULL, *oldest = NULL, *leases = NULL;
@@ -1729,10 +1240,10 @@ static int cmd_stats(const options *o)
     expired = sqlite3_column_int64(leases, 1) - live;
 
     if (o->json) {
-        printf("{\"now\":\"%s\",\"now_ms\":%" PRId64 ",\"total\":%" PRId64 ",\"by_state\":{", fmt_time(now, buf), now,
+        printf("{\"now\":\"%s\",\"now_ms\":%" PRId64 ",\"total\":%" PRId64 ",\"by_state\":{", replay_fmt_time(now, buf), now,
                all);
         for (int s = 0; s < ST_COUNT; s++)
-            printf("%s\"%s\":%" PRId64, s ? "," : "", state_names[s], total[s]);
+            printf("%s\"%s\":%" PRId64, s ? "," : "", replay_state_names[s], total[s]);
         printf("},\"dead\":%" PRId64 ",\"pending_due\":%" PRId64 ",\"pending_waiting\":%" PRId64
                ",\"leases_live\":%" PRId64 ",\"leases_expired\":%" PRId64 ",\"oldest_due_pending\":",
                total[ST_DEAD], due_n, total[ST_PENDING] - due_n, live, expired);
@@ -1740,7 +1251,7 @@ static int cmd_stats(const options *o)
             fputs("{\"id\":", stdout);
             json_cstr(stdout, oldest_id);
             printf(",\"created_at\":\"%s\",\"created_at_ms\":%" PRId64 ",\"age_ms\":%" PRId64 "}",
-                   fmt_time(oldest_created, buf), oldest_created, now - oldest_created);
+                   replay_fmt_time(oldest_created, buf), oldest_created, now - oldest_created);
         } else {
             fputs("null", stdout);
         }
@@ -1755,7 +1266,7 @@ static int cmd_stats(const options *o)
         printf("%-10s %12" PRId64 "\n", "dead", total[ST_DEAD]);
         if (oldest_id) {
             printf("oldest due pending: %s ago, created %s, id ", fmt_dur(now - oldest_created, d),
-                   fmt_time(oldest_created, buf));
+                   replay_fmt_time(oldest_created, buf));
             print_clean(stdout, (const unsigned char *)oldest_id, strlen(oldest_id), 0);
             putchar('\n');
         } else {
@@ -1792,7 +1303,7 @@ static int cmd_stats(const options *o)
                     fputs(ntopics ? ",{\"topic\":" : "{\"topic\":", stdout);
                     json_cstr(stdout, topic);
                     for (int k = 0; k < ST_COUNT; k++)
-                        printf(",\"%s\":%" PRId64, state_names[k], cur[k]);
+                        printf(",\"%s\":%" PRId64, replay_state_names[k], cur[k]);
                     printf(",\"total\":%" PRId64 "}", sum);
                 } else {
                     cell c;
@@ -1849,7 +1360,7 @@ static void on_interrupt(int sig)
 
 /* Warns (stderr) about --id values that name no message at all, so a typo
  * in a list of ids does not go unnoticed. */
-static void warn_missing_ids(sqlite3 *db, const options *o)
+static void warn_missing_ids(sqlite3 *db, const replay_options *o)
 {
     sqlite3_stmt *st;
     size_t i, missing = 0;
@@ -1873,7 +1384,7 @@ static const char *plural(int64_t n, const char *one, const char *many)
 
 /* The dry run: the rows, what would happen to each, and a summary, from one
  * read transaction (the caller's). */
-static int dry_run(sqlite3 *db, const options *o, unsigned states, int64_t max_seq, int64_t now)
+static int dry_run(sqlite3 *db, const replay_options *o, unsigned states, int64_t max_seq, int64_t now)
 {
     int purge = o->cmd == CMD_PURGE;
     rowsel rs = {states, max_seq, 0, o->cmd};
@@ -1881,7 +1392,7 @@ static int dry_run(sqlite3 *db, const options *o, unsigned states, int64_t max_s
     int64_t touch;
 
     if (o->json)
-        printf("{\"command\":\"%s\",\"dry_run\":true,\"rows\":", command_names[o->cmd]);
+        printf("{\"command\":\"%s\",\"dry_run\":true,\"rows\":", replay_command_names[o->cmd]);
     if (print_rows(db, o, &rs, now, &c) != 0)
         return EXIT_FAIL;
     touch = c.by_action[ACT_REQUEUE] + c.by_action[ACT_TAKE] + c.by_action[ACT_DELETE];
@@ -1934,7 +1445,7 @@ static void progress_show(const progress *p, const char *verb)
                 p->total ? (int)(p->done * 100 / p->total) : 100);
 }
 
-static int cmd_change(const options *o)
+static int cmd_change(const replay_options *o)
 {
     const int purge = o->cmd == CMD_PURGE;
     const char *verb = purge ? "purge" : "requeue";
@@ -2133,7 +1644,7 @@ static int cmd_change(const options *o)
         if (!purge) {
             fputs(",\"by_state\":{", stdout);
             for (int s = 0; s < ST_COUNT; s++)
-                printf("%s\"%s\":%" PRId64, s ? "," : "", state_names[s], by_state[s]);
+                printf("%s\"%s\":%" PRId64, s ? "," : "", replay_state_names[s], by_state[s]);
             printf("},\"took_live_lease\":%" PRId64 ",\"skipped_live_lease\":%" PRId64 ",\"reason\":", taken,
                    skipped);
             json_cstr(stdout, o->reason);
@@ -2148,7 +1659,7 @@ static int cmd_change(const options *o)
         printf("requeued %" PRId64 " %s", done, plural(done, "message", "messages"));
         for (int s = ST_COUNT - 1; s >= 0; s--)
             if (by_state[s]) {
-                printf("%s%s %" PRId64, sep, state_names[s], by_state[s]);
+                printf("%s%s %" PRId64, sep, replay_state_names[s], by_state[s]);
                 sep = ", ";
             }
         printf("%s in %" PRId64 " %s, reason \"", done ? ")" : "", ntx, plural(ntx, "transaction", "transactions"));
@@ -2185,35 +1696,51 @@ done:
 
 int main(int argc, char **argv)
 {
-    options o;
+    replay_options o;
     int rc;
 
-    memset(&o, 0, sizeof o);
-    o.ids = calloc((size_t)argc, sizeof *o.ids);
-    if (!o.ids) {
+    switch (replay_args_parse(&o, argc, argv)) {
+    case REPLAY_ARGS_GO_ON:
+        break;
+    case REPLAY_ARGS_HELP:
+        usage(stdout);
+        replay_args_finish(&o);
+        return EXIT_OK;
+    case REPLAY_ARGS_NO_ARGS:
+        usage(stderr);
+        replay_args_finish(&o);
+        return EXIT_USAGE;
+    case REPLAY_ARGS_VERSION:
+        printf("%s %s (liboutbox %s)\n", prog, OUTBOX_VERSION_STRING, outbox_version());
+        replay_args_finish(&o);
+        return EXIT_OK;
+    case REPLAY_ARGS_NOMEM:
         errorf("out of memory");
+        replay_args_finish(&o);
         return EXIT_FAIL;
+    case REPLAY_ARGS_ERROR:
+    default:
+        errorf("%s", o.error ? o.error : "out of memory");
+        replay_args_finish(&o);
+        return EXIT_USAGE;
     }
-    rc = parse_args(&o, argc, argv);
-    if (rc == GO_ON) {
-        switch (o.cmd) {
-        case CMD_LIST:
-            rc = cmd_list(&o);
-            break;
-        case CMD_SHOW:
-            rc = cmd_show(&o);
-            break;
-        case CMD_STATS:
-            rc = cmd_stats(&o);
-            break;
-        case CMD_REQUEUE:
-        case CMD_PURGE:
-            rc = cmd_change(&o);
-            break;
-        default:
-            rc = EXIT_USAGE;
-        }
+    switch (o.cmd) {
+    case CMD_LIST:
+        rc = cmd_list(&o);
+        break;
+    case CMD_SHOW:
+        rc = cmd_show(&o);
+        break;
+    case CMD_STATS:
+        rc = cmd_stats(&o);
+        break;
+    case CMD_REQUEUE:
+    case CMD_PURGE:
+        rc = cmd_change(&o);
+        break;
+    default:
+        rc = EXIT_USAGE;
     }
-    free(o.ids);
+    replay_args_finish(&o);
     return rc;
 }
