@@ -1,4 +1,4 @@
--- The outbox table, schema version 1 (PRAGMA user_version = 1).
+-- The outbox table, schema version 2 (PRAGMA user_version = 2).
 --
 -- This file is the contract for writers in any language and is compiled into
 -- the library verbatim: outbox-relay init (or outbox_schema_apply()) runs it.
@@ -58,8 +58,10 @@ CREATE INDEX outbox_due ON outbox(available_at) WHERE state = 0;
 -- Leased rows by expiry, for takeover of expired leases.
 CREATE INDEX outbox_leased ON outbox(lease_until) WHERE state = 1;
 
--- Unfinished rows of each ordering key, for per-key ordering checks.
-CREATE INDEX outbox_key_open ON outbox(topic, key, seq) WHERE key IS NOT NULL AND state < 2;
+-- The rows of each ordering key in commit order, for per-key ordering: a
+-- keyed row waits for the row just before it. No state in it, so claims and
+-- marks never write to it (its entries are spread over the whole index).
+CREATE INDEX outbox_key ON outbox(topic, key, seq) WHERE key IS NOT NULL;
 
 -- Published rows by age, for retention.
 CREATE INDEX outbox_published ON outbox(published_at) WHERE state = 2;

@@ -51,7 +51,11 @@ typedef struct msg {
     struct outbox_relay *r;
     wait_group *group;
     int64_t seq, token, attempts, created_at, replay_count;
-    char *id, *topic;
+    char *id, *topic, *key; /* key: "" when unkeyed */
+    size_t klen;
+    struct msg *km_next;     /* keymap bucket */
+    int in_keymap;
+    struct msg *chain_after; /* claimed behind this message of an earlier batch (linked after commit) */
     char *env; /* idempotent mode: the envelope, sent with its stream's batch */
     size_t envlen;
     char *cmd; /* formatted XADD, until sent */
@@ -80,7 +84,7 @@ struct outbox_relay {
     char url_desc[300];
 
     sqlite3 *db;
-    sqlite3_stmt *q_due, *q_expired, *q_key_prev, *q_key_head, *q_claim, *q_published, *q_failed, *q_release, *q_dead,
+    sqlite3_stmt *q_due, *q_expired, *q_key_prev, *q_defer_key, *q_claim, *q_published, *q_failed, *q_release, *q_dead,
         *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention;
     int64_t data_version;
 
@@ -111,6 +115,10 @@ struct outbox_relay {
     uint64_t busy_delay_ms;
     uint64_t lock_free_until; /* loop ms before which no new write transaction starts */
     int last_claim_full;
+
+    /* The newest message held of each key (see keymap_put). */
+    msg **keymap;
+    size_t keymap_cap, keymap_len;
 
     /* In-flight seqs, to tell our own leases from expired ones. */
     int64_t *seqset;
@@ -471,6 +479,7 @@ static int bind_fence(sqlite3_stmt *st, int first, const outbox_relay *r, const 
 static int write_mark(outbox_relay *r, msg *m, int64_t now)
 {
     sqlite3_stmt *st;
+    int64_t retry_at = 0;
     int rc;
     const char *what;
 
@@ -483,6 +492,20 @@ static int write_mark(outbox_relay *r, msg *m, int64_t now)
         what = "published";
         break;
     case OUT_RETRY:
+        if (m->klen && m->attempts < (int64_t)r->s.max_attempts) {
+            /* The rest of its key waits until it is retried: make them due
+             * no earlier, so they do not fill the claim window meanwhile and
+             * hold back every other topic. */
+            retry_at = now + (int64_t)backoff_ms(r, m->attempts);
+            sqlite3_bind_text(r->q_defer_key, 1, m->topic, -1, SQLITE_STATIC);
+            sqlite3_bind_text(r->q_defer_key, 2, m->key, (int)m->klen, SQLITE_STATIC);
+            sqlite3_bind_int64(r->q_defer_key, 3, m->seq);
+            sqlite3_bind_int64(r->q_defer_key, 4, retry_at);
+            rc = sqlite3_step(r->q_defer_key);
+            sqlite3_reset(r->q_defer_key);
+            if (rc != SQLITE_DONE)
+                return rc;
+        }
         st = r->q_failed;
         bind_fence(st, 1, r, m);
         if (m->attempts >= (int64_t)r->s.max_attempts) {
@@ -492,7 +515,7 @@ static int write_mark(outbox_relay *r, msg *m, int64_t now)
             sqlite3_bind_int(st, 4, ROW_PENDING);
             what = "retry";
         }
-        sqlite3_bind_int64(st, 5, now + (int64_t)backoff_ms(r, m->attempts));
+        sqlite3_bind_int64(st, 5, retry_at ? retry_at : now + (int64_t)backoff_ms(r, m->attempts));
         sqlite3_bind_text(st, 6, m->result ? m->result : "unknown error", -1, SQLITE_STATIC);
         break;
     case OUT_DEAD:
@@ -556,124 +579,446 @@ static int write_mark(outbox_relay *r, msg *m, int64_t now)
 }
 
 /* ------------------------------------------------------------------ */
-/* claim */
+/* per-key chains */
 
-typedef struct cand {
-    int64_t seq, created_at, attempts_before, state;
-    const char *id, *topic, *key;
-    const void *payload, *headers;
-    size_t plen, hlen, klen;
-    char *block;
-} cand;
-
-static int cand_cmp(const void *a, const void *b)
-{
-    const cand *x = a, *y = b;
-    return x->seq < y->seq ? -1 : x->seq > y->seq;
-}
-
-/* Appends the current row of st (columns seq, id, topic, key, payload,
- * headers, created_at, attempts) as a candidate in the given row state. */
-static int collect_row(sqlite3_stmt *st, int64_t state, cand **arr, size_t *n, size_t *cap)
-{
-    cand c;
-    size_t idl, tl;
-    char *p;
-    memset(&c, 0, sizeof c);
-    c.seq = sqlite3_column_int64(st, 0);
-    idl = (size_t)sqlite3_column_bytes(st, 1);
-    tl = (size_t)sqlite3_column_bytes(st, 2);
-    c.klen = sqlite3_column_type(st, 3) == SQLITE_NULL ? 0 : (size_t)sqlite3_column_bytes(st, 3);
-    c.plen = (size_t)sqlite3_column_bytes(st, 4);
-    c.hlen = sqlite3_column_type(st, 5) == SQLITE_NULL ? 0 : (size_t)sqlite3_column_bytes(st, 5);
-    c.block = malloc(idl + tl + c.klen + c.plen + c.hlen + 3);
-    if (!c.block)
-        return SQLITE_NOMEM;
-    p = c.block;
-    memcpy(p, sqlite3_column_text(st, 1), idl);
-    p[idl] = 0;
-    c.id = p;
-    p += idl + 1;
-    memcpy(p, sqlite3_column_text(st, 2), tl);
-    p[tl] = 0;
-    c.topic = p;
-    p += tl + 1;
-    if (c.klen) {
-        memcpy(p, sqlite3_column_text(st, 3), c.klen);
-        p[c.klen] = 0;
-        c.key = p;
-        p += c.klen + 1;
-    }
-    if (c.plen)
-        memcpy(p, sqlite3_column_blob(st, 4), c.plen);
-    c.payload = p;
-    p += c.plen;
-    if (c.hlen) {
-        memcpy(p, sqlite3_column_blob(st, 5), c.hlen);
-        c.headers = p;
-    }
-    c.created_at = sqlite3_column_int64(st, 6);
-    c.attempts_before = sqlite3_column_int64(st, 7);
-    c.state = state;
-    if (*n == *cap) {
-        size_t nc = *cap ? *cap * 2 : 64;
-        cand *na = realloc(*arr, nc * sizeof *na);
-        if (!na) {
-            free(c.block);
-            return SQLITE_NOMEM;
-        }
-        *arr = na;
-        *cap = nc;
-    }
-    (*arr)[(*n)++] = c;
-    return SQLITE_OK;
-}
-
-static int collect(sqlite3_stmt *st, cand **arr, size_t *n, size_t *cap, const outbox_relay *r, int takeover)
-{
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        if (takeover && seqset_has(r, sqlite3_column_int64(st, 0)))
-            continue; /* our own, still in flight */
-        rc = collect_row(st, takeover ? ROW_SENDING : ROW_PENDING, arr, n, cap);
-        if (rc != SQLITE_OK)
-            return rc;
-    }
-    return rc == SQLITE_DONE ? SQLITE_OK : rc;
-}
-
-/* Batch-local map from (topic, key) to the last message of that key claimed
- * in this batch. */
-typedef struct keyslot {
-    const cand *c;
-    msg *last;
-} keyslot;
-
-static uint64_t key_hash(const cand *c)
+/*
+ * The newest message this relay holds (claimed, not yet marked) of each
+ * ordering key. A row whose key predecessor is that message, still on its
+ * way, is claimed and chained behind it (sent when it is accepted) instead
+ * of waiting for its mark: otherwise a key with a message in flight would
+ * hold its next row back for a whole round trip plus a mark.
+ */
+static uint64_t key_hash(const char *topic, const char *key, size_t klen)
 {
     uint64_t h = 1469598103934665603ull;
     const unsigned char *p;
-    for (p = (const unsigned char *)c->topic; *p; p++)
+    for (p = (const unsigned char *)topic; *p; p++)
         h = (h ^ *p) * 1099511628211ull;
     h = (h ^ 0xff) * 1099511628211ull;
-    for (size_t i = 0; i < c->klen; i++)
-        h = (h ^ (unsigned char)c->key[i]) * 1099511628211ull;
+    for (size_t i = 0; i < klen; i++)
+        h = (h ^ (unsigned char)key[i]) * 1099511628211ull;
     return h;
 }
 
-static keyslot *key_find(keyslot *tab, size_t cap, const cand *c)
+static int same_key(const char *t1, const char *k1, size_t l1, const char *t2, const char *k2, size_t l2)
 {
-    size_t i = (size_t)key_hash(c) & (cap - 1);
-    while (tab[i].c) {
-        const cand *o = tab[i].c;
-        if (o->klen == c->klen && strcmp(o->topic, c->topic) == 0 && memcmp(o->key, c->key, c->klen) == 0)
-            return &tab[i];
-        i = (i + 1) & (cap - 1);
-    }
-    return &tab[i];
+    return l1 == l2 && memcmp(k1, k2, l1) == 0 && strcmp(t1, t2) == 0;
 }
 
-static int build_command(outbox_relay *r, msg *m, const cand *c)
+/* The link that points at the key's entry, or at the NULL ending its bucket. */
+static msg **keymap_link(outbox_relay *r, const char *topic, const char *key, size_t klen)
+{
+    msg **l = &r->keymap[key_hash(topic, key, klen) & (r->keymap_cap - 1)];
+    while (*l && !same_key((*l)->topic, (*l)->key, (*l)->klen, topic, key, klen))
+        l = &(*l)->km_next;
+    return l;
+}
+
+static msg *keymap_get(outbox_relay *r, const char *topic, const char *key, size_t klen)
+{
+    return r->keymap_cap ? *keymap_link(r, topic, key, klen) : NULL;
+}
+
+/* Makes m its key's newest message. Without memory for the table it is left
+ * out: its successors then wait for its mark, which is slower, not wrong. */
+static void keymap_put(outbox_relay *r, msg *m)
+{
+    msg **l;
+    if (r->keymap_len * 2 >= r->keymap_cap) {
+        size_t ncap = r->keymap_cap ? r->keymap_cap * 2 : 1024, i;
+        msg **n = calloc(ncap, sizeof *n);
+        if (n) {
+            for (i = 0; i < r->keymap_cap; i++) {
+                msg *e = r->keymap[i];
+                while (e) {
+                    msg *next = e->km_next;
+                    msg **b = &n[key_hash(e->topic, e->key, e->klen) & (ncap - 1)];
+                    e->km_next = *b;
+                    *b = e;
+                    e = next;
+                }
+            }
+            free(r->keymap);
+            r->keymap = n;
+            r->keymap_cap = ncap;
+        } else if (!r->keymap_cap) {
+            return;
+        }
+    }
+    l = keymap_link(r, m->topic, m->key, m->klen);
+    if (*l) {
+        msg *old = *l;
+        m->km_next = old->km_next;
+        old->km_next = NULL;
+        old->in_keymap = 0;
+    } else {
+        m->km_next = NULL;
+        r->keymap_len++;
+    }
+    *l = m;
+    m->in_keymap = 1;
+}
+
+static void keymap_drop(outbox_relay *r, msg *m)
+{
+    msg **l;
+    if (!m->in_keymap)
+        return;
+    l = keymap_link(r, m->topic, m->key, m->klen);
+    if (*l == m) {
+        *l = m->km_next;
+        r->keymap_len--;
+    }
+    m->in_keymap = 0;
+    m->km_next = NULL;
+}
+
+/* Frees a message that leaves the window. */
+static void msg_retire(outbox_relay *r, msg *m)
+{
+    keymap_drop(r, m);
+    seqset_del(r, m->seq);
+    msg_free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* claim */
+
+/* The fields of a row that the envelope and the checks need. */
+typedef struct rowview {
+    const char *id, *topic, *key;
+    const void *payload, *headers;
+    size_t klen, plen, hlen;
+    int64_t created_at;
+} rowview;
+
+/* A row the claim looked at. */
+typedef struct cand {
+    int64_t seq;
+    const char *topic, *key; /* in the claim's arena */
+    size_t klen;
+    int takeover; /* an expired lease, not a pending row */
+    int prev;     /* index of its key predecessor chosen in this batch, or -1 */
+    msg *after;   /* or the message of an earlier batch it goes after */
+    msg *m;       /* the claimed message */
+    msg *eff_after; /* what it ended up behind (for a successor of a dead row) */
+    int eff_in_batch; /* eff_after was claimed in this batch */
+    enum { C_SEEN, C_CHOSEN, C_DEAD, C_RELEASED } fate;
+} cand;
+
+/* Strings copied for the length of one claim. */
+typedef struct chunk {
+    struct chunk *next;
+    size_t used, cap;
+    char data[];
+} chunk;
+
+static const char *arena_dup(chunk **a, const char *s, size_t len)
+{
+    char *p;
+    if (!*a || (*a)->cap - (*a)->used < len + 1) {
+        size_t cap = len + 1 > 16384 ? len + 1 : 16384;
+        chunk *c = malloc(sizeof *c + cap);
+        if (!c)
+            return NULL;
+        c->next = *a;
+        c->used = 0;
+        c->cap = cap;
+        *a = c;
+    }
+    p = (*a)->data + (*a)->used;
+    memcpy(p, s, len);
+    p[len] = '\0';
+    (*a)->used += len + 1;
+    return p;
+}
+
+static void arena_free(chunk *a)
+{
+    while (a) {
+        chunk *n = a->next;
+        free(a);
+        a = n;
+    }
+}
+
+/* Per key, in one claim: the last row chosen and whether a blocked row was
+ * noted for add_key_heads. */
+typedef struct bslot {
+    int first; /* index of the key's first row seen; -1 = empty slot */
+    int last_chosen;
+    int noted;
+    int held; /* a row of it waits and nothing of it was chosen: so do its later rows */
+} bslot;
+
+typedef struct claim_ctx {
+    outbox_relay *r;
+    int64_t now;
+    unsigned want;
+    cand *cs;
+    size_t n, cap;
+    int *chosen;
+    size_t nchosen;
+    int *blocked; /* first held row of keys blocked by something not ours */
+    size_t nblocked;
+    bslot *slots;
+    size_t scap;
+    chunk *arena;
+} claim_ctx;
+
+static bslot *bslot_find(claim_ctx *x, const char *topic, const char *key, size_t klen)
+{
+    size_t i = (size_t)key_hash(topic, key, klen) & (x->scap - 1);
+    while (x->slots[i].first >= 0) {
+        const cand *o = &x->cs[x->slots[i].first];
+        if (same_key(o->topic, o->key, o->klen, topic, key, klen))
+            return &x->slots[i];
+        i = (i + 1) & (x->scap - 1);
+    }
+    return &x->slots[i];
+}
+
+static int add_cand(claim_ctx *x, int64_t seq, const char *topic, const char *key, size_t klen, int takeover)
+{
+    cand *c;
+    if (x->n == x->cap)
+        return SQLITE_NOMEM; /* sized for the most a claim looks at */
+    c = &x->cs[x->n];
+    memset(c, 0, sizeof *c);
+    c->seq = seq;
+    c->topic = arena_dup(&x->arena, topic, strlen(topic));
+    c->key = key ? arena_dup(&x->arena, key, klen) : NULL;
+    c->klen = key ? klen : 0;
+    c->takeover = takeover;
+    c->prev = -1;
+    if (!c->topic || (key && !c->key))
+        return SQLITE_NOMEM;
+    x->n++;
+    return SQLITE_OK;
+}
+
+static void choose(claim_ctx *x, int idx, int prev, msg *after)
+{
+    cand *c = &x->cs[idx];
+    c->prev = prev;
+    c->after = after;
+    c->fate = C_CHOSEN;
+    x->chosen[x->nchosen++] = idx;
+    if (c->klen)
+        bslot_find(x, c->topic, c->key, c->klen)->last_chosen = idx;
+}
+
+enum decision { D_FREE, D_IN_BATCH, D_AFTER, D_HELD_OURS, D_HELD };
+
+/*
+ * Per-key order: a keyed row may go when the row of its key just before it
+ * (in seq order) is published or dead, or was chosen earlier in this batch
+ * (it is sent after it), or is this relay's own message still on its way
+ * (it is chained behind it). Otherwise it waits. Unfinished rows of a key
+ * always form its tail, because a row is never sent before its predecessor
+ * is appended, so the predecessor alone decides; a row requeued by
+ * outbox-replay is the one exception and holds nothing back.
+ */
+static enum decision decide(claim_ctx *x, const cand *c, int *prev, msg **after, int *rc)
+{
+    outbox_relay *r = x->r;
+    sqlite3_stmt *st = r->q_key_prev;
+    bslot *bs;
+    int64_t pseq, pstate, ptoken;
+    int mine;
+    enum decision d = D_HELD;
+
+    *prev = -1;
+    *after = NULL;
+    *rc = SQLITE_OK;
+    sqlite3_bind_text(st, 1, c->topic, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, c->key, (int)c->klen, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, c->seq);
+    sqlite3_bind_int64(st, 4, 1);
+    *rc = sqlite3_step(st);
+    if (*rc != SQLITE_ROW) {
+        sqlite3_reset(st);
+        if (*rc == SQLITE_DONE)
+            *rc = SQLITE_OK;
+        return D_FREE; /* first of its key (or an error, *rc says) */
+    }
+    *rc = SQLITE_OK;
+    pseq = sqlite3_column_int64(st, 0);
+    pstate = sqlite3_column_int64(st, 1);
+    mine = sqlite3_column_type(st, 2) == SQLITE_TEXT &&
+           strcmp((const char *)sqlite3_column_text(st, 2), r->worker_id) == 0;
+    ptoken = sqlite3_column_int64(st, 3);
+    sqlite3_reset(st);
+    if (pstate >= ROW_PUBLISHED)
+        return D_FREE;
+    bs = bslot_find(x, c->topic, c->key, c->klen);
+    if (bs->first >= 0 && bs->last_chosen >= 0 && x->cs[bs->last_chosen].seq == pseq) {
+        *prev = bs->last_chosen;
+        return D_IN_BATCH;
+    }
+    if (pstate == ROW_SENDING && mine && seqset_has(r, pseq)) {
+        msg *m = keymap_get(r, c->topic, c->key, c->klen);
+        d = D_HELD_OURS;
+        if (m && m->seq == pseq && m->token == ptoken) {
+            if (m->state == MSG_WAITING || (m->state == MSG_DONE && m->outcome == OUT_PUBLISHED))
+                d = D_FREE; /* appended already */
+            else if ((m->state == MSG_HELD || m->state == MSG_SENT) && !r->s.idempotent) {
+                /* Idempotent mode sends a stream's batch in one script call
+                 * that stops at the first failure: a later call could not
+                 * know that an earlier one failed, so it never chains. */
+                *after = m;
+                d = D_AFTER;
+            }
+        }
+    }
+    return d;
+}
+
+/* Decides one candidate just added and chooses it if it may go. */
+static int consider(claim_ctx *x, int idx)
+{
+    cand *c = &x->cs[idx];
+    int prev = -1, rc = SQLITE_OK;
+    msg *after = NULL;
+    enum decision d = D_FREE;
+    bslot *bs = NULL;
+
+    if (c->klen) {
+        bs = bslot_find(x, c->topic, c->key, c->klen);
+        if (bs->first < 0) {
+            bs->first = idx;
+            bs->last_chosen = -1;
+            bs->noted = 0;
+            bs->held = 0;
+        }
+        /* Every unfinished row after a waiting one waits too (a head that
+         * could go after all is found by add_key_heads): no lookup. */
+        if (bs->held)
+            return SQLITE_OK;
+        d = decide(x, c, &prev, &after, &rc);
+        if (rc != SQLITE_OK)
+            return rc;
+    }
+    if (d == D_HELD_OURS || d == D_HELD) {
+        if (bs->last_chosen < 0)
+            bs->held = 1;
+        /* A key that nothing of ours moves: add_key_heads may find its head. */
+        if (d == D_HELD && bs->last_chosen < 0 && !bs->noted) {
+            bs->noted = 1;
+            x->blocked[x->nblocked++] = idx;
+        }
+        return SQLITE_OK;
+    }
+    choose(x, idx, prev, after);
+    return SQLITE_OK;
+}
+
+/* Steps st (columns seq, topic, key) and considers each row until the batch
+ * is full. takeover: rows are expired leases; our own are skipped. */
+static int scan(claim_ctx *x, sqlite3_stmt *st, int takeover)
+{
+    int rc;
+    while (x->nchosen < x->want && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        int64_t seq = sqlite3_column_int64(st, 0);
+        const char *key;
+        if (takeover && seqset_has(x->r, seq))
+            continue; /* our own, still in flight */
+        key = sqlite3_column_type(st, 2) == SQLITE_NULL ? NULL : (const char *)sqlite3_column_text(st, 2);
+        rc = add_cand(x, seq, (const char *)sqlite3_column_text(st, 1), key,
+                      key ? (size_t)sqlite3_column_bytes(st, 2) : 0, takeover);
+        if (rc == SQLITE_OK)
+            rc = consider(x, (int)x->n - 1);
+        if (rc != SQLITE_OK) {
+            sqlite3_reset(st);
+            return rc;
+        }
+    }
+    sqlite3_reset(st);
+    return SQLITE_OK;
+}
+
+/*
+ * A key whose next row waits behind a row that is not in the window: a head
+ * retried with backoff becomes due after its successors, so a window full of
+ * such successors would never reach it, and nothing of any topic would be
+ * claimed. For each such key (nothing of it chosen in this batch), walk back
+ * from the waiting row to the key's first unfinished row and choose the
+ * rows from there on as long as they can be claimed now.
+ */
+static int add_key_heads(claim_ctx *x)
+{
+    outbox_relay *r = x->r;
+    sqlite3_stmt *st = r->q_key_prev;
+    int64_t limit = (int64_t)r->s.inflight + 4 * (int64_t)x->want;
+    int64_t *seqs = NULL;
+    int *ready = NULL;
+    size_t bi, cap = 0;
+    int rc = SQLITE_OK;
+
+    for (bi = 0; bi < x->nblocked && x->nchosen < x->want && rc == SQLITE_OK; bi++) {
+        cand *b = &x->cs[x->blocked[bi]];
+        size_t k = 0;
+        int ours = 0, complete = 0, prev = -1;
+        sqlite3_bind_text(st, 1, b->topic, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, b->key, (int)b->klen, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, b->seq);
+        sqlite3_bind_int64(st, 4, limit);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+            int64_t seq = sqlite3_column_int64(st, 0), state = sqlite3_column_int64(st, 1);
+            if (state >= ROW_PUBLISHED) {
+                complete = 1;
+                break;
+            }
+            if (seqset_has(r, seq)) {
+                ours = 1; /* moving already, through us */
+                break;
+            }
+            if (k == cap) {
+                size_t nc = cap ? cap * 2 : 64;
+                int64_t *ns = realloc(seqs, nc * sizeof *ns);
+                int *nr = ns ? realloc(ready, nc * sizeof *nr) : NULL;
+                if (ns)
+                    seqs = ns;
+                if (!nr) {
+                    rc = SQLITE_NOMEM;
+                    break;
+                }
+                ready = nr;
+                cap = nc;
+            }
+            seqs[k] = seq;
+            /* 1: pending and due; 2: an expired lease (a takeover); 0: not now. */
+            if (state == ROW_PENDING)
+                ready[k] = sqlite3_column_int64(st, 4) <= x->now;
+            else
+                ready[k] = sqlite3_column_type(st, 5) != SQLITE_NULL && sqlite3_column_int64(st, 5) <= x->now ? 2 : 0;
+            k++;
+        }
+        sqlite3_reset(st);
+        if (rc == SQLITE_DONE)
+            complete = 1; /* reached the key's first row */
+        if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+            rc = SQLITE_OK;
+        if (rc != SQLITE_OK || ours || !complete || k == 0)
+            continue;
+        /* seqs[k-1] is the head; choose forward while claimable. */
+        while (k > 0 && ready[k - 1] && x->nchosen < x->want) {
+            k--;
+            rc = add_cand(x, seqs[k], b->topic, b->key, b->klen, ready[k] == 2);
+            if (rc != SQLITE_OK)
+                break;
+            choose(x, (int)x->n - 1, prev, NULL);
+            prev = (int)x->n - 1;
+        }
+        if (rc == SQLITE_OK && k == 0 && prev >= 0 && x->nchosen < x->want && b->fate == C_SEEN)
+            choose(x, x->blocked[bi], prev, NULL);
+    }
+    free(seqs);
+    free(ready);
+    return rc;
+}
+
+static int build_command(outbox_relay *r, msg *m, const rowview *c)
 {
     outbox_envelope e;
     size_t need, envlen = 0;
@@ -743,254 +1088,261 @@ static int build_command(outbox_relay *r, msg *m, const cand *c)
     return 0;
 }
 
-/*
- * A keyed row is claimed only with or after every earlier unfinished row of
- * its key, and those can lie outside the candidate window: a head retried
- * with backoff becomes due after its released successors and after the
- * key's older rows that were never claimed. A window made only of such
- * held-back rows would claim nothing, ever, for any topic. So for each key
- * whose earliest candidate is held back, the key's first unfinished rows are
- * added from the key index as long as they can be claimed now, up to `want`
- * rows in all. *cs must be sorted by seq; the added rows are appended.
- */
-static int add_key_heads(outbox_relay *r, unsigned want, int64_t now, cand **cs, size_t *n, size_t *cap)
-{
-    size_t orig = *n, nfirst = 0, added = 0, tcap = 16, i;
-    keyslot *seen;
-    cand *first;
-    int rc = SQLITE_OK;
-
-    while (tcap < orig * 2)
-        tcap *= 2;
-    seen = calloc(tcap, sizeof *seen);
-    first = malloc(orig * sizeof *first);
-    if (!seen || !first) {
-        free(seen);
-        free(first);
-        return SQLITE_NOMEM;
-    }
-    /* The earliest candidate of each key, copied: *cs may move below (the
-     * strings stay put in their blocks). */
-    for (i = 0; i < orig; i++) {
-        keyslot *ks;
-        if (!(*cs)[i].klen)
-            continue;
-        ks = key_find(seen, tcap, &(*cs)[i]);
-        if (!ks->c) {
-            first[nfirst] = (*cs)[i];
-            ks->c = &first[nfirst++];
-        }
-    }
-    for (i = 0; i < nfirst && added < want && rc == SQLITE_OK; i++) {
-        const cand *c = &first[i];
-        sqlite3_bind_text(r->q_key_prev, 1, c->topic, -1, SQLITE_STATIC);
-        sqlite3_bind_text(r->q_key_prev, 2, c->key, (int)c->klen, SQLITE_STATIC);
-        sqlite3_bind_int64(r->q_key_prev, 3, c->seq);
-        rc = sqlite3_step(r->q_key_prev);
-        sqlite3_reset(r->q_key_prev);
-        if (rc != SQLITE_ROW) {
-            if (rc == SQLITE_DONE)
-                rc = SQLITE_OK; /* nothing before it: not held back */
-            continue;
-        }
-        sqlite3_bind_text(r->q_key_head, 1, c->topic, -1, SQLITE_STATIC);
-        sqlite3_bind_text(r->q_key_head, 2, c->key, (int)c->klen, SQLITE_STATIC);
-        sqlite3_bind_int64(r->q_key_head, 3, c->seq);
-        sqlite3_bind_int64(r->q_key_head, 4, (int64_t)(want - added));
-        while ((rc = sqlite3_step(r->q_key_head)) == SQLITE_ROW) {
-            sqlite3_stmt *st = r->q_key_head;
-            int64_t seq = sqlite3_column_int64(st, 0);
-            int pending = sqlite3_column_int(st, 8) == ROW_PENDING;
-            int ready = pending ? sqlite3_column_int64(st, 9) <= now
-                                : sqlite3_column_type(st, 10) != SQLITE_NULL && sqlite3_column_int64(st, 10) <= now &&
-                                      !seqset_has(r, seq);
-            if (!ready)
-                break; /* it holds back the rest of its key */
-            rc = collect_row(st, pending ? ROW_PENDING : ROW_SENDING, cs, n, cap);
-            if (rc != SQLITE_OK)
-                break;
-            added++;
-        }
-        sqlite3_reset(r->q_key_head);
-        if (rc == SQLITE_ROW || rc == SQLITE_DONE)
-            rc = SQLITE_OK;
-    }
-    free(seen);
-    free(first);
-    return rc;
-}
-
 /* Checks a row written by plain SQL against what the relay can publish;
  * returns NULL or a reason to dead-letter it. */
-static const char *row_problem(const outbox_relay *r, const cand *c, char *buf, size_t len)
+static const char *row_problem(const outbox_relay *r, const rowview *v, char *buf, size_t len)
 {
-    if (c->plen > r->s.max_payload) {
-        snprintf(buf, len, "payload is %zu bytes, the relay's limit is %zu", c->plen, r->s.max_payload);
+    if (v->plen > r->s.max_payload) {
+        snprintf(buf, len, "payload is %zu bytes, the relay's limit is %zu", v->plen, r->s.max_payload);
         return buf;
     }
-    if (outbox_validate_topic(c->topic, buf, len) != 0)
+    if (outbox_validate_topic(v->topic, buf, len) != 0)
         return buf;
-    if (outbox_validate_id(c->id, buf, len) != 0)
+    if (outbox_validate_id(v->id, buf, len) != 0)
         return buf;
-    if (c->klen && outbox_validate_key(c->key, c->klen, buf, len) != 0)
+    if (v->klen && outbox_validate_key(v->key, v->klen, buf, len) != 0)
         return buf;
-    if (c->hlen && outbox_validate_headers(c->headers, c->hlen, buf, len) != 0)
+    if (v->hlen && outbox_validate_headers(v->headers, v->hlen, buf, len) != 0)
         return buf;
     return NULL;
 }
 
+static int cmp_seq_idx(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* Turns the current row of q_claim into a message for its candidate. */
+static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index)
+{
+    outbox_relay *r = x->r;
+    int64_t key[2], *hit;
+    rowview v;
+    size_t idl, tl;
+    cand *c;
+    msg *m;
+    char why[256];
+    const char *problem;
+
+    key[0] = sqlite3_column_int64(st, 0);
+    hit = bsearch(key, index, x->nchosen, 2 * sizeof(int64_t), cmp_seq_idx);
+    if (!hit)
+        return SQLITE_OK; /* not asked for: impossible */
+    c = &x->cs[hit[1]];
+    memset(&v, 0, sizeof v);
+    v.id = (const char *)sqlite3_column_text(st, 1);
+    idl = (size_t)sqlite3_column_bytes(st, 1);
+    v.topic = (const char *)sqlite3_column_text(st, 2);
+    tl = (size_t)sqlite3_column_bytes(st, 2);
+    if (sqlite3_column_type(st, 3) != SQLITE_NULL) {
+        v.key = (const char *)sqlite3_column_text(st, 3);
+        v.klen = (size_t)sqlite3_column_bytes(st, 3);
+    }
+    v.payload = sqlite3_column_blob(st, 4);
+    v.plen = (size_t)sqlite3_column_bytes(st, 4);
+    if (sqlite3_column_type(st, 5) != SQLITE_NULL) {
+        v.headers = sqlite3_column_blob(st, 5);
+        v.hlen = (size_t)sqlite3_column_bytes(st, 5);
+    }
+    v.created_at = sqlite3_column_int64(st, 6);
+    if (!v.id || !v.topic)
+        return SQLITE_NOMEM;
+    m = calloc(1, sizeof *m + idl + 1 + tl + 1 + v.klen + 1);
+    if (!m)
+        return SQLITE_NOMEM;
+    m->r = r;
+    m->seq = key[0];
+    m->token = sqlite3_column_int64(st, 7);
+    m->attempts = sqlite3_column_int64(st, 8);
+    m->replay_count = sqlite3_column_int64(st, 9);
+    m->created_at = v.created_at;
+    m->id = (char *)(m + 1);
+    memcpy(m->id, v.id, idl + 1);
+    m->topic = m->id + idl + 1;
+    memcpy(m->topic, v.topic, tl + 1);
+    m->key = m->topic + tl + 1;
+    if (v.klen)
+        memcpy(m->key, v.key, v.klen);
+    m->key[v.klen] = '\0';
+    m->klen = v.klen;
+    m->state = MSG_HELD;
+    c->m = m;
+    if (c->takeover)
+        LOG(r, OUTBOX_LOG_INFO, "msg=\"took over an expired lease\" id=%s seq=%lld token=%lld", m->id,
+            (long long)m->seq, (long long)m->token);
+    problem = row_problem(r, &v, why, sizeof why);
+    if (problem) {
+        /* Never publishable: dead in this same transaction. */
+        m->outcome = OUT_DEAD;
+        m->result = safe_text(problem, strlen(problem));
+        return SQLITE_OK;
+    }
+    return build_command(r, m, &v) == 0 ? SQLITE_OK : SQLITE_NOMEM;
+}
+
+/* Claims the chosen rows with one UPDATE ... RETURNING. */
+static int claim_chosen(claim_ctx *x)
+{
+    outbox_relay *r = x->r;
+    int64_t *index;
+    char *list, *p;
+    size_t i;
+    int rc;
+
+    index = malloc(x->nchosen * 2 * sizeof *index);
+    list = malloc(x->nchosen * 21 + 2);
+    if (!index || !list) {
+        free(index);
+        free(list);
+        return SQLITE_NOMEM;
+    }
+    /* The seqs as a JSON array, for json_each() in the statement. */
+    p = list;
+    *p++ = '[';
+    for (i = 0; i < x->nchosen; i++) {
+        index[2 * i] = x->cs[x->chosen[i]].seq;
+        index[2 * i + 1] = x->chosen[i];
+        p += sprintf(p, "%s%lld", i ? "," : "", (long long)index[2 * i]);
+    }
+    *p++ = ']';
+    qsort(index, x->nchosen, 2 * sizeof *index, cmp_seq_idx);
+    sqlite3_bind_text(r->q_claim, 1, r->worker_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(r->q_claim, 2, x->now + (int64_t)r->s.lease_ms);
+    sqlite3_bind_text(r->q_claim, 3, list, (int)(p - list), SQLITE_STATIC);
+    sqlite3_bind_int64(r->q_claim, 4, x->now);
+    while ((rc = sqlite3_step(r->q_claim)) == SQLITE_ROW) {
+        rc = take_row(x, r->q_claim, index);
+        if (rc != SQLITE_OK)
+            break;
+    }
+    sqlite3_reset(r->q_claim);
+    sqlite3_clear_bindings(r->q_claim);
+    free(list);
+    free(index);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
 /*
- * Claims up to `want` rows inside the open transaction and appends the new
- * messages to *out (in seq order, key successors linked behind their
- * predecessor and left MSG_HELD). Returns SQLITE_OK or an error code.
+ * Claims up to `want` rows inside the open transaction. *out gets the new
+ * messages in the order they were chosen; a key's successors are linked
+ * behind their predecessor (key_next, or chain_after for one of an earlier
+ * batch, linked after the commit) and flagged `behind`. Rows that cannot be
+ * published are dead-lettered here (*ndead). Returns SQLITE_OK or an error.
  */
 static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead)
 {
-    cand *cs = NULL;
-    size_t n = 0, cap = 0, i, kcap = 16;
-    keyslot *keys = NULL;
+    claim_ctx x;
     msg **ms = NULL;
-    size_t nm = 0;
-    int rc;
+    size_t nm = 0, i;
+    int rc = SQLITE_NOMEM;
 
+    *out = NULL;
+    *nout = 0;
     *ndead = 0;
+    memset(&x, 0, sizeof x);
+    x.r = r;
+    x.now = now;
+    x.want = want;
+    x.cap = (size_t)want * 6 + 1; /* expired (want) + due window (4 want) + heads (want) */
+    x.scap = 16;
+    while (x.scap < x.cap * 2)
+        x.scap *= 2;
+    x.cs = malloc(x.cap * sizeof *x.cs);
+    x.chosen = malloc(x.cap * sizeof *x.chosen);
+    x.blocked = malloc(x.cap * sizeof *x.blocked);
+    x.slots = malloc(x.scap * sizeof *x.slots);
+    if (!x.cs || !x.chosen || !x.blocked || !x.slots)
+        goto done;
+    for (i = 0; i < x.scap; i++)
+        x.slots[i].first = -1;
+
     /* Expired leases first: they are the oldest work. */
     sqlite3_bind_int64(r->q_expired, 1, now);
     sqlite3_bind_int64(r->q_expired, 2, want);
-    rc = collect(r->q_expired, &cs, &n, &cap, r, 1);
-    sqlite3_reset(r->q_expired);
+    rc = scan(&x, r->q_expired, 1);
     if (rc != SQLITE_OK)
         goto done;
     /* Look further than `want` so that rows held back by their key do not
-     * starve the rest. */
+     * starve the rest; stop as soon as the batch is full. */
     sqlite3_bind_int64(r->q_due, 1, now);
     sqlite3_bind_int64(r->q_due, 2, (int64_t)want * 4);
-    rc = collect(r->q_due, &cs, &n, &cap, r, 0);
-    sqlite3_reset(r->q_due);
-    if (rc != SQLITE_OK || n == 0)
+    rc = scan(&x, r->q_due, 0);
+    if (rc == SQLITE_OK && x.nchosen < want && x.nblocked)
+        rc = add_key_heads(&x);
+    if (rc != SQLITE_OK || x.nchosen == 0)
         goto done;
-    qsort(cs, n, sizeof *cs, cand_cmp);
-    i = n;
-    rc = add_key_heads(r, want, now, &cs, &n, &cap);
+    rc = claim_chosen(&x);
     if (rc != SQLITE_OK)
         goto done;
-    if (n > i)
-        qsort(cs, n, sizeof *cs, cand_cmp);
 
-    while (kcap < n * 2)
-        kcap *= 2;
-    keys = calloc(kcap, sizeof *keys);
-    ms = malloc(n * sizeof *ms);
-    if (!keys || !ms) {
+    ms = malloc(x.nchosen * sizeof *ms);
+    if (!ms) {
         rc = SQLITE_NOMEM;
         goto done;
     }
-
-    for (i = 0; i < n && nm < want; i++) {
-        cand *c = &cs[i];
-        keyslot *ks = NULL;
-        char why[256];
-        const char *problem;
-        msg *m;
-        size_t idl;
-
-        if (c->klen) {
-            int64_t prev = 0;
-            ks = key_find(keys, kcap, c);
-            sqlite3_bind_text(r->q_key_prev, 1, c->topic, -1, SQLITE_STATIC);
-            sqlite3_bind_text(r->q_key_prev, 2, c->key, (int)c->klen, SQLITE_STATIC);
-            sqlite3_bind_int64(r->q_key_prev, 3, c->seq);
-            rc = sqlite3_step(r->q_key_prev);
-            if (rc == SQLITE_ROW)
-                prev = sqlite3_column_int64(r->q_key_prev, 0);
-            sqlite3_reset(r->q_key_prev);
-            if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-                goto done;
-            rc = SQLITE_OK;
-            /* An earlier unfinished row of this key that is not the last one
-             * claimed in this batch holds this row back. */
-            if (prev && !(ks->c && ks->last && ks->last->seq == prev))
-                continue;
+    /* In the order chosen, so a predecessor is settled before its successor. */
+    for (i = 0; i < x.nchosen; i++) {
+        cand *c = &x.cs[x.chosen[i]];
+        msg *after = c->after;
+        int release = 0, in_batch = 0;
+        if (!c->m) {
+            c->fate = C_RELEASED; /* changed under us: impossible under the write lock */
+            continue;
         }
-
-        problem = row_problem(r, c, why, sizeof why);
-        /* The claim itself: new owner, a new fencing token, the lease. */
-        sqlite3_bind_text(r->q_claim, 1, r->worker_id, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(r->q_claim, 2, now + (int64_t)r->s.lease_ms);
-        sqlite3_bind_int64(r->q_claim, 3, c->seq);
-        sqlite3_bind_int64(r->q_claim, 4, c->state);
-        rc = sqlite3_step(r->q_claim);
-        if (rc != SQLITE_ROW) {
-            sqlite3_reset(r->q_claim);
-            if (rc == SQLITE_DONE) {
-                rc = SQLITE_OK;
-                continue; /* changed under us: impossible under the write lock, harmless */
+        if (c->prev >= 0) {
+            cand *p = &x.cs[c->prev];
+            if (p->fate == C_CHOSEN) {
+                after = p->m;
+                in_batch = 1;
+            } else if (p->fate == C_DEAD) {
+                after = p->eff_after; /* a dead row holds nothing back */
+                in_batch = p->eff_in_batch;
+            } else {
+                release = 1;
             }
-            goto done;
         }
-        idl = strlen(c->id);
-        m = calloc(1, sizeof *m + idl + 1 + strlen(c->topic) + 1);
-        if (!m) {
-            sqlite3_reset(r->q_claim);
-            rc = SQLITE_NOMEM;
-            goto done;
-        }
-        m->r = r;
-        m->seq = c->seq;
-        m->token = sqlite3_column_int64(r->q_claim, 0);
-        m->attempts = sqlite3_column_int64(r->q_claim, 1);
-        m->replay_count = sqlite3_column_int64(r->q_claim, 2);
-        sqlite3_reset(r->q_claim);
-        m->created_at = c->created_at;
-        m->id = (char *)(m + 1);
-        memcpy(m->id, c->id, idl + 1);
-        m->topic = m->id + idl + 1;
-        strcpy(m->topic, c->topic);
-        m->state = MSG_HELD;
-        if (c->state == ROW_SENDING)
-            LOG(r, OUTBOX_LOG_INFO, "msg=\"took over an expired lease\" id=%s seq=%lld token=%lld", m->id,
-                (long long)m->seq, (long long)m->token);
-        if (problem) {
-            /* Never publishable: dead now, in this same transaction. */
-            m->outcome = OUT_DEAD;
-            m->result = safe_text(problem, strlen(problem));
-            rc = write_mark(r, m, now);
-            msg_free(m);
-            (*ndead)++;
+        c->eff_after = after;
+        c->eff_in_batch = in_batch;
+        if (c->m->outcome == OUT_DEAD || release) {
+            if (release) {
+                c->m->outcome = OUT_RELEASE;
+                free(c->m->result);
+                c->m->result = safe_text("held back: its predecessor was not claimed", 42);
+            }
+            rc = write_mark(r, c->m, now);
+            if (c->m->outcome == OUT_DEAD)
+                (*ndead)++;
+            c->fate = release ? C_RELEASED : C_DEAD;
+            msg_free(c->m);
+            c->m = NULL;
             if (rc != SQLITE_OK)
                 goto done;
             continue;
         }
-        if (build_command(r, m, c) != 0) {
-            msg_free(m);
-            rc = SQLITE_NOMEM;
-            goto done;
+        if (after && !r->s.idempotent) {
+            c->m->behind = 1;
+            if (in_batch)
+                after->key_next = c->m;
+            else
+                c->m->chain_after = after; /* linked after the commit */
         }
-        if (ks) {
-            /* In idempotent mode the script appends a stream's batch in
-             * order and stops at the first failure: no chain needed. */
-            if (ks->c && ks->last && !r->s.idempotent) {
-                ks->last->key_next = m; /* held behind its predecessor */
-                m->behind = 1;
-            }
-            ks->c = c;
-            ks->last = m;
-        }
-        ms[nm++] = m;
+        ms[nm++] = c->m;
     }
     rc = SQLITE_OK;
 done:
     if (rc != SQLITE_OK) {
-        for (i = 0; i < nm; i++)
-            msg_free(ms[i]);
+        for (i = 0; i < x.nchosen && x.cs; i++)
+            msg_free(x.cs[x.chosen[i]].m);
         free(ms);
         ms = NULL;
         nm = 0;
     }
-    for (i = 0; i < n; i++)
-        free(cs[i].block);
-    free(cs);
-    free(keys);
+    arena_free(x.arena);
+    free(x.cs);
+    free(x.chosen);
+    free(x.blocked);
+    free(x.slots);
     *out = ms;
     *nout = nm;
     return rc;
@@ -1377,12 +1729,17 @@ static void check_drained(outbox_relay *r, int64_t now)
 
 static void db_busy_retry(outbox_relay *r, int rc, const char *what)
 {
-    /* Locked by a writer: never sleep on the loop thread; try again soon,
-     * backing off up to half a second while it lasts. */
-    r->busy_delay_ms = r->busy_delay_ms ? r->busy_delay_ms * 2 : 2;
-    if (r->busy_delay_ms > 500)
-        r->busy_delay_ms = 500;
-    if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED)
+    /* Never sleep on the loop thread: try again from a timer. */
+    int locked = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED;
+    /* A lock is held for a transaction's length, usually a few ms: retry
+     * every few ms, or a writer committing constantly would push the retries
+     * far apart and delay every message by them. Other errors (I/O, disk
+     * full) back off further. */
+    uint64_t cap = locked ? 8 : 500;
+    r->busy_delay_ms = r->busy_delay_ms ? r->busy_delay_ms * 2 : 1;
+    if (r->busy_delay_ms > cap)
+        r->busy_delay_ms = cap;
+    if (locked)
         LOG(r, OUTBOX_LOG_DEBUG, "msg=\"database locked, retrying\" during=%s retry_ms=%llu", what,
             (unsigned long long)r->busy_delay_ms);
     else
@@ -1435,7 +1792,7 @@ static void do_work(outbox_relay *r)
             goto rollback;
         nmarks++;
     }
-    if (nmarks == MARKS_PER_TXN && m)
+    if (m && nmarks == MARKS_PER_TXN)
         want_claim = 0; /* marks first: they free the window */
     if (want_claim) {
         claim_t0 = uv_hrtime();
@@ -1467,9 +1824,8 @@ static void do_work(outbox_relay *r)
     marks = r->marks_head;
     for (i = 0; i < nmarks; i++) {
         m = marks->next;
-        seqset_del(r, marks->seq);
         r->inflight--;
-        msg_free(marks);
+        msg_retire(r, marks);
         marks = m;
     }
     r->marks_head = marks;
@@ -1478,8 +1834,20 @@ static void do_work(outbox_relay *r)
     else
         schedule_work(r);
     for (i = 0; i < nclaimed; i++) {
-        seqset_add(r, claimed[i]->seq);
+        msg *c = claimed[i];
+        seqset_add(r, c->seq);
         r->inflight++;
+        if (c->chain_after) {
+            /* Behind a message of an earlier batch, still held or on its way
+             * (claim checked; nothing ran since). */
+            msg *a = c->chain_after;
+            while (a->key_next)
+                a = a->key_next;
+            a->key_next = c;
+            c->chain_after = NULL;
+        }
+        if (c->klen)
+            keymap_put(r, c);
     }
     /* Send every claimed message that is not held behind an earlier one of
      * its key; those go when their predecessor is accepted. */
@@ -1812,18 +2180,19 @@ static const struct {
     const char *sql;
 } statements[] = {
 #define STMT(field, sql) {offsetof(outbox_relay, field), sql}
-    STMT(q_due, "SELECT seq, id, topic, key, payload, headers, created_at, attempts FROM outbox "
-                "WHERE state = 0 AND available_at <= ?1 ORDER BY available_at, seq LIMIT ?2"),
-    STMT(q_expired, "SELECT seq, id, topic, key, payload, headers, created_at, attempts FROM outbox "
-                    "WHERE state = 1 AND lease_until <= ?1 ORDER BY lease_until LIMIT ?2"),
-    STMT(q_key_prev, "SELECT seq FROM outbox WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL AND state < 2 "
-                     "AND seq < ?3 ORDER BY seq DESC LIMIT 1"),
-    STMT(q_key_head, "SELECT seq, id, topic, key, payload, headers, created_at, attempts, state, available_at, "
-                     "lease_until FROM outbox WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL AND state < 2 "
-                     "AND seq < ?3 ORDER BY seq LIMIT ?4"),
+    STMT(q_due, "SELECT seq, topic, key FROM outbox WHERE state = 0 AND available_at <= ?1 "
+                "ORDER BY available_at, seq LIMIT ?2"),
+    STMT(q_expired, "SELECT seq, topic, key FROM outbox WHERE state = 1 AND lease_until <= ?1 "
+                    "ORDER BY lease_until LIMIT ?2"),
+    /* The rows of a key before ?3, newest first (outbox_key). */
+    STMT(q_key_prev, "SELECT seq, state, lease_owner, lease_token, available_at, lease_until FROM outbox "
+                     "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL AND seq < ?3 ORDER BY seq DESC LIMIT ?4"),
+    STMT(q_defer_key, "UPDATE outbox SET available_at = ?4 WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL "
+                      "AND seq > ?3 AND state = 0 AND available_at < ?4"),
     STMT(q_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, "
-                  "lease_until = ?2, attempts = attempts + 1 WHERE seq = ?3 AND state = ?4 "
-                  "RETURNING lease_token, attempts, replay_count"),
+                  "lease_until = ?2, attempts = attempts + 1 "
+                  "WHERE seq IN (SELECT value FROM json_each(?3)) AND (state = 0 OR (state = 1 AND lease_until <= ?4)) "
+                  "RETURNING seq, id, topic, key, payload, headers, created_at, lease_token, attempts, replay_count"),
     STMT(q_published, "UPDATE outbox SET state = 2, published_at = ?4, stream_id = ?5, lease_owner = NULL, "
                       "lease_until = NULL, last_error = NULL "
                       "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"),
@@ -1868,6 +2237,7 @@ static void free_fields(outbox_relay *r)
     free(r->worker_id);
     free(r->stream_prefix);
     free(r->seqset);
+    free(r->keymap);
     free(r->envbuf);
     free(r);
 }
@@ -2445,7 +2815,7 @@ static void maybe_finish_stop(outbox_relay *r)
         while ((m = r->marks_head) != NULL) {
             r->marks_head = m->next;
             r->inflight--;
-            msg_free(m);
+            msg_retire(r, m);
         }
         r->marks_tail = NULL;
     }

@@ -223,6 +223,12 @@ static int inspect_table(sqlite3 *db, int *exists, char *err, size_t errlen)
     return 0;
 }
 
+/* Schema 1 -> 2: per-key ordering looks at a key's previous row only, through
+ * an index that claims and marks do not write to. */
+static const char migrate_1_to_2[] =
+    "DROP INDEX IF EXISTS outbox_key_open;"
+    "CREATE INDEX IF NOT EXISTS outbox_key ON outbox(topic, key, seq) WHERE key IS NOT NULL;";
+
 /* Reads user_version and the table; shared by apply and check. */
 static int examine(sqlite3 *db, int64_t *version, int *exists, char *err, size_t errlen)
 {
@@ -304,8 +310,8 @@ int outbox_schema_apply(sqlite3 *db, char *err, size_t errlen)
     e = examine(db, &version, &exists, err, errlen);
     if (e != 0 || version == OUTBOX_SCHEMA_VERSION)
         goto done;
-    /* Version 0 -> 1: the whole schema. Later versions add steps here. */
-    rc = sqlite3_exec(db, outbox__schema_sql, NULL, NULL, &msg);
+    /* Version 0: the whole schema. Older versions: their steps, in order. */
+    rc = sqlite3_exec(db, version == 0 ? outbox__schema_sql : migrate_1_to_2, NULL, NULL, &msg);
     if (rc != SQLITE_OK) {
         set_err(err, errlen, "cannot create the outbox schema: %s", msg ? msg : sqlite3_errstr(rc));
         e = outbox__sqlite_code(rc);

@@ -177,6 +177,27 @@ static void test_refusals(void)
     sqlite3_close(db);
     free(p);
 
+    /* Schema 1 (per-key index on unfinished rows) is migrated to 2 in place. */
+    p = th_path(dir, "v1.db");
+    db = raw_open(p);
+    is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
+    sqlite3_exec(db,
+                 "DROP INDEX outbox_key;"
+                 "CREATE INDEX outbox_key_open ON outbox(topic, key, seq) WHERE key IS NOT NULL AND state < 2;"
+                 "INSERT INTO outbox(id, topic, key, payload) VALUES ('m1', 't', 'k', x'01'), ('m2', 't', NULL, x'02');"
+                 "PRAGMA user_version=1;",
+                 NULL, NULL, NULL);
+    is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_ENOSCHEMA, "version 1: check asks for a migration");
+    ok(strstr(err, "older") != NULL, "message: %s", err);
+    is_int(outbox_schema_apply(db, err, sizeof err), 0, "version 1 -> 2 applied (%s)", err);
+    is_int(one_int(db, "PRAGMA user_version"), OUTBOX_SCHEMA_VERSION, "user_version is now current");
+    is_int(one_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_key_open'"), 0, "old index gone");
+    is_int(one_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_key'"), 1, "new index there");
+    is_int(one_int(db, "SELECT count(*) FROM outbox"), 2, "rows kept");
+    is_int(outbox_schema_check(db, err, sizeof err), 0, "check passes");
+    sqlite3_close(db);
+    free(p);
+
     /* A newer schema. */
     p = th_path(dir, "newer.db");
     db = raw_open(p);

@@ -16,7 +16,7 @@
 #include "outbox.h"
 #include "tap.h"
 
-#define N_ROWS 20000
+#define N_ROWS 60000
 
 static th_redis redis;
 static char *dir, *dbpath, *logpath;

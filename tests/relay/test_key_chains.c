@@ -1,0 +1,101 @@
+/*
+ * test_key_chains.c: per-key order when a key's rows span many batches.
+ *
+ * 1. One key, 3000 rows, --batch 8: the relay chains each batch's rows of
+ *    the key behind its own messages still on their way (instead of waiting
+ *    for their marks). Every message arrives, in commit order.
+ * 2. A key whose head keeps failing (its stream key holds a string) with a
+ *    backlog far larger than the claim window, and another topic written
+ *    after it: that topic is published while the key waits (its rows are
+ *    deferred with the head's retry), and the key follows in order once the
+ *    string is deleted.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "outbox.h"
+#include "rt.h"
+#include "tap.h"
+
+static sqlite3 *db;
+
+static int topic_done(void *arg)
+{
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state <> 2", (const char *)arg) == 0;
+}
+
+int main(void)
+{
+    th_redis srv;
+    char *dir, *dbpath, *log1, *log2, *text;
+    redisContext *c;
+    redisReply *rep;
+    pid_t pid;
+    rt_audit a;
+    int done;
+    int64_t t0, took;
+
+    if (th_redis_start(&srv, 0, NULL) != 0)
+        skip_all("redis-server not available");
+    dir = rt_tmpdir();
+    dbpath = rt_make_db(dir, "app.db");
+    log1 = th_path(dir, "relay1.log");
+    log2 = th_path(dir, "relay2.log");
+    db = rt_open(dbpath);
+    c = th_redis_client(&srv);
+
+    /* 1. One key across hundreds of small batches. */
+    rt_insert_rows(db, "one", 0, 3000, "one", 1);
+    pid = rt_relay_spawn(log1, dbpath, srv.url, "--batch", "8", "--inflight", "1024", NULL);
+    done = rt_wait_until(60000 * rt_slow(), topic_done, (void *)"one");
+    ok(done, "one key: all 3000 published");
+    a = rt_audit_topic(db, c, "outbox:", "one");
+    is_int(a.missing, 0, "one key: every message is in the stream");
+    is_int(a.foreign, 0, "one key: no entry without a row");
+    is_int(a.order_violations, 0, "one key: stream order is commit order");
+    is_int(a.dups, 0, "one key: no duplicates");
+    is_int(rt_stop(pid, SIGTERM, 15000), 0, "one key: the relay exits 0 on SIGTERM");
+
+    /* 2. A failing head with a backlog of 600 behind it (window: 4 x 8 rows),
+     *    then 200 rows of another topic. */
+    rt_insert_rows(db, "stuck", 0, 600, "stuck", 1);
+    rt_insert_rows(db, "free", 0, 200, "free", 0);
+    freeReplyObject(th_cmd(c, "SET outbox:stuck x"));
+    t0 = rt_unix_ms();
+    pid = rt_relay_spawn(log2, dbpath, srv.url, "--batch", "8", "--backoff-min-ms", "3000", "--backoff-max-ms",
+                         "3000", "--max-attempts", "1000", NULL);
+    done = rt_wait_until(20000 * rt_slow(), topic_done, (void *)"free");
+    took = rt_unix_ms() - t0;
+    ok(done, "failing key: the other topic is published");
+    ok(took < 2500 * rt_slow(), "failing key: the other topic did not wait for the retry (%lld ms)",
+       (long long)took);
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'stuck' AND state = 2"), 0,
+           "failing key: nothing of the key published while its head fails");
+    rep = th_cmd(c, "DEL outbox:stuck");
+    is_int(rep->integer, 1, "failing key: the string was still in place");
+    freeReplyObject(rep);
+    done = rt_wait_until(60000 * rt_slow(), topic_done, (void *)"stuck");
+    ok(done, "failing key: everything published after the DEL");
+    a = rt_audit_topic(db, c, "outbox:", "stuck");
+    is_int(a.missing, 0, "failing key: every message is in the stream");
+    is_int(a.order_violations, 0, "failing key: stream order is commit order");
+    text = th_slurp(log2);
+    ok(rt_count_substr(text, "publish failed, will retry") >= 1, "failing key: the relay saw the failure");
+    if (!done)
+        rt_diag_tail("relay", text, 15);
+    free(text);
+    is_int(rt_stop(pid, SIGTERM, 15000), 0, "failing key: the relay exits 0 on SIGTERM");
+
+    redisFree(c);
+    sqlite3_close_v2(db);
+    th_redis_destroy(&srv);
+    th_rmtree(dir);
+    free(log1);
+    free(log2);
+    free(dbpath);
+    free(dir);
+    return tap_done();
+}
