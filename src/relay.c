@@ -32,6 +32,11 @@ enum { ROW_PENDING = 0, ROW_SENDING = 1, ROW_PUBLISHED = 2, ROW_DEAD = 3 };
 /* Marks written per transaction at most (see do_work). */
 #define MARKS_PER_TXN 512
 
+/* A unit's transaction holds the database's write lock: it stops writing
+ * marks and sizes its claim to end after about this long (ns), so that an
+ * application's writer never waits much longer for the lock. */
+#define TXN_BUDGET_NS 4000000u
+
 /* What became of one message; decides its mark. */
 enum outcome {
     OUT_NONE = 0,
@@ -62,7 +67,10 @@ typedef struct msg {
     size_t cmdlen;
     enum msg_state state;
     enum outcome outcome;
-    int behind; /* held behind an earlier message of its key in the same batch */
+    int behind; /* held behind an earlier message of its key */
+    int took_over; /* claimed from an expired lease */
+    int mark_applied; /* set by write_mark: the mark changed the row (not fenced) */
+    const char *mark_what; /* set by write_mark: published, retry, dead or released */
     char *result; /* stream entry id (published) or error text (failed); malloc'd */
 } msg;
 
@@ -128,6 +136,27 @@ struct outbox_relay {
     char *envbuf;
     size_t envcap;
 
+    /* The unit of work (see unit_run). */
+    uv_work_t unit_work;
+    int unit_running, unit_again;
+    struct unit {
+        int64_t now;
+        unsigned want;
+        int want_claim;
+        msg *marks; /* detached from the queue, nmarks long */
+        size_t nmarks;
+        msg **claimed;
+        size_t nclaimed, ndead;
+        msg *settled; /* claimed and marked at once (dead, or handed back) */
+        size_t nwritten; /* marks written when the budget ran out first, else 0 */
+        int rc;
+        const char *what;
+        uint64_t t0, t_claim0, t_end;
+    } unit;
+    int own_wal_pages; /* set by the WAL hook of the relay's own commits */
+    uint64_t claim_row_ns; /* recent cost of one claimed row (worker thread only) */
+    sqlite3 *stats_db;  /* outbox_relay_stats_get's own connection */
+
     /* Checkpointing on a worker thread. */
     uv_work_t ckpt_work;
     int ckpt_running;
@@ -180,6 +209,7 @@ struct outbox_relay {
 static void schedule_work(outbox_relay *r);
 static void connect_redis(outbox_relay *r);
 static void maybe_finish_stop(outbox_relay *r);
+static void maybe_checkpoint(outbox_relay *r, int pages);
 static void send_msg(outbox_relay *r, msg *m, wait_group **grp);
 static void on_scan(uv_timer_t *t);
 static void on_handle_closed(uv_handle_t *h);
@@ -313,7 +343,7 @@ static uint64_t mono_ms(const outbox_relay *r)
 
 static uint64_t rand64(void)
 {
-    static uint64_t x;
+    static __thread uint64_t x;
     if (x == 0)
         x = (uint64_t)outbox_now_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
     x ^= x << 13;
@@ -539,12 +569,21 @@ static int write_mark(outbox_relay *r, msg *m, int64_t now)
     sqlite3_clear_bindings(st);
     if (rc != SQLITE_DONE)
         return rc;
-    if (sqlite3_changes(r->db) == 0) {
+    m->mark_what = what;
+    m->mark_applied = sqlite3_changes(r->db) > 0;
+    return SQLITE_OK;
+}
+
+/* Counts and logs a mark written by write_mark (on the loop thread). */
+static void mark_account(outbox_relay *r, msg *m)
+{
+    const char *what = m->mark_what ? m->mark_what : "released";
+    if (!m->mark_applied) {
         r->fenced_total++;
         LOG(r, OUTBOX_LOG_WARN,
             "msg=\"mark refused: lease taken over by another relay\" id=%s seq=%lld token=%lld mark=%s", m->id,
             (long long)m->seq, (long long)m->token, what);
-        return SQLITE_OK;
+        return;
     }
     {
         outbox__topic_stat *ts = outbox__topics_get(&r->topics, m->topic ? m->topic : "_unknown");
@@ -575,7 +614,6 @@ static int write_mark(outbox_relay *r, msg *m, int64_t now)
                 m->id, (long long)m->seq, (long long)m->attempts, q);
         }
     }
-    return SQLITE_OK;
 }
 
 /* ------------------------------------------------------------------ */
@@ -859,16 +897,14 @@ static enum decision decide(claim_ctx *x, const cand *c, int *prev, msg **after,
     if (pstate == ROW_SENDING && mine && seqset_has(r, pseq)) {
         msg *m = keymap_get(r, c->topic, c->key, c->klen);
         d = D_HELD_OURS;
-        if (m && m->seq == pseq && m->token == ptoken) {
-            if (m->state == MSG_WAITING || (m->state == MSG_DONE && m->outcome == OUT_PUBLISHED))
-                d = D_FREE; /* appended already */
-            else if ((m->state == MSG_HELD || m->state == MSG_SENT) && !r->s.idempotent) {
-                /* Idempotent mode sends a stream's batch in one script call
-                 * that stops at the first failure: a later call could not
-                 * know that an earlier one failed, so it never chains. */
-                *after = m;
-                d = D_AFTER;
-            }
+        /* Its state changes on the loop thread meanwhile: only the chain is
+         * decided here, unit_done settles it (settle_chain). Idempotent mode
+         * sends a stream's batch in one script call that stops at the first
+         * failure: a later call could not know that an earlier one failed,
+         * so it never chains. */
+        if (m && m->seq == pseq && m->token == ptoken && !r->s.idempotent) {
+            *after = m;
+            d = D_AFTER;
         }
     }
     return d;
@@ -1167,10 +1203,8 @@ static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index)
     m->key[v.klen] = '\0';
     m->klen = v.klen;
     m->state = MSG_HELD;
+    m->took_over = c->takeover;
     c->m = m;
-    if (c->takeover)
-        LOG(r, OUTBOX_LOG_INFO, "msg=\"took over an expired lease\" id=%s seq=%lld token=%lld", m->id,
-            (long long)m->seq, (long long)m->token);
     problem = row_problem(r, &v, why, sizeof why);
     if (problem) {
         /* Never publishable: dead in this same transaction. */
@@ -1228,9 +1262,11 @@ static int claim_chosen(claim_ctx *x)
  * messages in the order they were chosen; a key's successors are linked
  * behind their predecessor (key_next, or chain_after for one of an earlier
  * batch, linked after the commit) and flagged `behind`. Rows that cannot be
- * published are dead-lettered here (*ndead). Returns SQLITE_OK or an error.
+ * published are dead-lettered here (*ndead; the messages go to *settled).
+ * Returns SQLITE_OK or an error.
  */
-static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead)
+static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead,
+                 msg **settled)
 {
     claim_ctx x;
     msg **ms = NULL;
@@ -1314,7 +1350,9 @@ static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t
             if (c->m->outcome == OUT_DEAD)
                 (*ndead)++;
             c->fate = release ? C_RELEASED : C_DEAD;
-            msg_free(c->m);
+            /* Counted and freed by unit_done. */
+            c->m->next = *settled;
+            *settled = c->m;
             c->m = NULL;
             if (rc != SQLITE_OK)
                 goto done;
@@ -1748,17 +1786,254 @@ static void db_busy_retry(outbox_relay *r, int rc, const char *what)
     uv_timer_start(&r->busy_timer, on_busy_retry, r->busy_delay_ms, 0);
 }
 
-static void do_work(outbox_relay *r)
+/*
+ * One unit of work is one SQLite transaction, run on a libuv worker thread so
+ * that the loop keeps turning (Redis replies, sends, timers, /metrics) while
+ * it runs: it writes the marks handed to it, then claims the next batch if
+ * the window has room. One runs at a time. While it runs, the loop thread
+ * does not touch the relay's connection, the in-flight seq set or the key
+ * map (it changes them only in unit_done), and the messages handed over are
+ * finished ones it no longer changes; the worker logs nothing and counts
+ * nothing (unit_done does, from what write_mark recorded).
+ */
+static void unit_run(uv_work_t *w)
 {
-    int64_t now = outbox_now_ms();
-    int rc, want_claim;
-    unsigned want = 0;
-    msg **claimed = NULL, *marks, *m;
-    size_t nclaimed = 0, ndead = 0, i, nmarks = 0, nclaimed_sent = 0;
-    uint64_t claim_t0 = 0, txn_t0;
-    uint64_t held;
+    outbox_relay *r = w->data;
+    struct unit *u = &r->unit;
+    msg *m;
+    size_t i;
+    int rc;
+
+    u->t0 = uv_hrtime();
+    rc = sqlite3_exec(r->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        u->rc = rc;
+        u->what = "begin";
+        return;
+    }
+    for (m = u->marks, i = 0; i < u->nmarks; m = m->next, i++) {
+        rc = write_mark(r, m, u->now);
+        if (rc != SQLITE_OK) {
+            u->what = "mark";
+            goto rollback;
+        }
+        /* Half the budget for marks when a claim follows; the rest go back
+         * to the queue (unit_done). */
+        if ((i & 15) == 15 && i + 1 < u->nmarks &&
+            uv_hrtime() - u->t0 > (u->want_claim ? TXN_BUDGET_NS / 2 : TXN_BUDGET_NS)) {
+            u->nwritten = i + 1;
+            u->want_claim = 0; /* marks first: they free the window */
+            break;
+        }
+    }
+    if (u->want_claim) {
+        /* As many rows as the rest of the budget fits, from the cost of a
+         * claimed row in recent claims; at least 32. */
+        uint64_t spent = uv_hrtime() - u->t0;
+        uint64_t fit = spent < TXN_BUDGET_NS ? (TXN_BUDGET_NS - spent) / (r->claim_row_ns ? r->claim_row_ns : 1) : 0;
+        if (fit < 32)
+            fit = 32;
+        if (u->want > fit)
+            u->want = (unsigned)fit;
+        u->t_claim0 = uv_hrtime();
+        rc = claim(r, u->want, u->now, &u->claimed, &u->nclaimed, &u->ndead, &u->settled);
+        if (rc != SQLITE_OK) {
+            u->what = "claim";
+            goto rollback;
+        }
+    }
+    rc = sqlite3_exec(r->db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        u->what = u->nmarks ? "mark" : "claim";
+        goto rollback;
+    }
+    u->rc = SQLITE_OK;
+    u->t_end = uv_hrtime();
+    if (u->nclaimed + u->ndead >= 32) {
+        uint64_t per = (u->t_end - u->t_claim0) / (u->nclaimed + u->ndead);
+        r->claim_row_ns = r->claim_row_ns ? (r->claim_row_ns * 3 + per) / 4 : per;
+    }
+    return;
+
+rollback:
+    u->rc = rc;
+    sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
+    for (i = 0; i < u->nclaimed; i++)
+        msg_free(u->claimed[i]);
+    free(u->claimed);
+    u->claimed = NULL;
+    u->nclaimed = u->ndead = 0;
+    while ((m = u->settled) != NULL) {
+        u->settled = m->next;
+        msg_free(m);
+    }
+}
+
+/* Where a message claimed behind one of an earlier batch stands now: the
+ * worker chained it tentatively; that one may have been answered since. */
+static void settle_chain(outbox_relay *r, msg *c)
+{
+    msg *a = c->chain_after;
+    c->chain_after = NULL;
+    if (a->state == MSG_HELD || a->state == MSG_SENT) {
+        while (a->key_next)
+            a = a->key_next;
+        a->key_next = c; /* sent once that one is accepted */
+        return;
+    }
+    c->behind = 0;
+    if (a->state == MSG_WAITING || (a->state == MSG_DONE && a->outcome == OUT_PUBLISHED))
+        return; /* appended already: it may go now */
+    /* That one failed or was handed back: this one must not overtake it. */
+    release_chain(r, c, "held back: an earlier message of its key failed");
+    queue_mark(r, c, OUT_RELEASE, "held back: an earlier message of its key failed", 47);
+}
+
+static void unit_done(uv_work_t *w, int status)
+{
+    outbox_relay *r = w->data;
+    struct unit *u = &r->unit;
+    msg *m, **send;
+    size_t i, nsend = 0;
+    int pages;
     wait_group *grp = NULL;
 
+    (void)status;
+    r->unit_running = 0;
+    pages = r->own_wal_pages;
+    r->own_wal_pages = 0;
+    if (pages)
+        maybe_checkpoint(r, pages);
+    if (u->rc != SQLITE_OK) {
+        /* Nothing was written: the marks go back to the head of the queue. */
+        if (u->nmarks) {
+            msg *last = u->marks;
+            while (last->next)
+                last = last->next;
+            last->next = r->marks_head;
+            r->marks_head = u->marks;
+            if (!r->marks_tail)
+                r->marks_tail = last;
+        }
+        u->marks = NULL;
+        db_busy_retry(r, u->rc, u->what);
+        maybe_finish_stop(r);
+        return;
+    }
+    r->busy_delay_ms = 0;
+    if (u->nwritten) {
+        /* The budget ran out: the marks not written go back to the queue. */
+        msg *last = u->marks, *rest;
+        for (i = 1; i < u->nwritten; i++)
+            last = last->next;
+        rest = last->next;
+        last->next = NULL;
+        if (rest) {
+            msg *end = rest;
+            while (end->next)
+                end = end->next;
+            end->next = r->marks_head;
+            if (!r->marks_head)
+                r->marks_tail = end;
+            r->marks_head = rest;
+        }
+        u->nmarks = u->nwritten;
+    }
+    if (u->want_claim && u->nclaimed + u->ndead > 0) {
+        /* Claim batch size and the whole transaction's time (marks included). */
+        r->claims_total++;
+        outbox__hist_observe(&r->h_claim_size, (double)(u->nclaimed + u->ndead));
+        outbox__hist_observe(&r->h_claim_secs, (double)(u->t_end - u->t_claim0) / 1e9);
+    }
+    /* Leave the write lock free for a while before the next transaction:
+     * back to back, the relay would hold it nearly all the time while
+     * draining, and the application's writers (whose busy handler retries
+     * at intervals) and other relays would hardly ever get it. At least
+     * 1 ms, or a quarter of this transaction's time. */
+    {
+        uint64_t ms = (u->t_end - u->t0) / 4000000;
+        r->lock_free_until = uv_now(r->loop) + (ms ? ms : 1);
+    }
+
+    /* The claimed messages join the window first: a chain may be settled
+     * against a message whose mark was just written. */
+    send = malloc((u->nclaimed ? u->nclaimed : 1) * sizeof *send);
+    for (i = 0; i < u->nclaimed; i++) {
+        msg *c = u->claimed[i];
+        seqset_add(r, c->seq);
+        r->inflight++;
+        if (c->took_over)
+            LOG(r, OUTBOX_LOG_INFO, "msg=\"took over an expired lease\" id=%s seq=%lld token=%lld", c->id,
+                (long long)c->seq, (long long)c->token);
+        if (c->chain_after)
+            settle_chain(r, c);
+        if (c->klen)
+            keymap_put(r, c);
+    }
+    /* Committed: the marked messages leave the window. */
+    while ((m = u->marks) != NULL) {
+        u->marks = m->next;
+        mark_account(r, m);
+        r->inflight--;
+        msg_retire(r, m);
+    }
+    if (u->nmarks)
+        LOG(r, OUTBOX_LOG_DEBUG, "msg=marked count=%zu", u->nmarks);
+    /* Rows dead-lettered (or handed back) by the claim itself. */
+    while ((m = u->settled) != NULL) {
+        u->settled = m->next;
+        mark_account(r, m);
+        msg_free(m);
+    }
+    /* Send every claimed message that is not held behind an earlier one of
+     * its key; those go when their predecessor is accepted. */
+    for (i = 0; i < u->nclaimed; i++) {
+        msg *c = u->claimed[i];
+        if (c->state != MSG_HELD || c->behind)
+            continue; /* handed back by settle_chain, or chained */
+        if (r->conn_state != C_UP) {
+            release_chain(r, c, "held back: connection lost");
+            queue_mark(r, c, OUT_RELEASE, "connection lost", 15);
+        } else if (send) {
+            send[nsend++] = c;
+        } else {
+            release_chain(r, c, "held back: out of memory");
+            queue_mark(r, c, OUT_RELEASE, "out of memory", 13);
+        }
+    }
+    if (r->s.idempotent)
+        send_idem(r, send, nsend);
+    else
+        for (i = 0; i < nsend; i++)
+            send_msg(r, send[i], &grp);
+    flush_group(r, grp);
+    free(send);
+    free(u->claimed);
+    u->claimed = NULL;
+
+    r->last_claim_full = u->want_claim && (u->nclaimed + u->ndead) >= u->want;
+    if (r->last_claim_full || r->marks_head || r->unit_again)
+        schedule_work(r);
+    else if (r->state == R_RUNNING) {
+        arm_next_due(r, u->now);
+        check_drained(r, u->now);
+    }
+    r->unit_again = 0;
+    maybe_finish_stop(r);
+}
+
+static void do_work(outbox_relay *r)
+{
+    struct unit *u = &r->unit;
+    msg *m, *last = NULL;
+    uint64_t held;
+    unsigned want = 0;
+    int want_claim;
+
+    if (r->unit_running) {
+        r->unit_again = 1;
+        return;
+    }
     if (uv_is_active((uv_handle_t *)&r->busy_timer) || r->state == R_STOPPED || r->state == R_CREATED)
         return;
     /* The marks written below leave the window in this same transaction,
@@ -1777,115 +2052,42 @@ static void do_work(outbox_relay *r)
         maybe_finish_stop(r);
         return;
     }
-
-    txn_t0 = uv_hrtime();
-    rc = sqlite3_exec(r->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-    if (rc != SQLITE_OK) {
-        db_busy_retry(r, rc, "begin");
+    memset(u, 0, sizeof *u);
+    u->now = outbox_now_ms();
+    /* At most MARKS_PER_TXN marks per transaction, so one unit of work stays
+     * short; the rest go in the next one. They are detached: replies keep
+     * queueing marks while the unit runs. */
+    u->marks = r->marks_head;
+    for (m = r->marks_head; m && u->nmarks < MARKS_PER_TXN; m = m->next) {
+        last = m;
+        u->nmarks++;
+    }
+    if (last) {
+        r->marks_head = last->next;
+        last->next = NULL;
+        if (!r->marks_head)
+            r->marks_tail = NULL;
+    } else {
+        u->marks = NULL;
+    }
+    if (r->marks_head)
+        want_claim = 0; /* marks first: they free the window */
+    u->want_claim = want_claim;
+    u->want = want;
+    r->unit_work.data = r;
+    if (uv_queue_work(r->loop, &r->unit_work, unit_run, unit_done) != 0) {
+        /* Cannot happen with a valid loop; put the marks back and retry. */
+        if (last) {
+            last->next = r->marks_head;
+            if (!r->marks_head)
+                r->marks_tail = last;
+            r->marks_head = u->marks;
+            u->marks = NULL;
+        }
+        db_busy_retry(r, SQLITE_ERROR, "queue");
         return;
     }
-    /* At most MARKS_PER_TXN marks per transaction, so one unit of work
-     * stays short; the rest go in the next one, on the next loop turn. */
-    for (m = r->marks_head; m && nmarks < MARKS_PER_TXN; m = m->next) {
-        rc = write_mark(r, m, now);
-        if (rc != SQLITE_OK)
-            goto rollback;
-        nmarks++;
-    }
-    if (m && nmarks == MARKS_PER_TXN)
-        want_claim = 0; /* marks first: they free the window */
-    if (want_claim) {
-        claim_t0 = uv_hrtime();
-        rc = claim(r, want, now, &claimed, &nclaimed, &ndead);
-        if (rc != SQLITE_OK)
-            goto rollback;
-    }
-    rc = sqlite3_exec(r->db, "COMMIT", NULL, NULL, NULL);
-    if (rc != SQLITE_OK)
-        goto rollback;
-    if (want_claim && nclaimed + ndead > 0) {
-        /* Claim batch size and the whole transaction's time (marks included). */
-        r->claims_total++;
-        outbox__hist_observe(&r->h_claim_size, (double)(nclaimed + ndead));
-        outbox__hist_observe(&r->h_claim_secs, (double)(uv_hrtime() - claim_t0) / 1e9);
-    }
-    r->busy_delay_ms = 0;
-    /* Leave the write lock free for a while before the next transaction:
-     * back to back, the relay would hold it nearly all the time while
-     * draining, and the application's writers (whose busy handler retries
-     * at intervals) and other relays would hardly ever get it. At least
-     * 1 ms, or a quarter of this transaction's time. */
-    {
-        uint64_t ms = (uv_hrtime() - txn_t0) / 4000000;
-        r->lock_free_until = uv_now(r->loop) + (ms ? ms : 1);
-    }
-
-    /* Committed: the marked messages leave the window. */
-    marks = r->marks_head;
-    for (i = 0; i < nmarks; i++) {
-        m = marks->next;
-        r->inflight--;
-        msg_retire(r, marks);
-        marks = m;
-    }
-    r->marks_head = marks;
-    if (!marks)
-        r->marks_tail = NULL;
-    else
-        schedule_work(r);
-    for (i = 0; i < nclaimed; i++) {
-        msg *c = claimed[i];
-        seqset_add(r, c->seq);
-        r->inflight++;
-        if (c->chain_after) {
-            /* Behind a message of an earlier batch, still held or on its way
-             * (claim checked; nothing ran since). */
-            msg *a = c->chain_after;
-            while (a->key_next)
-                a = a->key_next;
-            a->key_next = c;
-            c->chain_after = NULL;
-        }
-        if (c->klen)
-            keymap_put(r, c);
-    }
-    /* Send every claimed message that is not held behind an earlier one of
-     * its key; those go when their predecessor is accepted. */
-    if (r->s.idempotent && r->conn_state == C_UP) {
-        send_idem(r, claimed, nclaimed);
-        nclaimed_sent = nclaimed;
-    }
-    for (i = nclaimed_sent; i < nclaimed; i++) {
-        if (claimed[i]->behind)
-            continue;
-        if (r->conn_state == C_UP) {
-            send_msg(r, claimed[i], &grp);
-        } else {
-            release_chain(r, claimed[i], "held back: connection lost");
-            queue_mark(r, claimed[i], OUT_RELEASE, "connection lost", 15);
-        }
-    }
-    flush_group(r, grp);
-    free(claimed);
-
-    if (nmarks)
-        LOG(r, OUTBOX_LOG_DEBUG, "msg=marked count=%zu", nmarks);
-    r->last_claim_full = want_claim && (nclaimed + ndead) >= want;
-    if (r->last_claim_full)
-        schedule_work(r);
-    else if (r->state == R_RUNNING) {
-        arm_next_due(r, now);
-        check_drained(r, now);
-    }
-    maybe_finish_stop(r);
-    return;
-
-rollback:
-    sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
-    for (i = 0; i < nclaimed; i++)
-        msg_free(claimed[i]);
-    free(claimed);
-    db_busy_retry(r, rc, nmarks || !want_claim ? "mark" : "claim");
+    r->unit_running = 1;
 }
 
 static void on_kick(uv_timer_t *t)
@@ -1923,6 +2125,7 @@ static void ckpt_run(uv_work_t *w)
         if (sqlite3_open_v2(r->db_path, &r->ckpt_db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
             SQLITE_OK) {
             sqlite3_close_v2(r->ckpt_db);
+    sqlite3_close_v2(r->stats_db);
             r->ckpt_db = NULL;
             return;
         }
@@ -1968,11 +2171,14 @@ static void maybe_checkpoint(outbox_relay *r, int pages)
         r->ckpt_running = 1;
 }
 
+/* Runs on the thread that committed (a unit's worker, or the loop for
+ * retention): the committer starts the checkpoint afterwards. */
 static int own_wal_hook(void *arg, sqlite3 *db, const char *name, int pages)
 {
+    outbox_relay *r = arg;
     (void)db;
     (void)name;
-    maybe_checkpoint(arg, pages);
+    r->own_wal_pages = pages;
     return SQLITE_OK;
 }
 
@@ -2001,6 +2207,11 @@ static void on_wake(uv_async_t *a)
 static int data_version_changed(outbox_relay *r)
 {
     int64_t v = 0;
+    if (r->unit_running) {
+        /* The connection is the unit's: claim again after it instead. */
+        schedule_work(r);
+        return 1;
+    }
     sqlite3_reset(r->q_data_version);
     if (sqlite3_step(r->q_data_version) == SQLITE_ROW)
         v = sqlite3_column_int64(r->q_data_version, 0);
@@ -2440,9 +2651,13 @@ static void on_stall_prepare(uv_prepare_t *h)
 static void on_retention(uv_timer_t *t)
 {
     outbox_relay *r = t->data;
-    int rc, n = 0;
+    int rc, n = 0, pages;
     if (r->state != R_RUNNING || !r->q_retention)
         return;
+    if (r->unit_running) {
+        uv_timer_start(&r->retention_timer, on_retention, 5, 0); /* the connection is the unit's */
+        return;
+    }
     sqlite3_bind_int64(r->q_retention, 1, outbox_now_ms() - (int64_t)r->s.retention_ms);
     sqlite3_bind_int64(r->q_retention, 2, r->s.retention_batch);
     rc = sqlite3_step(r->q_retention);
@@ -2455,6 +2670,10 @@ static void on_retention(uv_timer_t *t)
     } else if ((rc & 0xff) != SQLITE_BUSY) {
         LOG(r, OUTBOX_LOG_WARN, "msg=\"retention delete failed\" error=\"%s\"", sqlite3_errmsg(r->db));
     }
+    pages = r->own_wal_pages;
+    r->own_wal_pages = 0;
+    if (pages)
+        maybe_checkpoint(r, pages);
     /* A full batch means more are due: continue soon, in small steps, so the
      * application's writers are never held up for long. */
     uv_timer_start(&r->retention_timer, on_retention, n == (int)r->s.retention_batch ? 20 : 10000, 0);
@@ -2799,7 +3018,7 @@ static void maybe_finish_stop(outbox_relay *r)
     msg *m;
     if (r->state != R_STOPPING || r->closing)
         return;
-    if (r->awaiting > 0 || r->ckpt_running || r->dbstat_running)
+    if (r->awaiting > 0 || r->ckpt_running || r->dbstat_running || r->unit_running)
         return;
     if (r->marks_head) {
         /* Marks still to write: do_work writes them (or its busy retry does).
@@ -2898,7 +3117,15 @@ int outbox_relay_stats_get(outbox_relay *r, outbox_relay_stats *st)
     st->reconnects = r->reconnects;
     st->inflight = r->inflight;
     st->redis_connected = r->conn_state == C_UP;
-    rc = sqlite3_prepare_v2(r->db, "SELECT state, count(*) FROM outbox GROUP BY state", -1, &q, NULL);
+    /* Its own connection: the relay's belongs to the unit of work, which may
+     * be running on a worker thread. */
+    if (!r->stats_db && sqlite3_open_v2(r->db_path, &r->stats_db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX,
+                                        NULL) != SQLITE_OK) {
+        sqlite3_close_v2(r->stats_db);
+        r->stats_db = NULL;
+        return OUTBOX_ESQLITE;
+    }
+    rc = sqlite3_prepare_v2(r->stats_db, "SELECT state, count(*) FROM outbox GROUP BY state", -1, &q, NULL);
     if (rc == SQLITE_OK) {
         st->pending = st->sending = st->published = st->dead = 0;
         while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
@@ -2917,7 +3144,7 @@ int outbox_relay_stats_get(outbox_relay *r, outbox_relay_stats *st)
     }
     sqlite3_finalize(q);
     q = NULL;
-    if (sqlite3_prepare_v2(r->db, "SELECT min(available_at) FROM outbox WHERE state = 0 AND available_at <= ?1", -1,
+    if (sqlite3_prepare_v2(r->stats_db, "SELECT min(available_at) FROM outbox WHERE state = 0 AND available_at <= ?1", -1,
                            &q, NULL) == SQLITE_OK) {
         sqlite3_bind_int64(q, 1, now);
         if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_type(q, 0) != SQLITE_NULL)
