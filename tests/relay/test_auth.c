@@ -82,7 +82,7 @@ int main(void)
     /* wrong password */
     snprintf(url, sizeof url, "redis://:N0tTheOne@127.0.0.1:%d/0", srv.port);
     pid = rt_relay_spawn(log, db_c, url, NULL);
-    th_sleep_ms(1500);
+    th_sleep_ms(1500 * rt_slow()); /* long enough for a first AUTH, also under valgrind */
     is_int(rt_wait(pid, 0), -2, "wrong password: the relay keeps running (and retrying)");
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "wrong password: SIGTERM exits 0");
     text = th_slurp(log);
