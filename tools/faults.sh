@@ -248,6 +248,8 @@ done
 # id, state, seq, topic and key (ids, topics and the demo's keys have no spaces).
 sqlite3 "$db" "SELECT id || ' ' || state || ' ' || seq || ' ' || topic || ' ' || ifnull(key, '-') FROM outbox" >"$work/rows"
 wrongtype_published=$(sql "$wt_pub_q")
+# What valgrind (RELAY_WRAPPER) said, before the work directory goes.
+[ "$wrapper_failed" -gt 0 ] && grep -h '^==[0-9]*==' "$work"/relay-*.log | head -100 >&2
 
 python3 - "$work/rows" "$work/stream-ids" "$relay_kills" "$redis_restarts" "${IDEMPOTENT:-0}" \
     "$([ -f "$work/writer.failed" ] && wc -l <"$work/writer.failed" || echo 0)" "$rss_max" \
