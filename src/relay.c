@@ -149,6 +149,7 @@ struct outbox_relay {
         size_t nclaimed, ndead;
         msg *settled; /* claimed and marked at once (dead, or handed back) */
         size_t nwritten; /* marks written when the budget ran out first, else 0 */
+        int stopping; /* the last marks: no time budget */
         int rc;
         const char *what;
         uint64_t t0, t_claim0, t_end;
@@ -170,7 +171,7 @@ struct outbox_relay {
     int destroy_pending;
     int in_finish;
     int closing;
-    unsigned stop_flush_tries;
+    unsigned stop_flush_failures; /* units in a row that failed while stopping */
     int drained_signalled;
 
     /* Counters. */
@@ -1819,7 +1820,7 @@ static void unit_run(uv_work_t *w)
         }
         /* Half the budget for marks when a claim follows; the rest go back
          * to the queue (unit_done). */
-        if ((i & 15) == 15 && i + 1 < u->nmarks &&
+        if ((i & 15) == 15 && i + 1 < u->nmarks && !u->stopping &&
             uv_hrtime() - u->t0 > (u->want_claim ? TXN_BUDGET_NS / 2 : TXN_BUDGET_NS)) {
             u->nwritten = i + 1;
             u->want_claim = 0; /* marks first: they free the window */
@@ -1916,11 +1917,14 @@ static void unit_done(uv_work_t *w, int status)
                 r->marks_tail = last;
         }
         u->marks = NULL;
+        if (r->state == R_STOPPING)
+            r->stop_flush_failures++;
         db_busy_retry(r, u->rc, u->what);
         maybe_finish_stop(r);
         return;
     }
     r->busy_delay_ms = 0;
+    r->stop_flush_failures = 0;
     if (u->nwritten) {
         /* The budget ran out: the marks not written go back to the queue. */
         msg *last = u->marks, *rest;
@@ -2074,6 +2078,7 @@ static void do_work(outbox_relay *r)
         want_claim = 0; /* marks first: they free the window */
     u->want_claim = want_claim;
     u->want = want;
+    u->stopping = r->state != R_RUNNING;
     r->unit_work.data = r;
     if (uv_queue_work(r->loop, &r->unit_work, unit_run, unit_done) != 0) {
         /* Cannot happen with a valid loop; put the marks back and retry. */
@@ -2125,7 +2130,6 @@ static void ckpt_run(uv_work_t *w)
         if (sqlite3_open_v2(r->db_path, &r->ckpt_db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) !=
             SQLITE_OK) {
             sqlite3_close_v2(r->ckpt_db);
-    sqlite3_close_v2(r->stats_db);
             r->ckpt_db = NULL;
             return;
         }
@@ -2437,6 +2441,7 @@ static void free_fields(outbox_relay *r)
         sqlite3_close_v2(r->db);
     }
     sqlite3_close_v2(r->ckpt_db);
+    sqlite3_close_v2(r->stats_db);
     sqlite3_close_v2(r->dbstat_db);
     outbox__topics_free(&r->topics);
     free(r->waiting_reqs);
@@ -3022,10 +3027,10 @@ static void maybe_finish_stop(outbox_relay *r)
         return;
     if (r->marks_head) {
         /* Marks still to write: do_work writes them (or its busy retry does).
-         * A database that keeps failing for the whole stop budget loses only
-         * the marks: the rows' leases expire and another relay publishes
-         * them again (duplicates, never a loss). */
-        if (++r->stop_flush_tries <= 200) {
+         * A database that fails 200 units in a row loses only the marks: the
+         * rows' leases expire and another relay publishes them again
+         * (duplicates, never a loss). */
+        if (r->stop_flush_failures <= 200) {
             schedule_work(r);
             return;
         }
