@@ -155,6 +155,14 @@ struct outbox_relay {
         uint64_t t0, t_claim0, t_end;
     } unit;
     int own_wal_pages; /* set by the WAL hook of the relay's own commits */
+    /* A unit's transaction is open (it holds the write lock): attached
+     * connections wait on txn_cond for it to end (attach_busy). */
+    uv_mutex_t txn_mutex;
+    uv_cond_t txn_cond;
+    int txn_sync_ok; /* mutex and cond initialised */
+    int txn_open;
+    int attach_busy_ms; /* the attached connection's busy timeout, restored by detach */
+    int wake_ready;     /* wake_async is initialised (atomic: read by attached connections' threads) */
     uint64_t claim_row_ns; /* recent cost of one claimed row (worker thread only) */
     sqlite3 *stats_db;  /* outbox_relay_stats_get's own connection */
 
@@ -1787,6 +1795,17 @@ static void db_busy_retry(outbox_relay *r, int rc, const char *what)
     uv_timer_start(&r->busy_timer, on_busy_retry, r->busy_delay_ms, 0);
 }
 
+static void txn_open(outbox_relay *r, int open)
+{
+    if (!r->txn_sync_ok)
+        return;
+    uv_mutex_lock(&r->txn_mutex);
+    r->txn_open = open;
+    if (!open)
+        uv_cond_broadcast(&r->txn_cond);
+    uv_mutex_unlock(&r->txn_mutex);
+}
+
 /*
  * One unit of work is one SQLite transaction, run on a libuv worker thread so
  * that the loop keeps turning (Redis replies, sends, timers, /metrics) while
@@ -1812,6 +1831,7 @@ static void unit_run(uv_work_t *w)
         u->what = "begin";
         return;
     }
+    txn_open(r, 1);
     for (m = u->marks, i = 0; i < u->nmarks; m = m->next, i++) {
         rc = write_mark(r, m, u->now);
         if (rc != SQLITE_OK) {
@@ -1848,6 +1868,7 @@ static void unit_run(uv_work_t *w)
         u->what = u->nmarks ? "mark" : "claim";
         goto rollback;
     }
+    txn_open(r, 0);
     u->rc = SQLITE_OK;
     u->t_end = uv_hrtime();
     if (u->nclaimed + u->ndead >= 32) {
@@ -1859,6 +1880,7 @@ static void unit_run(uv_work_t *w)
 rollback:
     u->rc = rc;
     sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
+    txn_open(r, 0);
     for (i = 0; i < u->nclaimed; i++)
         msg_free(u->claimed[i]);
     free(u->claimed);
@@ -2193,7 +2215,8 @@ static int attach_wal_hook(void *arg, sqlite3 *db, const char *name, int pages)
     (void)db;
     (void)name;
     __atomic_store_n(&r->ckpt_pages, pages, __ATOMIC_RELAXED);
-    uv_async_send(&r->wake_async);
+    if (__atomic_load_n(&r->wake_ready, __ATOMIC_ACQUIRE)) /* attached before start: nothing to wake yet */
+        uv_async_send(&r->wake_async);
     return SQLITE_OK;
 }
 
@@ -2253,22 +2276,63 @@ static void on_wal_change(uv_fs_event_t *h, const char *filename, int events, in
 
 void outbox_relay_wake(outbox_relay *r)
 {
-    if (r)
+    if (r && __atomic_load_n(&r->wake_ready, __ATOMIC_ACQUIRE))
         uv_async_send(&r->wake_async);
+}
+
+/*
+ * The attached connection's busy handler, in place of its busy timeout (same
+ * total wait). SQLite's own handler sleeps 1, 2, 5, 10, 15, 20, 25 ms ...
+ * between tries, so a writer that met the relay's transaction usually slept
+ * well past its end, and on the application's loop thread that sleep held up
+ * everything, the relay's Redis traffic too. This one wakes the moment the
+ * relay's transaction ends; a lock held by anyone else is polled every ms.
+ */
+static int attach_busy(void *arg, int count)
+{
+    static __thread uint64_t start;
+    outbox_relay *r = arg;
+    uint64_t now = uv_hrtime(), left;
+    if (count == 0)
+        start = now;
+    if (now - start >= (uint64_t)r->attach_busy_ms * 1000000u)
+        return 0;
+    left = (uint64_t)r->attach_busy_ms * 1000000u - (now - start);
+    uv_mutex_lock(&r->txn_mutex);
+    if (r->txn_open) {
+        uv_cond_timedwait(&r->txn_cond, &r->txn_mutex, left < 5000000u ? left : 5000000u);
+        uv_mutex_unlock(&r->txn_mutex);
+        return 1;
+    }
+    uv_mutex_unlock(&r->txn_mutex);
+    uv_sleep(1);
+    return 1;
 }
 
 int outbox_relay_attach(outbox_relay *r, sqlite3 *db)
 {
+    sqlite3_stmt *st = NULL;
     if (!r || !db)
         return OUTBOX_EINVAL;
     sqlite3_wal_hook(db, attach_wal_hook, r);
+    r->attach_busy_ms = 0;
+    if (sqlite3_prepare_v2(db, "PRAGMA busy_timeout", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        r->attach_busy_ms = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    /* A connection that does not wait for locks keeps not waiting. */
+    if (r->attach_busy_ms > 0 && r->txn_sync_ok)
+        sqlite3_busy_handler(db, attach_busy, r);
     return 0;
 }
 
 void outbox_relay_detach(sqlite3 *db)
 {
-    if (db)
-        sqlite3_wal_hook(db, NULL, NULL);
+    outbox_relay *r;
+    if (!db)
+        return;
+    r = sqlite3_wal_hook(db, NULL, NULL);
+    if (r && r->attach_busy_ms > 0 && r->txn_sync_ok)
+        sqlite3_busy_timeout(db, r->attach_busy_ms); /* the timeout it had at attach */
 }
 
 /* ------------------------------------------------------------------ */
@@ -2442,6 +2506,10 @@ static void free_fields(outbox_relay *r)
     }
     sqlite3_close_v2(r->ckpt_db);
     sqlite3_close_v2(r->stats_db);
+    if (r->txn_sync_ok) {
+        uv_cond_destroy(&r->txn_cond);
+        uv_mutex_destroy(&r->txn_mutex);
+    }
     sqlite3_close_v2(r->dbstat_db);
     outbox__topics_free(&r->topics);
     free(r->waiting_reqs);
@@ -2478,6 +2546,12 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
         return OUTBOX_ENOMEM;
     r->loop = loop;
     r->s = *s;
+    if (uv_mutex_init(&r->txn_mutex) == 0) {
+        if (uv_cond_init(&r->txn_cond) == 0)
+            r->txn_sync_ok = 1;
+        else
+            uv_mutex_destroy(&r->txn_mutex);
+    }
     r->log.fn = s->log;
     r->log.data = s->log_data;
     r->log.min_level = s->log_level;
@@ -2584,6 +2658,7 @@ int outbox_relay_start(outbox_relay *r)
     uv_timer_init(r->loop, &r->shutdown_timer);
     uv_timer_init(r->loop, &r->wal_timer);
     uv_async_init(r->loop, &r->wake_async, on_wake);
+    __atomic_store_n(&r->wake_ready, 1, __ATOMIC_RELEASE);
     r->kick_timer.data = r->scan_timer.data = r->busy_timer.data = r->reconnect_timer.data = r;
     r->shutdown_timer.data = r->wake_async.data = r->wal_timer.data = r;
     ((uv_handle_t *)&r->kick_timer)->data = r;
@@ -3051,6 +3126,7 @@ static void maybe_finish_stop(outbox_relay *r)
     uv_close((uv_handle_t *)&r->reconnect_timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->shutdown_timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->wal_timer, on_handle_closed);
+    __atomic_store_n(&r->wake_ready, 0, __ATOMIC_RELEASE);
     uv_close((uv_handle_t *)&r->wake_async, on_handle_closed);
     uv_close((uv_handle_t *)&r->wal_watch, on_handle_closed);
     close_ops(r);

@@ -22,8 +22,11 @@
  *     outbox_relay_destroy(r);
  *
  * Nothing the relay does blocks the loop on the network or sleeps on a lock:
- * its SQLite connection has busy_timeout 0 and retries from a timer when the
- * database is locked; checkpoints run on a libuv worker thread.
+ * its SQLite transactions (marks and claims, one at a time) and checkpoints
+ * run on libuv worker threads (uv_queue_work), with busy_timeout 0 and
+ * retries from a timer when the database is locked. Each transaction holds
+ * the write lock for a few ms at most. Log callbacks and every other
+ * callback run on the loop thread.
  *
  * Ordering: messages that share a non-empty key (within one topic) are
  * appended to their stream in commit order, also across retries and crashes
@@ -159,16 +162,22 @@ OUTBOX_API int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, vo
 OUTBOX_API void outbox_relay_destroy(outbox_relay *r);
 
 /* Wakes the relay to scan now, e.g. right after the application committed
- * messages. Thread-safe; cheap; calls coalesce. */
+ * messages. Thread-safe; cheap; calls coalesce; a no-op before start. */
 OUTBOX_API void outbox_relay_wake(outbox_relay *r);
 
 /*
  * Wakes the relay after every commit on the application's connection db,
  * through sqlite3_wal_hook(). Registering a WAL hook turns SQLite's automatic
  * checkpointing off on db, so the relay takes it over (PASSIVE checkpoints on
- * a worker thread when the WAL passes 1000 pages). Call from the thread that
- * owns db, and call outbox_relay_detach(db) from that thread before closing
- * db or destroying the relay. Returns 0 or OUTBOX_EINVAL.
+ * a worker thread when the WAL passes 1000 pages). If db waits for locks
+ * (PRAGMA busy_timeout > 0), its busy timeout is replaced by a busy handler
+ * with the same total wait that wakes the moment the relay's own transaction
+ * ends, instead of SQLite's default sleeps of up to 100 ms (on a loop
+ * thread, such a sleep holds up everything). Call from the thread that owns
+ * db, and call outbox_relay_detach(db) from that thread before closing db or
+ * destroying the relay; detach restores the busy timeout db had at attach.
+ * May be called before outbox_relay_start (wake-ups begin with the start).
+ * Returns 0 or OUTBOX_EINVAL.
  */
 OUTBOX_API int outbox_relay_attach(outbox_relay *r, sqlite3 *db);
 OUTBOX_API void outbox_relay_detach(sqlite3 *db);
@@ -187,8 +196,9 @@ typedef struct outbox_relay_stats {
     int redis_connected;
 } outbox_relay_stats;
 
-/* Fills st. Queries the database on the calling (loop) thread. Returns 0 or
- * an OUTBOX_E* code (then the database figures are -1). */
+/* Fills st. Queries the database on the calling (loop) thread, through a
+ * read-only connection of its own. Returns 0 or an OUTBOX_E* code (then the
+ * database figures are -1). */
 OUTBOX_API int outbox_relay_stats_get(outbox_relay *r, outbox_relay_stats *st);
 
 #ifdef __cplusplus
