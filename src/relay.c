@@ -163,6 +163,7 @@ struct outbox_relay {
     int txn_open;
     int attach_busy_ms; /* the attached connection's busy timeout, restored by detach */
     int wake_ready;     /* wake_async is initialised (atomic: read by attached connections' threads) */
+    int dv_pending;     /* a data_version check waits for the running unit */
     uint64_t claim_row_ns; /* recent cost of one claimed row (worker thread only) */
     sqlite3 *stats_db;  /* outbox_relay_stats_get's own connection */
 
@@ -219,6 +220,7 @@ static void schedule_work(outbox_relay *r);
 static void connect_redis(outbox_relay *r);
 static void maybe_finish_stop(outbox_relay *r);
 static void maybe_checkpoint(outbox_relay *r, int pages);
+static int data_version_changed(outbox_relay *r);
 static void send_msg(outbox_relay *r, msg *m, wait_group **grp);
 static void on_scan(uv_timer_t *t);
 static void on_handle_closed(uv_handle_t *h);
@@ -2037,6 +2039,10 @@ static void unit_done(uv_work_t *w, int status)
     free(u->claimed);
     u->claimed = NULL;
 
+    if (r->dv_pending) {
+        r->dv_pending = 0;
+        data_version_changed(r);
+    }
     r->last_claim_full = u->want_claim && (u->nclaimed + u->ndead) >= u->want;
     if (r->last_claim_full || r->marks_head || r->unit_again)
         schedule_work(r);
@@ -2235,9 +2241,10 @@ static int data_version_changed(outbox_relay *r)
 {
     int64_t v = 0;
     if (r->unit_running) {
-        /* The connection is the unit's: claim again after it instead. */
-        schedule_work(r);
-        return 1;
+        /* The connection is the unit's: look when it is done (the re-check
+         * timer keeps going meanwhile). */
+        r->dv_pending = 1;
+        return 0;
     }
     sqlite3_reset(r->q_data_version);
     if (sqlite3_step(r->q_data_version) == SQLITE_ROW)
