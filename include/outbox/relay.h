@@ -169,7 +169,7 @@ OUTBOX_API void outbox_relay_wake(outbox_relay *r);
  * Wakes the relay after every commit on the application's connection db,
  * through sqlite3_wal_hook(). Registering a WAL hook turns SQLite's automatic
  * checkpointing off on db, so the relay takes it over (PASSIVE checkpoints on
- * a worker thread when the WAL passes 1000 pages). If db waits for locks
+ * a worker thread when the WAL passes 8000 pages). If db waits for locks
  * (PRAGMA busy_timeout > 0), its busy timeout is replaced by a busy handler
  * with the same total wait that wakes the moment the relay's own transaction
  * ends, instead of SQLite's default sleeps of up to 100 ms (on a loop
