@@ -111,6 +111,12 @@ int64_t ot_unix_ms(void)
     return outbox_now_ms();
 }
 
+int ot_slow(void)
+{
+    const char *v = getenv("OUTBOX_UNDER_VALGRIND");
+    return v && *v && strcmp(v, "0") != 0 ? 10 : 1;
+}
+
 char *ot_make_db(const char *dir, const char *name)
 {
     char *path = th_path(dir, name), err[512];

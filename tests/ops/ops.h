@@ -33,6 +33,9 @@ sqlite3 *ot_open(const char *path);
 void ot_insert(sqlite3 *db, const char *prefix, int first, int n, const char *topic);
 /* Unix ms, the clock of the outbox columns. */
 int64_t ot_unix_ms(void);
+/* 10 under the valgrind test setup (OUTBOX_UNDER_VALGRIND), else 1: time
+ * bounds that wait for the daemon are multiplied by it. */
+int ot_slow(void);
 
 /* Reads a whole stream (XRANGE paged). ids[i] is the entry's "id" field
  * (malloc'd; "" when missing), eids[i] the entry id. */

@@ -256,14 +256,6 @@ static long long cmdstat_calls(const char *cmd)
     return calls;
 }
 
-/* Time bounds are multiplied by this: the daemon runs about 10 times
- * slower under the valgrind test setup. */
-static int slow_factor(void)
-{
-    const char *v = getenv("OUTBOX_UNDER_VALGRIND");
-    return v && *v && strcmp(v, "0") != 0 ? 10 : 1;
-}
-
 /* SCRIPT FLUSH while publishing: the calls in flight fail with NOSCRIPT,
  * their messages are handed back without counting an attempt, and the
  * relay loads the script again. */
@@ -279,7 +271,7 @@ static void script_flush(void)
         bail("truncate %s", logpath);
     pid = ot_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--batch", "8", "--inflight", "32", NULL);
     start = th_now_ms();
-    while (th_now_ms() - start < 20000 * slow_factor()) {
+    while (th_now_ms() - start < 20000 * ot_slow()) {
         int64_t p = th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'flush' AND state = 2");
         if (at_flush1 < 0 && p >= n / 4) {
             freeReplyObject(th_cmd(rc, "SCRIPT FLUSH"));

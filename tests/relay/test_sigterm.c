@@ -49,7 +49,9 @@ static int run_and_term(const char *log, const char *dbpath, const char *url, re
         diag("the relay did not start publishing");
     paused = th_now_ms();
     freeReplyObject(th_cmd(c, "CLIENT PAUSE %d WRITE", pause_ms));
-    th_sleep_ms(50); /* let XADDs pile up behind the pause */
+    /* Let XADDs pile up behind the pause (a daemon under valgrind takes
+     * longer to send its next ones). */
+    th_sleep_ms(50 * rt_slow());
     termed = th_now_ms();
     kill(pid, SIGTERM);
     rc = rt_wait(pid, wait_ms);
