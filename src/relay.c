@@ -161,6 +161,7 @@ struct outbox_relay {
     uv_cond_t txn_cond;
     int txn_sync_ok; /* mutex and cond initialised */
     int txn_open;
+    int yield; /* an attached connection waits for the lock: the unit ends early (atomic) */
     int attach_busy_ms; /* the attached connection's busy timeout, restored by detach */
     int wake_ready;     /* wake_async is initialised (atomic: read by attached connections' threads) */
     int dv_pending;     /* a data_version check waits for the running unit */
@@ -965,7 +966,8 @@ static int consider(claim_ctx *x, int idx)
 static int scan(claim_ctx *x, sqlite3_stmt *st, int takeover)
 {
     int rc;
-    while (x->nchosen < x->want && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+    while (x->nchosen < x->want && !__atomic_load_n(&x->r->yield, __ATOMIC_RELAXED) &&
+           (rc = sqlite3_step(st)) == SQLITE_ROW) {
         int64_t seq = sqlite3_column_int64(st, 0);
         const char *key;
         if (takeover && seqset_has(x->r, seq))
@@ -1315,7 +1317,7 @@ static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t
     sqlite3_bind_int64(r->q_due, 1, now);
     sqlite3_bind_int64(r->q_due, 2, (int64_t)want * 4);
     rc = scan(&x, r->q_due, 0);
-    if (rc == SQLITE_OK && x.nchosen < want && x.nblocked)
+    if (rc == SQLITE_OK && x.nchosen < want && x.nblocked && !__atomic_load_n(&r->yield, __ATOMIC_RELAXED))
         rc = add_key_heads(&x);
     if (rc != SQLITE_OK || x.nchosen == 0)
         goto done;
@@ -1803,8 +1805,10 @@ static void txn_open(outbox_relay *r, int open)
         return;
     uv_mutex_lock(&r->txn_mutex);
     r->txn_open = open;
-    if (!open)
+    if (!open) {
+        __atomic_store_n(&r->yield, 0, __ATOMIC_RELAXED);
         uv_cond_broadcast(&r->txn_cond);
+    }
     uv_mutex_unlock(&r->txn_mutex);
 }
 
@@ -1842,13 +1846,16 @@ static void unit_run(uv_work_t *w)
         }
         /* Half the budget for marks when a claim follows; the rest go back
          * to the queue (unit_done). */
-        if ((i & 15) == 15 && i + 1 < u->nmarks && !u->stopping &&
-            uv_hrtime() - u->t0 > (u->want_claim ? TXN_BUDGET_NS / 2 : TXN_BUDGET_NS)) {
+        if (i + 1 < u->nmarks && !u->stopping &&
+            (__atomic_load_n(&r->yield, __ATOMIC_RELAXED) ||
+             ((i & 15) == 15 && uv_hrtime() - u->t0 > (u->want_claim ? TXN_BUDGET_NS / 2 : TXN_BUDGET_NS)))) {
             u->nwritten = i + 1;
             u->want_claim = 0; /* marks first: they free the window */
             break;
         }
     }
+    if (u->want_claim && __atomic_load_n(&r->yield, __ATOMIC_RELAXED))
+        u->want_claim = 0; /* an application's writer waits */
     if (u->want_claim) {
         /* As many rows as the rest of the budget fits, from the cost of a
          * claimed row in recent claims; at least 32. */
@@ -2311,6 +2318,8 @@ static int attach_busy(void *arg, int count)
     left = (uint64_t)r->attach_busy_ms * 1000000u - (now - start);
     uv_mutex_lock(&r->txn_mutex);
     if (r->txn_open) {
+        /* Ask the unit to commit what it has and let go. */
+        __atomic_store_n(&r->yield, 1, __ATOMIC_RELAXED);
         uv_cond_timedwait(&r->txn_cond, &r->txn_mutex, left < 5000000u ? left : 5000000u);
         uv_mutex_unlock(&r->txn_mutex);
         return 1;
