@@ -966,8 +966,7 @@ static int consider(claim_ctx *x, int idx)
 static int scan(claim_ctx *x, sqlite3_stmt *st, int takeover)
 {
     int rc;
-    while (x->nchosen < x->want && !__atomic_load_n(&x->r->yield, __ATOMIC_RELAXED) &&
-           (rc = sqlite3_step(st)) == SQLITE_ROW) {
+    while (x->nchosen < x->want && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         int64_t seq = sqlite3_column_int64(st, 0);
         const char *key;
         if (takeover && seqset_has(x->r, seq))
@@ -1317,7 +1316,7 @@ static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t
     sqlite3_bind_int64(r->q_due, 1, now);
     sqlite3_bind_int64(r->q_due, 2, (int64_t)want * 4);
     rc = scan(&x, r->q_due, 0);
-    if (rc == SQLITE_OK && x.nchosen < want && x.nblocked && !__atomic_load_n(&r->yield, __ATOMIC_RELAXED))
+    if (rc == SQLITE_OK && x.nchosen < want && x.nblocked)
         rc = add_key_heads(&x);
     if (rc != SQLITE_OK || x.nchosen == 0)
         goto done;
@@ -1812,6 +1811,17 @@ static void txn_open(outbox_relay *r, int open)
     uv_mutex_unlock(&r->txn_mutex);
 }
 
+/* An attached connection waits for the lock (attach_busy): the unit ends
+ * soon, but only after YIELD_AFTER_NS of work and with a small claim, so
+ * that a writer committing every millisecond cannot stop the relay. */
+#define YIELD_AFTER_NS 500000u
+
+static int should_yield(outbox_relay *r, const struct unit *u)
+{
+    (void)u;
+    return __atomic_load_n(&r->yield, __ATOMIC_RELAXED) != 0;
+}
+
 /*
  * One unit of work is one SQLite transaction, run on a libuv worker thread so
  * that the loop keeps turning (Redis replies, sends, timers, /metrics) while
@@ -1846,23 +1856,21 @@ static void unit_run(uv_work_t *w)
         }
         /* Half the budget for marks when a claim follows; the rest go back
          * to the queue (unit_done). */
-        if (i + 1 < u->nmarks && !u->stopping &&
-            (__atomic_load_n(&r->yield, __ATOMIC_RELAXED) ||
-             ((i & 15) == 15 && uv_hrtime() - u->t0 > (u->want_claim ? TXN_BUDGET_NS / 2 : TXN_BUDGET_NS)))) {
+        if (i + 1 < u->nmarks && !u->stopping && (i & 15) == 15 &&
+            uv_hrtime() - u->t0 > (should_yield(r, u) ? YIELD_AFTER_NS
+                                                     : u->want_claim ? TXN_BUDGET_NS / 2 : TXN_BUDGET_NS)) {
             u->nwritten = i + 1;
             u->want_claim = 0; /* marks first: they free the window */
             break;
         }
     }
-    if (u->want_claim && __atomic_load_n(&r->yield, __ATOMIC_RELAXED))
-        u->want_claim = 0; /* an application's writer waits */
     if (u->want_claim) {
         /* As many rows as the rest of the budget fits, from the cost of a
          * claimed row in recent claims; at least 32. */
         uint64_t spent = uv_hrtime() - u->t0;
         uint64_t fit = spent < TXN_BUDGET_NS ? (TXN_BUDGET_NS - spent) / (r->claim_row_ns ? r->claim_row_ns : 1) : 0;
-        if (fit < 32)
-            fit = 32;
+        if (fit < 32 || should_yield(r, u))
+            fit = 32; /* an application's writer waits: a small claim, so the window keeps moving */
         if (u->want > fit)
             u->want = (unsigned)fit;
         u->t_claim0 = uv_hrtime();
