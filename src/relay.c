@@ -1812,9 +1812,12 @@ static void txn_open(outbox_relay *r, int open)
 }
 
 /* An attached connection waits for the lock (attach_busy): the unit ends
- * soon, but only after YIELD_AFTER_NS of work and with a small claim, so
- * that a writer committing every millisecond cannot stop the relay. */
-#define YIELD_AFTER_NS 500000u
+ * soon, but only after YIELD_AFTER_NS of marks and with a claim of
+ * YIELD_CLAIM rows, so that a writer committing every millisecond cannot
+ * stop the relay (with 32 rows, at 10k msg/s in-process, it fell behind for
+ * good: each unit then also waits for the writer's fsync and a lock gap). */
+#define YIELD_AFTER_NS 1000000u
+#define YIELD_CLAIM 128
 
 static int should_yield(outbox_relay *r, const struct unit *u)
 {
@@ -1869,8 +1872,10 @@ static void unit_run(uv_work_t *w)
          * claimed row in recent claims; at least 32. */
         uint64_t spent = uv_hrtime() - u->t0;
         uint64_t fit = spent < TXN_BUDGET_NS ? (TXN_BUDGET_NS - spent) / (r->claim_row_ns ? r->claim_row_ns : 1) : 0;
-        if (fit < 32 || should_yield(r, u))
-            fit = 32; /* an application's writer waits: a small claim, so the window keeps moving */
+        if (should_yield(r, u))
+            fit = YIELD_CLAIM; /* an application's writer waits: a bounded claim, so the window keeps moving */
+        else if (fit < 32)
+            fit = 32;
         if (u->want > fit)
             u->want = (unsigned)fit;
         u->t_claim0 = uv_hrtime();
