@@ -40,11 +40,24 @@ static void hold_lock(void *arg)
     sqlite3_close_v2(db);
 }
 
-static int insert_one(sqlite3 *db, const char *id)
+/* Inserts one row through db while another connection holds the write lock
+ * for hold_ms (taken 20 ms before the insert); returns its result code and
+ * the insert's time in *took. */
+static int insert_while_locked(sqlite3 *db, const char *id, int hold_ms, int64_t *took)
 {
     char sql[200];
+    uv_thread_t t;
+    holder h = {hold_ms};
+    int64_t t0;
+    int rc;
+    uv_thread_create(&t, hold_lock, &h);
+    uv_sleep(20);
     snprintf(sql, sizeof sql, "INSERT INTO outbox(id, topic, payload) VALUES ('%s', 'a', x'00')", id);
-    return sqlite3_exec(db, sql, NULL, NULL, NULL);
+    t0 = th_now_ms();
+    rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+    *took = th_now_ms() - t0;
+    uv_thread_join(&t);
+    return rc;
 }
 
 int main(void)
@@ -54,9 +67,7 @@ int main(void)
     outbox_relay_settings s;
     outbox_relay *r;
     sqlite3 *db;
-    uv_thread_t t;
-    holder h;
-    int64_t t0, took;
+    int64_t took;
     int rc;
 
     dir = rt_tmpdir();
@@ -73,13 +84,7 @@ int main(void)
     is_int(th_sql_int(db, "PRAGMA busy_timeout"), 0, "attached: the timeout is replaced by a busy handler");
 
     /* A lock held 150 ms by another connection: the writer waits it out. */
-    h.hold_ms = 150;
-    uv_thread_create(&t, hold_lock, &h);
-    uv_sleep(20);
-    t0 = th_now_ms();
-    rc = insert_one(db, "m1");
-    took = th_now_ms() - t0;
-    uv_thread_join(&t);
+    rc = insert_while_locked(db, "m1", 150, &took);
     is_int(rc, SQLITE_OK, "lock held 150 ms: the insert waits and succeeds");
     ok(took >= 100 && took < 400, "and it took about the rest of the hold (%lld ms)", (long long)took);
 
@@ -88,15 +93,9 @@ int main(void)
     is_int(th_sql_int(db, "PRAGMA busy_timeout"), 5000, "detached: busy_timeout 5000 again");
     sqlite3_busy_timeout(db, 300);
     outbox_relay_attach(r, db);
-    h.hold_ms = 1500;
-    uv_thread_create(&t, hold_lock, &h);
-    uv_sleep(20);
-    t0 = th_now_ms();
-    rc = insert_one(db, "m2");
-    took = th_now_ms() - t0;
+    rc = insert_while_locked(db, "m2", 1500, &took);
     is_int(rc & 0xff, SQLITE_BUSY, "lock held past a 300 ms timeout: SQLITE_BUSY");
     ok(took >= 280 && took < 1000, "after about 300 ms (%lld ms)", (long long)took);
-    uv_thread_join(&t);
     outbox_relay_detach(db);
     is_int(th_sql_int(db, "PRAGMA busy_timeout"), 300, "detached: busy_timeout 300 again");
 
@@ -104,15 +103,9 @@ int main(void)
     sqlite3_busy_timeout(db, 0);
     outbox_relay_attach(r, db);
     is_int(th_sql_int(db, "PRAGMA busy_timeout"), 0, "busy_timeout 0: still 0 after attach");
-    h.hold_ms = 300;
-    uv_thread_create(&t, hold_lock, &h);
-    uv_sleep(20);
-    t0 = th_now_ms();
-    rc = insert_one(db, "m3");
-    took = th_now_ms() - t0;
+    rc = insert_while_locked(db, "m3", 300, &took);
     is_int(rc & 0xff, SQLITE_BUSY, "busy_timeout 0: SQLITE_BUSY");
     ok(took < 100, "at once (%lld ms)", (long long)took);
-    uv_thread_join(&t);
     outbox_relay_detach(db);
     is_int(th_sql_int(db, "PRAGMA busy_timeout"), 0, "busy_timeout 0 after detach");
 
