@@ -150,6 +150,7 @@ struct outbox_relay {
         msg *settled; /* claimed and marked at once (dead, or handed back) */
         size_t nwritten; /* marks written when the budget ran out first, else 0 */
         int stopping; /* the last marks: no time budget */
+        uint64_t held, rest; /* in the window without a queued mark; marks left in the queue */
         int rc;
         const char *what;
         uint64_t t0, t_claim0, t_end;
@@ -1857,15 +1858,23 @@ static void unit_run(uv_work_t *w)
             u->what = "mark";
             goto rollback;
         }
-        /* Half the budget for marks when a claim follows; the rest go back
-         * to the queue (unit_done). */
+        /* Half the budget for marks when a claim follows, so that XADDs
+         * keep flowing while marks pile up; the rest go back to the queue
+         * (unit_done). */
         if (i + 1 < u->nmarks && !u->stopping && (i & 15) == 15 &&
             uv_hrtime() - u->t0 > (should_yield(r, u) ? YIELD_AFTER_NS
                                                      : u->want_claim ? TXN_BUDGET_NS / 2 : TXN_BUDGET_NS)) {
             u->nwritten = i + 1;
-            u->want_claim = 0; /* marks first: they free the window */
             break;
         }
+    }
+    if (u->want_claim && u->nwritten) {
+        /* The marks not written stay in the window. */
+        uint64_t occupied = u->held + u->rest + (u->nmarks - u->nwritten);
+        unsigned room = occupied < r->s.inflight ? (unsigned)(r->s.inflight - occupied) : 0;
+        if (u->want > room)
+            u->want = room;
+        u->want_claim = u->want > 0;
     }
     if (u->want_claim) {
         /* As many rows as the rest of the budget fits, from the cost of a
@@ -2122,8 +2131,18 @@ static void do_work(outbox_relay *r)
     } else {
         u->marks = NULL;
     }
-    if (r->marks_head)
-        want_claim = 0; /* marks first: they free the window */
+    /* Marks left in the queue stay in the window: claim only the room left
+     * with them (the worker lowers it again if it writes fewer marks). */
+    for (m = r->marks_head; m; m = m->next)
+        u->rest++;
+    u->held = held;
+    if (want_claim) {
+        uint64_t occupied = held + u->rest;
+        want = occupied < r->s.inflight ? (unsigned)(r->s.inflight - occupied) : 0;
+        if (want > r->s.batch)
+            want = r->s.batch;
+        want_claim = want > 0;
+    }
     u->want_claim = want_claim;
     u->want = want;
     u->stopping = r->state != R_RUNNING;

@@ -93,8 +93,8 @@ int main(void)
     ok(since_pause >= 650 && ms < 5000, "it waited for the held replies, within the shutdown timeout (%lld ms)",
        (long long)ms);
     text = th_slurp(log1);
-    if (rc != 0)
-        rt_diag_tail("relay", text, 20);
+    if (rc != 0 || getenv("SIGTERM_DEBUG"))
+        rt_diag_tail("relay", text, 40);
     ok(strstr(text, "msg=stopping") != NULL && strstr(text, "msg=stopped") != NULL, "held replies: a graceful stop");
     ok(strstr(text, "shutdown timeout") == NULL, "held replies: no shutdown timeout");
     free(text);
@@ -111,8 +111,8 @@ int main(void)
     diag("shutdown timeout: exited %lld ms after SIGTERM", (long long)ms);
     ok(ms >= 450 && since_pause < 2500, "it gave up waiting at the 500 ms timeout (%lld ms)", (long long)ms);
     text = th_slurp(log2);
-    if (rc != 0)
-        rt_diag_tail("relay", text, 20);
+    if (rc != 0 || getenv("SIGTERM_DEBUG"))
+        rt_diag_tail("relay", text, 40);
     ok(strstr(text, "shutdown timeout") != NULL, "shutdown timeout: logged");
     free(text);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "shutdown timeout: no row left in state 1");
