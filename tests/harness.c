@@ -420,6 +420,47 @@ char *th_bin(const char *rel)
     return p;
 }
 
+char **th_relay_argv(const char *db, const char *url, va_list ap)
+{
+    size_t n = 0, cap = 16;
+    char **argv = malloc(cap * sizeof *argv);
+    const char *a;
+    if (!argv)
+        bail("out of memory");
+    argv[n++] = th_bin("tools/relay/outbox-relay");
+    argv[n++] = strdup("--db");
+    argv[n++] = strdup(db);
+    argv[n++] = strdup("--redis");
+    argv[n++] = strdup(url);
+    while ((a = va_arg(ap, const char *)) != NULL) {
+        if (n + 2 > cap) {
+            cap *= 2;
+            argv = realloc(argv, cap * sizeof *argv);
+            if (!argv)
+                bail("out of memory");
+        }
+        argv[n++] = strdup(a);
+    }
+    argv[n] = NULL;
+    return argv;
+}
+
+void th_argv_free(char **argv)
+{
+    for (size_t i = 0; argv[i]; i++)
+        free(argv[i]);
+    free(argv);
+}
+
+int th_relay_runv(int timeout_ms, char **err, const char *db, const char *url, va_list ap)
+{
+    char **argv = th_relay_argv(db, url, ap), *out = NULL;
+    int rc = th_run(argv, NULL, &out, err, timeout_ms);
+    th_argv_free(argv);
+    free(out);
+    return rc;
+}
+
 /* ---- redis-server -------------------------------------------------------- */
 
 /* Servers (pid and directory) to clean up if the test exits without

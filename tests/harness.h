@@ -8,6 +8,7 @@
 #ifndef OUTBOX_TESTS_HARNESS_H
 #define OUTBOX_TESTS_HARNESS_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -72,6 +73,14 @@ char *th_bin(const char *rel);
  * most timeout_ms (then SIGKILL), returns the exit status (0..255), 128+sig if
  * killed by a signal, or -1 if it could not be started. */
 int th_run(char *const argv[], char *const env_add[], char **out, char **err, int timeout_ms);
+
+/* outbox-relay's argv: the build's binary, --db db --redis url, then the
+ * NULL-terminated extra arguments in ap; free it with th_argv_free. */
+char **th_relay_argv(const char *db, const char *url, va_list ap);
+void th_argv_free(char **argv);
+/* Runs outbox-relay (th_relay_argv) to its end as th_run; stdout dropped,
+ * stderr in *err (malloc'd, may be NULL). */
+int th_relay_runv(int timeout_ms, char **err, const char *db, const char *url, va_list ap);
 
 /* Starts argv in the background (stdout/stderr to the given file paths, or
  * inherited when NULL); returns the pid or -1. */

@@ -229,47 +229,19 @@ void ot_stream_free(ot_stream *s)
 
 /* ---- the daemon ---------------------------------------------------------- */
 
-static char **relay_argv(const char *db, const char *url, va_list ap)
-{
-    size_t n = 0, cap = 64;
-    char **argv = calloc(cap, sizeof *argv);
-    const char *a;
-    if (!argv)
-        bail("out of memory");
-    argv[n++] = th_bin("tools/relay/outbox-relay");
-    argv[n++] = strdup("--db");
-    argv[n++] = strdup(db);
-    argv[n++] = strdup("--redis");
-    argv[n++] = strdup(url);
-    while ((a = va_arg(ap, const char *)) != NULL) {
-        if (n + 2 > cap)
-            bail("too many relay arguments");
-        argv[n++] = strdup(a);
-    }
-    argv[n] = NULL;
-    return argv;
-}
-
-static void argv_free(char **argv)
-{
-    for (size_t i = 0; argv[i]; i++)
-        free(argv[i]);
-    free(argv);
-}
-
 pid_t ot_relay_spawn(const char *log, const char *db, const char *url, ...)
 {
     va_list ap;
     char **argv;
     pid_t pid;
     va_start(ap, url);
-    argv = relay_argv(db, url, ap);
+    argv = th_relay_argv(db, url, ap);
     va_end(ap);
     install_cleanup();
     pid = th_spawn(argv, NULL, log, log);
     if (pid < 0)
         bail("cannot start %s", argv[0]);
-    argv_free(argv);
+    th_argv_free(argv);
     track(pid);
     return pid;
 }
@@ -277,14 +249,10 @@ pid_t ot_relay_spawn(const char *log, const char *db, const char *url, ...)
 int ot_relay_run(int timeout_ms, char **err, const char *db, const char *url, ...)
 {
     va_list ap;
-    char **argv, *out = NULL;
     int rc;
     va_start(ap, url);
-    argv = relay_argv(db, url, ap);
+    rc = th_relay_runv(timeout_ms, err, db, url, ap);
     va_end(ap);
-    rc = th_run(argv, NULL, &out, err, timeout_ms);
-    argv_free(argv);
-    free(out);
     return rc;
 }
 

@@ -430,62 +430,26 @@ rt_audit rt_audit_topic(sqlite3 *db, redisContext *c, const char *prefix, const 
 
 /* ---- the daemon ------------------------------------------------------- */
 
-static char **relay_argv(const char *db, const char *url, va_list ap)
-{
-    size_t n = 0, cap = 16;
-    char **argv = malloc(cap * sizeof *argv);
-    const char *a;
-    if (!argv)
-        bail("out of memory");
-    argv[n++] = th_bin("tools/relay/outbox-relay");
-    argv[n++] = strdup("--db");
-    argv[n++] = strdup(db);
-    argv[n++] = strdup("--redis");
-    argv[n++] = strdup(url);
-    while ((a = va_arg(ap, const char *)) != NULL) {
-        if (n + 2 > cap) {
-            cap *= 2;
-            argv = realloc(argv, cap * sizeof *argv);
-            if (!argv)
-                bail("out of memory");
-        }
-        argv[n++] = strdup(a);
-    }
-    argv[n] = NULL;
-    return argv;
-}
-
-static void argv_free(char **argv)
-{
-    for (size_t i = 0; argv[i]; i++)
-        free(argv[i]);
-    free(argv);
-}
-
 pid_t rt_relay_spawn(const char *err_path, const char *db, const char *url, ...)
 {
     va_list ap;
     char **argv;
     pid_t pid;
     va_start(ap, url);
-    argv = relay_argv(db, url, ap);
+    argv = th_relay_argv(db, url, ap);
     va_end(ap);
     pid = rt_spawn(argv, err_path);
-    argv_free(argv);
+    th_argv_free(argv);
     return pid;
 }
 
 int rt_relay_run(int timeout_ms, char **err, const char *db, const char *url, ...)
 {
     va_list ap;
-    char **argv, *out = NULL;
     int rc;
     va_start(ap, url);
-    argv = relay_argv(db, url, ap);
+    rc = th_relay_runv(timeout_ms, err, db, url, ap);
     va_end(ap);
-    rc = th_run(argv, NULL, &out, err, timeout_ms);
-    argv_free(argv);
-    free(out);
     return rc;
 }
 
