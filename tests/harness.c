@@ -530,9 +530,9 @@ static void untrack(th_redis *r, int forget_dir)
     }
 }
 
-/* A loopback port nobody listens on right now. Another process could take
- * it before redis-server binds it; th_redis_start retries in that case. */
-static int free_port(void)
+/* Another process could take the port before redis-server binds it;
+ * th_redis_start retries in that case. */
+int th_free_port(void)
 {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
@@ -696,7 +696,7 @@ int th_redis_start(th_redis *r, int with_tcp, const char *extra_conf)
 
     for (attempt = 0; attempt < 3; attempt++) {
         if (with_tcp) {
-            r->port = free_port();
+            r->port = th_free_port();
             if (r->port <= 0) {
                 diag("no free loopback port");
                 break;

@@ -82,6 +82,9 @@ void th_argv_free(char **argv);
  * stderr in *err (malloc'd, may be NULL). */
 int th_relay_runv(int timeout_ms, char **err, const char *db, const char *url, va_list ap);
 
+/* A loopback TCP port nobody listens on right now (-1 on error). */
+int th_free_port(void);
+
 /* Starts argv in the background (stdout/stderr to the given file paths, or
  * inherited when NULL); returns the pid or -1. */
 pid_t th_spawn(char *const argv[], char *const env_add[], const char *out_path, const char *err_path);

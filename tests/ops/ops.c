@@ -271,22 +271,6 @@ int ot_stop(pid_t pid, int sig, int timeout_ms)
 
 /* ---- HTTP ---------------------------------------------------------------- */
 
-int ot_free_port(void)
-{
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-    if (fd < 0)
-        return -1;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 int ot_http_raw(int port, const char *req, size_t len, char **resp, int timeout_ms)
 {
     struct sockaddr_in a;

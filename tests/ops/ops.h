@@ -55,8 +55,6 @@ int ot_relay_run(int timeout_ms, char **err, const char *db, const char *url, ..
  * th_wait, -2 when it had to be killed. */
 int ot_stop(pid_t pid, int sig, int timeout_ms);
 
-/* A loopback TCP port nobody listens on right now. */
-int ot_free_port(void);
 
 /* One HTTP exchange over a plain socket to 127.0.0.1:port: sends req (len
  * bytes), reads until the server closes or timeout_ms. Returns the status

@@ -250,7 +250,7 @@ int main(void)
     dbpath = ot_make_db(dir, "http.db");
     logpath = th_path(dir, "relay.log");
     db = ot_open(dbpath);
-    port = ot_free_port();
+    port = th_free_port();
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     pid = ot_relay_spawn(logpath, dbpath, redis.url, "--metrics-listen", listen, NULL);
     deadline = th_now_ms() + 5000;

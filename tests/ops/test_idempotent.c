@@ -149,7 +149,7 @@ static void kill_loop(void)
  * original entry ids back. */
 static void lost_marks(void)
 {
-    int port = ot_free_port(), tries;
+    int port = th_free_port(), tries;
     char listen[64], *metrics = NULL, *log;
     pid_t pid;
     double v = -1;

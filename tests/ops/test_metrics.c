@@ -381,7 +381,7 @@ int main(void)
     dbpath = ot_make_db(dir, "metrics.db");
     logpath = th_path(dir, "relay.log");
     db = ot_open(dbpath);
-    port = ot_free_port();
+    port = th_free_port();
 
     pid = metrics_while_draining();
     topic_labels();

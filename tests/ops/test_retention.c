@@ -43,7 +43,7 @@ static int64_t count_prefix(const char *prefix)
 static void only_eligible(void)
 {
     char listen[64], *log, *text = NULL;
-    int port = ot_free_port();
+    int port = th_free_port();
     pid_t pid;
     int64_t start, gone_at = -1;
 

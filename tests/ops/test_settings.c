@@ -103,7 +103,7 @@ static void port_in_use(void)
 static void good_listen(void)
 {
     th_redis redis;
-    int port = ot_free_port(), st = 0;
+    int port = th_free_port(), st = 0;
     char listen_at[64], *log = th_path(dir, "relay.log");
     pid_t pid;
     int64_t deadline;
