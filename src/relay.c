@@ -1820,9 +1820,8 @@ static void txn_open(outbox_relay *r, int open)
 #define YIELD_AFTER_NS 1000000u
 #define YIELD_CLAIM 128
 
-static int should_yield(outbox_relay *r, const struct unit *u)
+static int should_yield(outbox_relay *r)
 {
-    (void)u;
     return __atomic_load_n(&r->yield, __ATOMIC_RELAXED) != 0;
 }
 
@@ -1862,7 +1861,7 @@ static void unit_run(uv_work_t *w)
          * keep flowing while marks pile up; the rest go back to the queue
          * (unit_done). */
         if (i + 1 < u->nmarks && !u->stopping && (i & 15) == 15 &&
-            uv_hrtime() - u->t0 > (should_yield(r, u) ? YIELD_AFTER_NS
+            uv_hrtime() - u->t0 > (should_yield(r) ? YIELD_AFTER_NS
                                                      : u->want_claim ? TXN_BUDGET_NS / 2 : TXN_BUDGET_NS)) {
             u->nwritten = i + 1;
             break;
@@ -1881,7 +1880,7 @@ static void unit_run(uv_work_t *w)
          * claimed row in recent claims; at least 32. */
         uint64_t spent = uv_hrtime() - u->t0;
         uint64_t fit = spent < TXN_BUDGET_NS ? (TXN_BUDGET_NS - spent) / (r->claim_row_ns ? r->claim_row_ns : 1) : 0;
-        if (should_yield(r, u))
+        if (should_yield(r))
             fit = YIELD_CLAIM; /* an application's writer waits: a bounded claim, so the window keeps moving */
         else if (fit < 32)
             fit = 32;
