@@ -1,4 +1,4 @@
--- The outbox table, schema version 2 (PRAGMA user_version = 2).
+-- The outbox table, schema version 3 (PRAGMA user_version = 3).
 --
 -- This file is the contract for writers in any language and is compiled into
 -- the library verbatim: outbox-relay init (or outbox_schema_apply()) runs it.
@@ -51,17 +51,26 @@ CREATE TABLE outbox (
     replay_reason TEXT
 );
 
--- Due pending rows in order of availability (rowid breaks ties): a claim
--- walks the head of this index, so its cost does not depend on the backlog.
-CREATE INDEX outbox_due ON outbox(available_at) WHERE state = 0;
+-- New pending rows in commit order: rows that wait for nothing but their
+-- turn (available_at not after created_at, never claimed). A claim walks the
+-- head of this index, so its cost does not depend on the backlog, and it
+-- meets a key's new rows in commit order. New rows land at its end.
+CREATE INDEX outbox_new ON outbox(seq) WHERE state = 0 AND available_at <= created_at;
+
+-- Pending rows made to wait (retried, released, requeued, or written with a
+-- later available_at), by the time they become due. Once claimed, a row
+-- never goes back to outbox_new: the relay and outbox-replay always set
+-- available_at after created_at.
+CREATE INDEX outbox_due ON outbox(available_at) WHERE state = 0 AND available_at > created_at;
 
 -- Leased rows by expiry, for takeover of expired leases.
 CREATE INDEX outbox_leased ON outbox(lease_until) WHERE state = 1;
 
--- The rows of each ordering key in commit order, for per-key ordering: a
--- keyed row waits for the row just before it. No state in it, so claims and
--- marks never write to it (its entries are spread over the whole index).
-CREATE INDEX outbox_key ON outbox(topic, key, seq) WHERE key IS NOT NULL;
+-- Per-key order: the keyed rows that can hold back a later row of their key
+-- out of commit order (leased, or made to wait). New rows are not in it, so
+-- a writer's INSERT never writes to it (its entries would be spread over the
+-- whole index); the claim knows a key's new rows from its walk of outbox_new.
+CREATE INDEX outbox_key ON outbox(topic, key, seq) WHERE key IS NOT NULL AND (state = 1 OR (state = 0 AND available_at > created_at));
 
 -- Published rows by age, for retention.
 CREATE INDEX outbox_published ON outbox(published_at) WHERE state = 2;

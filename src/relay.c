@@ -92,7 +92,7 @@ struct outbox_relay {
     char url_desc[300];
 
     sqlite3 *db;
-    sqlite3_stmt *q_due, *q_expired, *q_key_prev, *q_defer_key, *q_claim, *q_published, *q_failed, *q_release, *q_dead,
+    sqlite3_stmt *q_new, *q_due, *q_expired, *q_key_prev, *q_defer, *q_claim, *q_published, *q_failed, *q_release, *q_dead,
         *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention;
     int64_t data_version;
 
@@ -147,6 +147,7 @@ struct outbox_relay {
         size_t nmarks;
         msg **claimed;
         size_t nclaimed, ndead;
+        size_t ndeferred; /* rows the claim made due later: the next claim sees other rows */
         msg *settled; /* claimed and marked at once (dead, or handed back) */
         size_t nwritten; /* marks written when the budget ran out first, else 0 */
         int stopping; /* the last marks: no time budget */
@@ -522,7 +523,6 @@ static int bind_fence(sqlite3_stmt *st, int first, const outbox_relay *r, const 
 static int write_mark(outbox_relay *r, msg *m, int64_t now)
 {
     sqlite3_stmt *st;
-    int64_t retry_at = 0;
     int rc;
     const char *what;
 
@@ -535,20 +535,6 @@ static int write_mark(outbox_relay *r, msg *m, int64_t now)
         what = "published";
         break;
     case OUT_RETRY:
-        if (m->klen && m->attempts < (int64_t)r->s.max_attempts) {
-            /* The rest of its key waits until it is retried: make them due
-             * no earlier, so they do not fill the claim window meanwhile and
-             * hold back every other topic. */
-            retry_at = now + (int64_t)backoff_ms(r, m->attempts);
-            sqlite3_bind_text(r->q_defer_key, 1, m->topic, -1, SQLITE_STATIC);
-            sqlite3_bind_text(r->q_defer_key, 2, m->key, (int)m->klen, SQLITE_STATIC);
-            sqlite3_bind_int64(r->q_defer_key, 3, m->seq);
-            sqlite3_bind_int64(r->q_defer_key, 4, retry_at);
-            rc = sqlite3_step(r->q_defer_key);
-            sqlite3_reset(r->q_defer_key);
-            if (rc != SQLITE_DONE)
-                return rc;
-        }
         st = r->q_failed;
         bind_fence(st, 1, r, m);
         if (m->attempts >= (int64_t)r->s.max_attempts) {
@@ -558,7 +544,9 @@ static int write_mark(outbox_relay *r, msg *m, int64_t now)
             sqlite3_bind_int(st, 4, ROW_PENDING);
             what = "retry";
         }
-        sqlite3_bind_int64(st, 5, retry_at ? retry_at : now + (int64_t)backoff_ms(r, m->attempts));
+        /* Its key's later rows wait as long: claims that meet them move
+         * them behind it (defer). */
+        sqlite3_bind_int64(st, 5, now + (int64_t)backoff_ms(r, m->attempts));
         sqlite3_bind_text(st, 6, m->result ? m->result : "unknown error", -1, SQLITE_STATIC);
         break;
     case OUT_DEAD:
@@ -748,6 +736,9 @@ typedef struct cand {
     int64_t seq;
     const char *topic, *key; /* in the claim's arena */
     size_t klen;
+    int64_t token;      /* lease_token: 0 = never claimed */
+    int64_t available_at, created_at;
+    enum { S_EXPIRED, S_WAITING, S_NEW } source; /* outbox_leased, outbox_due or outbox_new */
     int takeover; /* an expired lease, not a pending row */
     int prev;     /* index of its key predecessor chosen in this batch, or -1 */
     msg *after;   /* or the message of an earlier batch it goes after */
@@ -793,13 +784,12 @@ static void arena_free(chunk *a)
     }
 }
 
-/* Per key, in one claim: the last row chosen and whether a blocked row was
- * noted for add_key_heads. */
+/* Per key, in one claim: its newest row chosen and its held rows. */
 typedef struct bslot {
-    int first; /* index of the key's first row seen; -1 = empty slot */
-    int last_chosen;
-    int noted;
-    int held; /* a row of it waits and nothing of it was chosen: so do its later rows */
+    int first;        /* index of the key's first row seen; -1 = empty slot */
+    int last_chosen;  /* index of its newest row chosen, or -1 */
+    int64_t held_min; /* the lowest seq of its rows held back, INT64_MAX if none */
+    int64_t wait_until; /* its held rows were made due no earlier than this (see defer), or 0 */
 } bslot;
 
 typedef struct claim_ctx {
@@ -810,8 +800,9 @@ typedef struct claim_ctx {
     size_t n, cap;
     int *chosen;
     size_t nchosen;
-    int *blocked; /* first held row of keys blocked by something not ours */
-    size_t nblocked;
+    int64_t new_head; /* seq of the first row of outbox_new, INT64_MAX when it is empty */
+    int64_t *defer;   /* (seq, available_at) pairs: rows to make due later (see defer) */
+    size_t ndefer;
     bslot *slots;
     size_t scap;
     chunk *arena;
@@ -829,18 +820,29 @@ static bslot *bslot_find(claim_ctx *x, const char *topic, const char *key, size_
     return &x->slots[i];
 }
 
-static int add_cand(claim_ctx *x, int64_t seq, const char *topic, const char *key, size_t klen, int takeover)
+/* Adds the current row of st (seq, topic, key, lease_token, available_at,
+ * created_at) as a candidate. */
+static int add_cand(claim_ctx *x, sqlite3_stmt *st, int source)
 {
+    const char *topic = (const char *)sqlite3_column_text(st, 1);
+    const char *key = sqlite3_column_type(st, 2) == SQLITE_NULL ? NULL : (const char *)sqlite3_column_text(st, 2);
+    size_t klen = key ? (size_t)sqlite3_column_bytes(st, 2) : 0;
     cand *c;
     if (x->n == x->cap)
         return SQLITE_NOMEM; /* sized for the most a claim looks at */
+    if (!topic)
+        return SQLITE_NOMEM;
     c = &x->cs[x->n];
     memset(c, 0, sizeof *c);
-    c->seq = seq;
+    c->seq = sqlite3_column_int64(st, 0);
     c->topic = arena_dup(&x->arena, topic, strlen(topic));
     c->key = key ? arena_dup(&x->arena, key, klen) : NULL;
-    c->klen = key ? klen : 0;
-    c->takeover = takeover;
+    c->klen = klen;
+    c->token = sqlite3_column_int64(st, 3);
+    c->available_at = sqlite3_column_int64(st, 4);
+    c->created_at = sqlite3_column_int64(st, 5);
+    c->source = source;
+    c->takeover = source == S_EXPIRED;
     c->prev = -1;
     if (!c->topic || (key && !c->key))
         return SQLITE_NOMEM;
@@ -859,39 +861,78 @@ static void choose(claim_ctx *x, int idx, int prev, msg *after)
         bslot_find(x, c->topic, c->key, c->klen)->last_chosen = idx;
 }
 
+/* A pending row held back by a row made to wait becomes due no earlier than
+ * it (`at`): a new row leaves outbox_new for the waiting rows (available_at
+ * after its created_at), and a waiting row moves behind it in outbox_due.
+ * Otherwise the walks would meet such rows again and again, and a long run
+ * of them would keep the walk of outbox_due from ever reaching the row they
+ * wait for. Written after the walks (see claim). */
+static void defer(claim_ctx *x, const cand *c, bslot *bs, int64_t at)
+{
+    if (c->source == S_EXPIRED)
+        return;
+    if (c->source == S_NEW && at <= c->created_at)
+        at = c->created_at + 1;
+    if (bs && at > bs->wait_until)
+        bs->wait_until = at; /* its later rows wait as long */
+    if (at <= c->available_at)
+        return;
+    x->defer[2 * x->ndefer] = c->seq;
+    x->defer[2 * x->ndefer + 1] = at;
+    x->ndefer++;
+}
+
 enum decision { D_FREE, D_IN_BATCH, D_AFTER, D_HELD_OURS, D_HELD };
 
 /*
- * Per-key order: a keyed row may go when the row of its key just before it
- * (in seq order) is published or dead, or was chosen earlier in this batch
- * (it is sent after it), or is this relay's own message still on its way
- * (it is chained behind it). Otherwise it waits. Unfinished rows of a key
- * always form its tail, because a row is never sent before its predecessor
- * is appended, so the predecessor alone decides; a row requeued by
- * outbox-replay is the one exception and holds nothing back.
+ * Per-key order: a keyed row may go when every earlier row of its key is
+ * published or dead, or was chosen earlier in this batch (it is sent after
+ * it), or is this relay's own message still on its way (it is chained
+ * behind it). Otherwise it waits. The earlier unfinished rows of a key are
+ * found in two places:
+ * - New rows (outbox_new) are walked in seq order, so those before a new
+ *   row were seen earlier in this claim (its bslot). A row claimed before
+ *   (lease_token > 0) has no new row before it: it was claimed after them,
+ *   and every row that goes back to pending becomes a waiting row. A waiting
+ *   row never claimed (written with a later available_at) goes only when no
+ *   new row at all is older than it.
+ * - Leased and waiting rows are in outbox_key; the newest one before the row
+ *   is looked up.
+ * Unfinished rows of a key always form its tail, because a row is never
+ * sent before its predecessor is appended, so the newest unfinished
+ * predecessor decides; a row requeued by outbox-replay is the exception.
  */
-static enum decision decide(claim_ctx *x, const cand *c, int *prev, msg **after, int *rc)
+static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **after, int *rc)
 {
     outbox_relay *r = x->r;
     sqlite3_stmt *st = r->q_key_prev;
-    bslot *bs;
-    int64_t pseq, pstate, ptoken;
-    int mine;
+    int64_t pseq, pstate, ptoken, pavail;
+    int mine, lc = bs->last_chosen;
     enum decision d = D_HELD;
 
     *prev = -1;
     *after = NULL;
     *rc = SQLITE_OK;
+    if (bs->held_min < c->seq) {
+        if (bs->wait_until)
+            defer(x, c, bs, bs->wait_until);
+        return D_HELD;
+    }
+    if (c->source == S_WAITING && c->token == 0 && x->new_head < c->seq)
+        return D_HELD;
+    if (lc >= 0 && x->cs[lc].seq > c->seq)
+        return D_HELD; /* cannot happen: a key's rows are chosen in seq order */
     sqlite3_bind_text(st, 1, c->topic, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, c->key, (int)c->klen, SQLITE_STATIC);
     sqlite3_bind_int64(st, 3, c->seq);
-    sqlite3_bind_int64(st, 4, 1);
     *rc = sqlite3_step(st);
     if (*rc != SQLITE_ROW) {
         sqlite3_reset(st);
-        if (*rc == SQLITE_DONE)
-            *rc = SQLITE_OK;
-        return D_FREE; /* first of its key (or an error, *rc says) */
+        if (*rc != SQLITE_DONE)
+            return D_HELD; /* *rc says why */
+        *rc = SQLITE_OK;
+        *prev = lc;
+        return lc >= 0 ? D_IN_BATCH : D_FREE;
     }
     *rc = SQLITE_OK;
     pseq = sqlite3_column_int64(st, 0);
@@ -899,12 +940,10 @@ static enum decision decide(claim_ctx *x, const cand *c, int *prev, msg **after,
     mine = sqlite3_column_type(st, 2) == SQLITE_TEXT &&
            strcmp((const char *)sqlite3_column_text(st, 2), r->worker_id) == 0;
     ptoken = sqlite3_column_int64(st, 3);
+    pavail = sqlite3_column_int64(st, 4);
     sqlite3_reset(st);
-    if (pstate >= ROW_PUBLISHED)
-        return D_FREE;
-    bs = bslot_find(x, c->topic, c->key, c->klen);
-    if (bs->first >= 0 && bs->last_chosen >= 0 && x->cs[bs->last_chosen].seq == pseq) {
-        *prev = bs->last_chosen;
+    if (lc >= 0 && x->cs[lc].seq >= pseq) {
+        *prev = lc;
         return D_IN_BATCH;
     }
     if (pstate == ROW_SENDING && mine && seqset_has(r, pseq)) {
@@ -919,6 +958,9 @@ static enum decision decide(claim_ctx *x, const cand *c, int *prev, msg **after,
             *after = m;
             d = D_AFTER;
         }
+    } else if (pstate == ROW_PENDING) {
+        /* Behind a row made to wait: wait as long. */
+        defer(x, c, bs, pavail);
     }
     return d;
 }
@@ -937,134 +979,106 @@ static int consider(claim_ctx *x, int idx)
         if (bs->first < 0) {
             bs->first = idx;
             bs->last_chosen = -1;
-            bs->noted = 0;
-            bs->held = 0;
+            bs->held_min = INT64_MAX;
+            bs->wait_until = 0;
         }
-        /* Every unfinished row after a waiting one waits too (a head that
-         * could go after all is found by add_key_heads): no lookup. */
-        if (bs->held)
-            return SQLITE_OK;
-        d = decide(x, c, &prev, &after, &rc);
+    }
+    if (c->source == S_NEW && c->available_at > x->now) {
+        /* Not due (its created_at is in the future): a waiting row. */
+        defer(x, c, bs, c->available_at);
+        d = D_HELD;
+    } else if (bs) {
+        d = decide(x, c, bs, &prev, &after, &rc);
         if (rc != SQLITE_OK)
             return rc;
     }
     if (d == D_HELD_OURS || d == D_HELD) {
-        if (bs->last_chosen < 0)
-            bs->held = 1;
-        /* A key that nothing of ours moves: add_key_heads may find its head. */
-        if (d == D_HELD && bs->last_chosen < 0 && !bs->noted) {
-            bs->noted = 1;
-            x->blocked[x->nblocked++] = idx;
-        }
+        if (bs && c->seq < bs->held_min)
+            bs->held_min = c->seq;
         return SQLITE_OK;
     }
     choose(x, idx, prev, after);
     return SQLITE_OK;
 }
 
-/* Steps st (columns seq, topic, key) and considers each row until the batch
- * is full. takeover: rows are expired leases; our own are skipped. */
-static int scan(claim_ctx *x, sqlite3_stmt *st, int takeover)
+/* Steps q_expired and considers each row until the batch is full; our own
+ * leases (still in flight) are skipped. */
+static int scan_expired(claim_ctx *x)
 {
+    sqlite3_stmt *st = x->r->q_expired;
     int rc;
+    sqlite3_bind_int64(st, 1, x->now);
+    sqlite3_bind_int64(st, 2, x->want);
     while (x->nchosen < x->want && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        int64_t seq = sqlite3_column_int64(st, 0);
-        const char *key;
-        if (takeover && seqset_has(x->r, seq))
-            continue; /* our own, still in flight */
-        key = sqlite3_column_type(st, 2) == SQLITE_NULL ? NULL : (const char *)sqlite3_column_text(st, 2);
-        rc = add_cand(x, seq, (const char *)sqlite3_column_text(st, 1), key,
-                      key ? (size_t)sqlite3_column_bytes(st, 2) : 0, takeover);
+        if (seqset_has(x->r, sqlite3_column_int64(st, 0)))
+            continue;
+        rc = add_cand(x, st, S_EXPIRED);
         if (rc == SQLITE_OK)
             rc = consider(x, (int)x->n - 1);
-        if (rc != SQLITE_OK) {
-            sqlite3_reset(st);
-            return rc;
-        }
+        if (rc != SQLITE_OK)
+            break;
     }
     sqlite3_reset(st);
-    return SQLITE_OK;
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
 /*
- * A key whose next row waits behind a row that is not in the window: a head
- * retried with backoff becomes due after its successors, so a window full of
- * such successors would never reach it, and nothing of any topic would be
- * claimed. For each such key (nothing of it chosen in this batch), walk back
- * from the waiting row to the key's first unfinished row and choose the
- * rows from there on as long as they can be claimed now.
+ * Walks the waiting rows that are due (outbox_due) and the new rows
+ * (outbox_new) together, oldest available_at first, and considers each row
+ * until the batch is full. Each walk looks further than `want`, so that rows
+ * held back by their key do not starve the rest.
  */
-static int add_key_heads(claim_ctx *x)
+static int scan_pending(claim_ctx *x)
 {
     outbox_relay *r = x->r;
-    sqlite3_stmt *st = r->q_key_prev;
-    int64_t limit = (int64_t)r->s.inflight + 4 * (int64_t)x->want;
-    int64_t *seqs = NULL;
-    int *ready = NULL;
-    size_t bi, cap = 0;
-    int rc = SQLITE_OK;
+    sqlite3_stmt *w = r->q_due, *n = r->q_new;
+    int rw, rn, rc = SQLITE_OK;
 
-    for (bi = 0; bi < x->nblocked && x->nchosen < x->want && rc == SQLITE_OK; bi++) {
-        cand *b = &x->cs[x->blocked[bi]];
-        size_t k = 0;
-        int ours = 0, complete = 0, prev = -1;
-        sqlite3_bind_text(st, 1, b->topic, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 2, b->key, (int)b->klen, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 3, b->seq);
-        sqlite3_bind_int64(st, 4, limit);
-        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-            int64_t seq = sqlite3_column_int64(st, 0), state = sqlite3_column_int64(st, 1);
-            if (state >= ROW_PUBLISHED) {
-                complete = 1;
-                break;
-            }
-            if (seqset_has(r, seq)) {
-                ours = 1; /* moving already, through us */
-                break;
-            }
-            if (k == cap) {
-                size_t nc = cap ? cap * 2 : 64;
-                int64_t *ns = realloc(seqs, nc * sizeof *ns);
-                int *nr = ns ? realloc(ready, nc * sizeof *nr) : NULL;
-                if (ns)
-                    seqs = ns;
-                if (!nr) {
-                    rc = SQLITE_NOMEM;
-                    break;
-                }
-                ready = nr;
-                cap = nc;
-            }
-            seqs[k] = seq;
-            /* 1: pending and due; 2: an expired lease (a takeover); 0: not now. */
-            if (state == ROW_PENDING)
-                ready[k] = sqlite3_column_int64(st, 4) <= x->now;
-            else
-                ready[k] = sqlite3_column_type(st, 5) != SQLITE_NULL && sqlite3_column_int64(st, 5) <= x->now ? 2 : 0;
-            k++;
-        }
-        sqlite3_reset(st);
-        if (rc == SQLITE_DONE)
-            complete = 1; /* reached the key's first row */
-        if (rc == SQLITE_ROW || rc == SQLITE_DONE)
-            rc = SQLITE_OK;
-        if (rc != SQLITE_OK || ours || !complete || k == 0)
-            continue;
-        /* seqs[k-1] is the head; choose forward while claimable. */
-        while (k > 0 && ready[k - 1] && x->nchosen < x->want) {
-            k--;
-            rc = add_cand(x, seqs[k], b->topic, b->key, b->klen, ready[k] == 2);
-            if (rc != SQLITE_OK)
-                break;
-            choose(x, (int)x->n - 1, prev, NULL);
-            prev = (int)x->n - 1;
-        }
-        if (rc == SQLITE_OK && k == 0 && prev >= 0 && x->nchosen < x->want && b->fate == C_SEEN)
-            choose(x, x->blocked[bi], prev, NULL);
+    sqlite3_bind_int64(w, 1, x->now);
+    sqlite3_bind_int64(w, 2, (int64_t)x->want * 4);
+    sqlite3_bind_int64(n, 1, (int64_t)x->want * 4);
+    rn = sqlite3_step(n);
+    rw = sqlite3_step(w);
+    x->new_head = rn == SQLITE_ROW ? sqlite3_column_int64(n, 0) : INT64_MAX;
+    while (x->nchosen < x->want && (rw == SQLITE_ROW || rn == SQLITE_ROW)) {
+        int take_new = rw != SQLITE_ROW ||
+                       (rn == SQLITE_ROW && (sqlite3_column_int64(n, 4) < sqlite3_column_int64(w, 4) ||
+                                             (sqlite3_column_int64(n, 4) == sqlite3_column_int64(w, 4) &&
+                                              sqlite3_column_int64(n, 0) < sqlite3_column_int64(w, 0))));
+        rc = add_cand(x, take_new ? n : w, take_new ? S_NEW : S_WAITING);
+        if (rc == SQLITE_OK)
+            rc = consider(x, (int)x->n - 1);
+        if (rc != SQLITE_OK)
+            break;
+        if (take_new)
+            rn = sqlite3_step(n);
+        else
+            rw = sqlite3_step(w);
     }
-    free(seqs);
-    free(ready);
+    if (rc == SQLITE_OK && rw != SQLITE_ROW && rw != SQLITE_DONE)
+        rc = rw;
+    if (rc == SQLITE_OK && rn != SQLITE_ROW && rn != SQLITE_DONE)
+        rc = rn;
+    sqlite3_reset(w);
+    sqlite3_reset(n);
     return rc;
+}
+
+/* Writes the new due times that defer collected. */
+static int write_deferred(claim_ctx *x)
+{
+    sqlite3_stmt *st = x->r->q_defer;
+    size_t i;
+    int rc;
+    for (i = 0; i < x->ndefer; i++) {
+        sqlite3_bind_int64(st, 1, x->defer[2 * i]);
+        sqlite3_bind_int64(st, 2, x->defer[2 * i + 1]);
+        rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        if (rc != SQLITE_DONE)
+            return rc;
+    }
+    return SQLITE_OK;
 }
 
 static int build_command(outbox_relay *r, msg *m, const rowview *c)
@@ -1279,7 +1293,7 @@ static int claim_chosen(claim_ctx *x)
  * Returns SQLITE_OK or an error.
  */
 static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead,
-                 msg **settled)
+                 msg **settled, size_t *ndeferred)
 {
     claim_ctx x;
     msg **ms = NULL;
@@ -1289,36 +1303,32 @@ static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t
     *out = NULL;
     *nout = 0;
     *ndead = 0;
+    *ndeferred = 0;
     memset(&x, 0, sizeof x);
     x.r = r;
     x.now = now;
     x.want = want;
-    x.cap = (size_t)want * 6 + 1; /* expired (want) + due window (4 want) + heads (want) */
+    x.cap = (size_t)want * 9 + 1; /* expired (want) + waiting (4 want) + new (4 want) */
     x.scap = 16;
     while (x.scap < x.cap * 2)
         x.scap *= 2;
     x.cs = malloc(x.cap * sizeof *x.cs);
     x.chosen = malloc(x.cap * sizeof *x.chosen);
-    x.blocked = malloc(x.cap * sizeof *x.blocked);
+    x.defer = malloc(x.cap * 2 * sizeof *x.defer);
     x.slots = malloc(x.scap * sizeof *x.slots);
-    if (!x.cs || !x.chosen || !x.blocked || !x.slots)
+    if (!x.cs || !x.chosen || !x.defer || !x.slots)
         goto done;
     for (i = 0; i < x.scap; i++)
         x.slots[i].first = -1;
 
     /* Expired leases first: they are the oldest work. */
-    sqlite3_bind_int64(r->q_expired, 1, now);
-    sqlite3_bind_int64(r->q_expired, 2, want);
-    rc = scan(&x, r->q_expired, 1);
-    if (rc != SQLITE_OK)
-        goto done;
-    /* Look further than `want` so that rows held back by their key do not
-     * starve the rest; stop as soon as the batch is full. */
-    sqlite3_bind_int64(r->q_due, 1, now);
-    sqlite3_bind_int64(r->q_due, 2, (int64_t)want * 4);
-    rc = scan(&x, r->q_due, 0);
-    if (rc == SQLITE_OK && x.nchosen < want && x.nblocked)
-        rc = add_key_heads(&x);
+    rc = scan_expired(&x);
+    if (rc == SQLITE_OK)
+        rc = scan_pending(&x);
+    if (rc == SQLITE_OK)
+        rc = write_deferred(&x);
+    if (rc == SQLITE_OK)
+        *ndeferred = x.ndefer;
     if (rc != SQLITE_OK || x.nchosen == 0)
         goto done;
     rc = claim_chosen(&x);
@@ -1392,7 +1402,7 @@ done:
     arena_free(x.arena);
     free(x.cs);
     free(x.chosen);
-    free(x.blocked);
+    free(x.defer);
     free(x.slots);
     *out = ms;
     *nout = nm;
@@ -1887,7 +1897,7 @@ static void unit_run(uv_work_t *w)
         if (u->want > fit)
             u->want = (unsigned)fit;
         u->t_claim0 = uv_hrtime();
-        rc = claim(r, u->want, u->now, &u->claimed, &u->nclaimed, &u->ndead, &u->settled);
+        rc = claim(r, u->want, u->now, &u->claimed, &u->nclaimed, &u->ndead, &u->settled, &u->ndeferred);
         if (rc != SQLITE_OK) {
             u->what = "claim";
             goto rollback;
@@ -1915,7 +1925,7 @@ rollback:
         msg_free(u->claimed[i]);
     free(u->claimed);
     u->claimed = NULL;
-    u->nclaimed = u->ndead = 0;
+    u->nclaimed = u->ndead = u->ndeferred = 0;
     while ((m = u->settled) != NULL) {
         u->settled = m->next;
         msg_free(m);
@@ -2071,7 +2081,9 @@ static void unit_done(uv_work_t *w, int status)
         r->dv_pending = 0;
         data_version_changed(r);
     }
-    r->last_claim_full = u->want_claim && (u->nclaimed + u->ndead) >= u->want;
+    /* Claim again at once after a full claim, or after one that moved held
+     * rows out of the way (defer): the next walks reach rows behind them. */
+    r->last_claim_full = u->want_claim && ((u->nclaimed + u->ndead) >= u->want || u->ndeferred > 0);
     if (r->last_claim_full || r->marks_head || r->unit_again)
         schedule_work(r);
     else if (r->state == R_RUNNING) {
@@ -2510,15 +2522,20 @@ static const struct {
     const char *sql;
 } statements[] = {
 #define STMT(field, sql) {offsetof(outbox_relay, field), sql}
-    STMT(q_due, "SELECT seq, topic, key FROM outbox WHERE state = 0 AND available_at <= ?1 "
+    /* The claim's walks (see scan_pending): columns as add_cand reads them. */
+    STMT(q_new, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
+                "WHERE state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1"),
+    STMT(q_due, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
+                "WHERE state = 0 AND available_at > created_at AND available_at <= ?1 "
                 "ORDER BY available_at, seq LIMIT ?2"),
-    STMT(q_expired, "SELECT seq, topic, key FROM outbox WHERE state = 1 AND lease_until <= ?1 "
-                    "ORDER BY lease_until LIMIT ?2"),
-    /* The rows of a key before ?3, newest first (outbox_key). */
-    STMT(q_key_prev, "SELECT seq, state, lease_owner, lease_token, available_at, lease_until FROM outbox "
-                     "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL AND seq < ?3 ORDER BY seq DESC LIMIT ?4"),
-    STMT(q_defer_key, "UPDATE outbox SET available_at = ?4 WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL "
-                      "AND seq > ?3 AND state = 0 AND available_at < ?4"),
+    STMT(q_expired, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
+                    "WHERE state = 1 AND lease_until <= ?1 ORDER BY lease_until LIMIT ?2"),
+    /* The newest leased or waiting row of a key before ?3 (outbox_key). */
+    STMT(q_key_prev, "SELECT seq, state, lease_owner, lease_token, available_at FROM outbox "
+                     "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL "
+                     "AND (state = 1 OR (state = 0 AND available_at > created_at)) AND seq < ?3 "
+                     "ORDER BY seq DESC LIMIT 1"),
+    STMT(q_defer, "UPDATE outbox SET available_at = ?2 WHERE seq = ?1 AND state = 0 AND available_at < ?2"),
     STMT(q_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, "
                   "lease_until = ?2, attempts = attempts + 1 "
                   "WHERE seq IN (SELECT value FROM json_each(?3)) AND (state = 0 OR (state = 1 AND lease_until <= ?4)) "
@@ -2526,17 +2543,20 @@ static const struct {
     STMT(q_published, "UPDATE outbox SET state = 2, published_at = ?4, stream_id = ?5, lease_owner = NULL, "
                       "lease_until = NULL, last_error = NULL "
                       "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"),
-    STMT(q_failed, "UPDATE outbox SET state = ?4, available_at = ?5, last_error = ?6, lease_owner = NULL, "
+    /* A row that goes back to pending is a waiting row: available_at after created_at. */
+    STMT(q_failed, "UPDATE outbox SET state = ?4, available_at = max(?5, created_at + 1), last_error = ?6, lease_owner = NULL, "
                    "lease_until = NULL WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"),
-    STMT(q_release, "UPDATE outbox SET state = 0, available_at = ?4, attempts = max(attempts - 1, 0), "
+    STMT(q_release, "UPDATE outbox SET state = 0, available_at = max(?4, created_at + 1), attempts = max(attempts - 1, 0), "
                     "lease_owner = NULL, lease_until = NULL "
                     "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"),
     STMT(q_data_version, "PRAGMA data_version"),
     STMT(q_retention, "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 2 "
                       "AND published_at < ?1 ORDER BY published_at LIMIT ?2)"),
-    STMT(q_next_due, "SELECT min(available_at) FROM outbox WHERE state = 0 AND available_at > ?1"),
+    STMT(q_next_due, "SELECT min(available_at) FROM outbox WHERE state = 0 AND available_at > created_at "
+                     "AND available_at > ?1"),
     STMT(q_next_lease, "SELECT min(lease_until) FROM outbox WHERE state = 1 AND lease_until > ?1"),
-    STMT(q_drain, "SELECT EXISTS(SELECT 1 FROM outbox WHERE state = 0 AND available_at <= ?1) "
+    STMT(q_drain, "SELECT EXISTS(SELECT 1 FROM outbox WHERE state = 0 AND available_at <= created_at) "
+                  "OR EXISTS(SELECT 1 FROM outbox WHERE state = 0 AND available_at > created_at AND available_at <= ?1) "
                   "OR EXISTS(SELECT 1 FROM outbox WHERE state = 1)"),
 #undef STMT
 };
@@ -2848,12 +2868,18 @@ static void dbstat_run(uv_work_t *w)
         return;
     }
     st = NULL;
-    rc = sqlite3_prepare_v2(r->dbstat_db, "SELECT min(available_at) FROM outbox WHERE state = 0 AND available_at <= ?1",
+    /* The oldest of the first new row and the first due waiting row. */
+    rc = sqlite3_prepare_v2(r->dbstat_db,
+                            "WITH h(a, b) AS (SELECT (SELECT available_at FROM outbox WHERE state = 0 "
+                            "AND available_at <= created_at ORDER BY seq LIMIT 1), (SELECT min(available_at) "
+                            "FROM outbox WHERE state = 0 AND available_at > created_at AND available_at <= ?1)) "
+                            "SELECT min(coalesce(a, b), coalesce(b, a)) FROM h",
                             -1, &st, NULL);
     if (rc == SQLITE_OK) {
         int64_t now = outbox_now_ms();
         sqlite3_bind_int64(st, 1, now);
-        if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
+        if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL &&
+            sqlite3_column_int64(st, 0) <= now)
             d->oldest_due_ms = now - sqlite3_column_int64(st, 0);
     }
     sqlite3_finalize(st);

@@ -234,6 +234,26 @@ static const char migrate_1_to_2[] =
     "DROP INDEX IF EXISTS outbox_key_open;"
     "CREATE INDEX IF NOT EXISTS outbox_key ON outbox(topic, key, seq) WHERE key IS NOT NULL;";
 
+/* Schema 2 -> 3: new rows in commit order (outbox_new), rows made to wait by
+ * due time (outbox_due), and a per-key index of only the rows that can hold
+ * back a later row of their key, so that an INSERT writes to neither per-key
+ * nor random-order pages. A row claimed before but pending again with
+ * available_at not after created_at (a release within the millisecond of its
+ * creation) is moved to the waiting rows, where every claimed row belongs. */
+static const char migrate_2_to_3[] =
+    "DROP INDEX IF EXISTS outbox_due;"
+    "DROP INDEX IF EXISTS outbox_key;"
+    "CREATE INDEX outbox_new ON outbox(seq) WHERE state = 0 AND available_at <= created_at;"
+    "CREATE INDEX outbox_due ON outbox(available_at) WHERE state = 0 AND available_at > created_at;"
+    "UPDATE outbox SET available_at = created_at + 1 "
+    "WHERE state = 0 AND available_at <= created_at AND lease_token > 0;"
+    "CREATE INDEX outbox_key ON outbox(topic, key, seq) "
+    "WHERE key IS NOT NULL AND (state = 1 OR (state = 0 AND available_at > created_at));";
+
+/* migrations[v] takes a database from version v to v + 1. */
+static const char *const migrations[] = {NULL, migrate_1_to_2, migrate_2_to_3};
+_Static_assert(sizeof migrations / sizeof migrations[0] == OUTBOX_SCHEMA_VERSION, "a migration per version");
+
 /* Reads user_version and the table; shared by apply and check. */
 static int examine(sqlite3 *db, int64_t *version, int *exists, char *err, size_t errlen)
 {
@@ -316,9 +336,14 @@ int outbox_schema_apply(sqlite3 *db, char *err, size_t errlen)
     if (e != 0 || version == OUTBOX_SCHEMA_VERSION)
         goto done;
     /* Version 0: the whole schema. Older versions: their steps, in order. */
-    rc = sqlite3_exec(db, version == 0 ? outbox__schema_sql : migrate_1_to_2, NULL, NULL, &msg);
+    if (version == 0)
+        rc = sqlite3_exec(db, outbox__schema_sql, NULL, NULL, &msg);
+    else
+        for (rc = SQLITE_OK; rc == SQLITE_OK && version < OUTBOX_SCHEMA_VERSION; version++)
+            rc = sqlite3_exec(db, migrations[version], NULL, NULL, &msg);
     if (rc != SQLITE_OK) {
-        set_err(err, errlen, "cannot create the outbox schema: %s", msg ? msg : sqlite3_errstr(rc));
+        set_err(err, errlen, "cannot %s the outbox schema: %s", exists ? "migrate" : "create",
+                msg ? msg : sqlite3_errstr(rc));
         e = outbox__sqlite_code(rc);
         goto done;
     }

@@ -24,6 +24,32 @@ static int64_t one_int(sqlite3 *db, const char *sql)
     return v;
 }
 
+/* The first column of the first row as text (malloc'd), or NULL. */
+static char *one_text(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st;
+    char *v = NULL;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+        return NULL;
+    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_text(st, 0))
+        v = strdup((const char *)sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+    return v;
+}
+
+/* Every index of the outbox table, name and SQL, in name order. */
+static const char index_sql[] = "SELECT group_concat(name || ': ' || sql, char(10)) FROM (SELECT name, sql FROM "
+                                "sqlite_master WHERE type = 'index' AND tbl_name = 'outbox' AND sql IS NOT NULL "
+                                "ORDER BY name)";
+
+/* Turns a current database back into schema 1 or 2 (their indexes). */
+static const char v2_indexes[] = "DROP INDEX outbox_new; DROP INDEX outbox_due; DROP INDEX outbox_key;"
+                                 "CREATE INDEX outbox_due ON outbox(available_at) WHERE state = 0;"
+                                 "CREATE INDEX outbox_key ON outbox(topic, key, seq) WHERE key IS NOT NULL;";
+static const char v1_indexes[] = "DROP INDEX outbox_key;"
+                                 "CREATE INDEX outbox_key_open ON outbox(topic, key, seq) "
+                                 "WHERE key IS NOT NULL AND state < 2;";
+
 static void write_file(const char *path, const void *data, size_t len)
 {
     FILE *f = fopen(path, "wb");
@@ -177,26 +203,57 @@ static void test_refusals(void)
     sqlite3_close(db);
     free(p);
 
-    /* Schema 1 (per-key index on unfinished rows) is migrated to 2 in place. */
-    p = th_path(dir, "v1.db");
-    db = raw_open(p);
-    is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
-    sqlite3_exec(db,
-                 "DROP INDEX outbox_key;"
-                 "CREATE INDEX outbox_key_open ON outbox(topic, key, seq) WHERE key IS NOT NULL AND state < 2;"
-                 "INSERT INTO outbox(id, topic, key, payload) VALUES ('m1', 't', 'k', x'01'), ('m2', 't', NULL, x'02');"
-                 "PRAGMA user_version=1;",
-                 NULL, NULL, NULL);
-    is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_ENOSCHEMA, "version 1: check asks for a migration");
-    ok(strstr(err, "older") != NULL, "message: %s", err);
-    is_int(outbox_schema_apply(db, err, sizeof err), 0, "version 1 -> 2 applied (%s)", err);
-    is_int(one_int(db, "PRAGMA user_version"), OUTBOX_SCHEMA_VERSION, "user_version is now current");
-    is_int(one_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_key_open'"), 0, "old index gone");
-    is_int(one_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_key'"), 1, "new index there");
-    is_int(one_int(db, "SELECT count(*) FROM outbox"), 2, "rows kept");
-    is_int(outbox_schema_check(db, err, sizeof err), 0, "check passes");
-    sqlite3_close(db);
-    free(p);
+    /* Schemas 1 and 2 are migrated to the current one in place: the same
+     * indexes as a new database, rows kept, and a row claimed before that
+     * went back to pending in the millisecond of its creation moves to the
+     * waiting rows. */
+    {
+        char *want, *got;
+        p = th_path(dir, "current.db");
+        db = raw_open(p);
+        is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
+        want = one_text(db, index_sql);
+        ok(want && strstr(want, "outbox_new") && strstr(want, "outbox_key"), "indexes of a new database");
+        sqlite3_close(db);
+        free(p);
+        for (int from = 1; from <= 2; from++) {
+            char name[32];
+            snprintf(name, sizeof name, "v%d.db", from);
+            p = th_path(dir, name);
+            db = raw_open(p);
+            is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
+            is_int(sqlite3_exec(db, v2_indexes, NULL, NULL, NULL), SQLITE_OK, "back to schema 2's indexes");
+            if (from == 1)
+                is_int(sqlite3_exec(db, v1_indexes, NULL, NULL, NULL), SQLITE_OK, "back to schema 1's indexes");
+            sqlite3_exec(db,
+                         "INSERT INTO outbox(id, topic, key, payload) VALUES ('m1', 't', 'k', x'01'), "
+                         "('m2', 't', NULL, x'02');"
+                         "INSERT INTO outbox(id, topic, key, payload, created_at, available_at, lease_token) "
+                         "VALUES ('m3', 't', 'k', x'03', 1000, 1000, 2);",
+                         NULL, NULL, NULL);
+            snprintf(name, sizeof name, "PRAGMA user_version=%d", from);
+            sqlite3_exec(db, name, NULL, NULL, NULL);
+            is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_ENOSCHEMA,
+                   "version %d: check asks for a migration", from);
+            ok(strstr(err, "older") != NULL, "message: %s", err);
+            is_int(outbox_schema_apply(db, err, sizeof err), 0, "version %d -> %d applied (%s)", from,
+                   OUTBOX_SCHEMA_VERSION, err);
+            is_int(one_int(db, "PRAGMA user_version"), OUTBOX_SCHEMA_VERSION, "user_version is now current");
+            got = one_text(db, index_sql);
+            ok(want && got && strcmp(want, got) == 0, "from %d: the indexes of a new database:\n%s", from,
+               got ? got : "(none)");
+            free(got);
+            is_int(one_int(db, "SELECT count(*) FROM outbox"), 3, "rows kept");
+            is_int(one_int(db, "SELECT count(*) FROM outbox WHERE state = 0 AND available_at <= created_at"), 2,
+                   "new rows stay new");
+            is_int(one_int(db, "SELECT available_at - created_at FROM outbox WHERE id = 'm3'"), 1,
+                   "a row claimed before is a waiting row");
+            is_int(outbox_schema_check(db, err, sizeof err), 0, "check passes");
+            sqlite3_close(db);
+            free(p);
+        }
+        free(want);
+    }
 
     /* A newer schema. */
     p = th_path(dir, "newer.db");

@@ -9,10 +9,11 @@
  * (noise only adds time); the median is reported too.
  *
  * SQL path: the relay's claim statements run directly: one BEGIN IMMEDIATE,
- * the due-row SELECT of (seq, topic, key) read until B rows are chosen (the
- * relay may look up to 4 x B ahead), for each keyed row the lookup of its
- * key's previous row, one UPDATE ... WHERE seq IN (json_each) RETURNING for
- * the B rows, COMMIT. Median of 40 claims.
+ * the walk of the waiting rows (empty here), the walk of the new rows
+ * (outbox_new) read until B rows are chosen (the relay may look up to 4 x B
+ * ahead), for each keyed row the lookup of its key's newest leased or
+ * waiting row before it (outbox_key), one UPDATE ... WHERE seq IN
+ * (json_each) RETURNING for the B rows, COMMIT. Median of 40 claims.
  *
  * Both databases are built the same way: one transaction of raw prepared
  * INSERTs, synchronous=OFF, WAL, 16-byte payloads, the drain's topics and
@@ -103,21 +104,27 @@ static int relay_path(bench *b, const char *db, const char *tag, long measured, 
 static int sql_path(const char *db, double *us_per_claim, char *err, size_t errlen)
 {
     sqlite3 *h = NULL;
-    sqlite3_stmt *due = NULL, *upd = NULL, *prev = NULL;
+    sqlite3_stmt *due = NULL, *wait = NULL, *upd = NULL, *prev = NULL;
     double t[CLAIM_SQL_ROUNDS];
     int i, e;
     e = outbox_db_open(db, OUTBOX_OPEN_RELAY, &h, err, errlen);
     if (e != 0)
         return -1;
-    /* The statements of src/relay.c (q_due, q_key_prev, q_claim). */
+    /* The statements of src/relay.c (q_new, q_due, q_key_prev, q_claim). */
     if (sqlite3_prepare_v2(h,
-                           "SELECT seq, topic, key FROM outbox WHERE state = 0 AND available_at <= ?1 "
-                           "ORDER BY available_at, seq LIMIT ?2",
+                           "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
+                           "WHERE state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1",
                            -1, &due, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(h,
-                           "SELECT seq, state, lease_owner, lease_token, available_at, lease_until FROM outbox "
-                           "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL AND seq < ?3 ORDER BY seq DESC "
-                           "LIMIT 1",
+                           "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
+                           "WHERE state = 0 AND available_at > created_at AND available_at <= ?1 "
+                           "ORDER BY available_at, seq LIMIT ?2",
+                           -1, &wait, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(h,
+                           "SELECT seq, state, lease_owner, lease_token, available_at FROM outbox "
+                           "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL "
+                           "AND (state = 1 OR (state = 0 AND available_at > created_at)) AND seq < ?3 "
+                           "ORDER BY seq DESC LIMIT 1",
                            -1, &prev, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(h,
                            "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, "
@@ -135,8 +142,12 @@ static int sql_path(const char *db, double *us_per_claim, char *err, size_t errl
         uint64_t t0 = bench_mono_ns();
         if (bench_exec(h, "BEGIN IMMEDIATE", err, errlen) != 0)
             goto fail;
-        sqlite3_bind_int64(due, 1, now);
-        sqlite3_bind_int64(due, 2, CLAIM_BATCH * 4);
+        /* No waiting rows here: the relay's walk of them ends at once. */
+        sqlite3_bind_int64(wait, 1, now);
+        sqlite3_bind_int64(wait, 2, CLAIM_BATCH * 4);
+        (void)sqlite3_step(wait);
+        sqlite3_reset(wait);
+        sqlite3_bind_int64(due, 1, CLAIM_BATCH * 4);
         *p++ = '[';
         while (n < CLAIM_BATCH && sqlite3_step(due) == SQLITE_ROW) {
             int64_t seq = sqlite3_column_int64(due, 0);
@@ -178,12 +189,14 @@ static int sql_path(const char *db, double *us_per_claim, char *err, size_t errl
     }
     *us_per_claim = bench_median(t, CLAIM_SQL_ROUNDS);
     sqlite3_finalize(due);
+    sqlite3_finalize(wait);
     sqlite3_finalize(prev);
     sqlite3_finalize(upd);
     sqlite3_close_v2(h);
     return 0;
 fail:
     sqlite3_finalize(due);
+    sqlite3_finalize(wait);
     sqlite3_finalize(prev);
     sqlite3_finalize(upd);
     sqlite3_close_v2(h);
