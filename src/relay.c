@@ -900,7 +900,8 @@ enum decision { D_FREE, D_IN_BATCH, D_AFTER, D_HELD_OURS, D_HELD };
  *   is looked up.
  * Unfinished rows of a key always form its tail, because a row is never
  * sent before its predecessor is appended, so the newest unfinished
- * predecessor decides; a row requeued by outbox-replay is the exception.
+ * predecessor decides. A row requeued by outbox-replay is the exception: it
+ * goes before its key's rows still pending, after those already published.
  */
 static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **after, int *rc)
 {

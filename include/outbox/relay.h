@@ -31,15 +31,16 @@
  * Ordering: messages that share a non-empty key (within one topic) are
  * appended to their stream in commit order, also across retries and crashes
  * (a crash may add a later duplicate of a message already appended). The
- * relay claims a keyed row when the previous row of its key is published or
+ * relay claims a keyed row when every earlier row of its key is published or
  * dead, claimed in the same batch, or its own message still on its way (the
  * new one is chained behind it), and sends a key's messages one after
  * another, each once the previous one was accepted. The cost: one Redis round
  * trip per message of a key (different keys are pipelined), and head-of-line
  * blocking per key while one of its messages is failing (retrying with
- * backoff; the key's pending rows are deferred to the retry). A dead message
- * stops blocking its key; a row requeued by outbox-replay holds nothing back.
- * Messages without a key are not held back by anything.
+ * backoff; the key's pending rows are made due no earlier than the retry when
+ * a claim meets them). A dead message stops blocking its key; a row requeued
+ * by outbox-replay goes before its key's rows still pending (after those
+ * already published). Messages without a key are not held back by anything.
  */
 #ifndef OUTBOX_RELAY_H
 #define OUTBOX_RELAY_H

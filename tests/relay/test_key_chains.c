@@ -9,6 +9,8 @@
  *    after it: that topic is published while the key waits (its rows are
  *    deferred with the head's retry), and the key follows in order once the
  *    string is deleted.
+ * 3. A row written with a later available_at: the rows of its key before it
+ *    go first, those after it wait for it, other keys do not.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -88,6 +90,34 @@ int main(void)
         rt_diag_tail("relay", text, 15);
     free(text);
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "failing key: the relay exits 0 on SIGTERM");
+
+    /* 3. k: a (new), b (due in 1.5 s), c (new); j: d (new). */
+    {
+        int64_t due = rt_unix_ms() + 1500;
+        th_sql_exec(db,
+                    "INSERT INTO outbox(id, topic, key, payload) VALUES ('dl-a', 'delayed', 'k', x'61');"
+                    "INSERT INTO outbox(id, topic, key, payload, available_at) VALUES "
+                    "('dl-b', 'delayed', 'k', x'62', %lld);"
+                    "INSERT INTO outbox(id, topic, key, payload) VALUES ('dl-c', 'delayed', 'k', x'63');"
+                    "INSERT INTO outbox(id, topic, key, payload) VALUES ('dl-d', 'delayed', 'j', x'64');",
+                    (long long)due);
+        pid = rt_relay_spawn(log1, dbpath, srv.url, NULL);
+        done = rt_wait_until(20000 * rt_slow(), topic_done, (void *)"delayed");
+        ok(done, "delayed row: everything published");
+        ok(th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-a'") < due,
+           "delayed row: the row of its key before it did not wait");
+        ok(th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-d'") < due,
+           "delayed row: another key did not wait");
+        ok(th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-b'") >= due,
+           "delayed row: published when due");
+        ok(th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-c'") >=
+               th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-b'"),
+           "delayed row: the row of its key after it waited for it");
+        a = rt_audit_topic(db, c, "outbox:", "delayed");
+        is_int(a.missing, 0, "delayed row: every message is in the stream");
+        is_int(a.order_violations, 0, "delayed row: stream order is commit order");
+        is_int(rt_stop(pid, SIGTERM, 15000), 0, "delayed row: the relay exits 0 on SIGTERM");
+    }
 
     redisFree(c);
     sqlite3_close_v2(db);
