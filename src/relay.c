@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
@@ -111,7 +112,8 @@ struct outbox_relay {
     uv_timer_t shutdown_timer;
     uv_async_t wake_async;
     uv_fs_event_t wal_watch;
-    int wal_watch_active;
+    int wal_watch_active; /* watching (not while a unit runs: see wal_watch_pause) */
+    char *wal_path;
     uv_timer_t wal_timer;       /* data_version re-checks after a WAL change */
     unsigned wal_rechecks;
     int handles_open;
@@ -163,6 +165,7 @@ struct outbox_relay {
     uv_cond_t txn_cond;
     int txn_sync_ok; /* mutex and cond initialised */
     int txn_open;
+    int in_unit; /* unit_run is between BEGIN and its end (worker thread; see unit_busy) */
     int yield; /* an attached connection waits for the lock: the unit ends early (atomic) */
     int attach_busy_ms; /* the attached connection's busy timeout, restored by detach */
     int wake_ready;     /* wake_async is initialised (atomic: read by attached connections' threads) */
@@ -224,6 +227,9 @@ static void connect_redis(outbox_relay *r);
 static void maybe_finish_stop(outbox_relay *r);
 static void maybe_checkpoint(outbox_relay *r, int pages);
 static int data_version_changed(outbox_relay *r);
+static void wal_watch_pause(outbox_relay *r);
+static int wal_watch_resume(outbox_relay *r);
+static void on_wal_change(uv_fs_event_t *h, const char *filename, int events, int status);
 static void send_msg(outbox_relay *r, msg *m, wait_group **grp);
 static void on_scan(uv_timer_t *t);
 static void on_handle_closed(uv_handle_t *h);
@@ -1823,6 +1829,35 @@ static void txn_open(outbox_relay *r, int open)
     uv_mutex_unlock(&r->txn_mutex);
 }
 
+/*
+ * The relay's connection when it meets a lock. Inside a unit (on a worker
+ * thread) it waits in naps of 100 us, up to UNIT_BUSY_NS: another
+ * connection's commit, even with an fsync, usually ends well within that,
+ * and the unit then starts right after it. Retrying from the loop's timer
+ * instead (1, 2, 4, 8 ms) let a writer committing every millisecond push
+ * each unit back by up to 15 ms, so messages waited that long (latency
+ * p99 of 25-60 ms with a synchronous=FULL writer). Anywhere else (the loop
+ * thread never waits on a lock) it gives up at once.
+ */
+#define UNIT_BUSY_NS 20000000u
+
+static int unit_busy(void *arg, int count)
+{
+    static __thread uint64_t start;
+    outbox_relay *r = arg;
+    struct timespec nap = {0, 100000};
+    uint64_t now;
+    if (!__atomic_load_n(&r->in_unit, __ATOMIC_RELAXED))
+        return 0;
+    now = uv_hrtime();
+    if (count == 0)
+        start = now;
+    if (now - start >= UNIT_BUSY_NS)
+        return 0;
+    nanosleep(&nap, NULL);
+    return 1;
+}
+
 /* An attached connection waits for the lock (attach_busy): the unit ends
  * soon, but only after YIELD_AFTER_NS of marks and with a claim of
  * YIELD_CLAIM rows, so that a writer committing every millisecond cannot
@@ -1846,16 +1881,16 @@ static int should_yield(outbox_relay *r)
  * finished ones it no longer changes; the worker logs nothing and counts
  * nothing (unit_done does, from what write_mark recorded).
  */
-static void unit_run(uv_work_t *w)
+static void unit_txn(outbox_relay *r)
 {
-    outbox_relay *r = w->data;
     struct unit *u = &r->unit;
     msg *m;
     size_t i;
     int rc;
 
-    u->t0 = uv_hrtime();
+    __atomic_store_n(&r->in_unit, 1, __ATOMIC_RELAXED);
     rc = sqlite3_exec(r->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    u->t0 = uv_hrtime(); /* the budget counts from the lock */
     if (rc != SQLITE_OK) {
         u->rc = rc;
         u->what = "begin";
@@ -1931,6 +1966,13 @@ rollback:
         u->settled = m->next;
         msg_free(m);
     }
+}
+
+static void unit_run(uv_work_t *w)
+{
+    outbox_relay *r = w->data;
+    unit_txn(r);
+    __atomic_store_n(&r->in_unit, 0, __ATOMIC_RELAXED);
 }
 
 /* Where a message claimed behind one of an earlier batch stands now: the
@@ -2078,7 +2120,7 @@ static void unit_done(uv_work_t *w, int status)
     free(u->claimed);
     u->claimed = NULL;
 
-    if (r->dv_pending) {
+    if (wal_watch_resume(r) || r->dv_pending) {
         r->dv_pending = 0;
         data_version_changed(r);
     }
@@ -2159,6 +2201,7 @@ static void do_work(outbox_relay *r)
     u->want = want;
     u->stopping = r->state != R_RUNNING;
     r->unit_work.data = r;
+    wal_watch_pause(r);
     if (uv_queue_work(r->loop, &r->unit_work, unit_run, unit_done) != 0) {
         /* Cannot happen with a valid loop; put the marks back and retry. */
         if (last) {
@@ -2243,13 +2286,16 @@ static void ckpt_done(uv_work_t *w, int status)
     maybe_finish_stop(r);
 }
 
-/* Checkpoints start when the WAL holds 8000 pages (32 MiB of 4 KiB pages):
- * a claim and the mark that follows it touch the same pages, and the less
- * often they are copied back, the fewer copies (1000 pages cost about a
- * sixth more CPU per message in a drain). */
+/* While the relay drains a backlog (its last claim was full), checkpoints
+ * start when the WAL holds 8000 pages (32 MiB of 4 KiB pages): a claim and
+ * the mark that follows it touch the same pages, and the less often they are
+ * copied back, the fewer copies (1000 pages cost about a sixth more CPU per
+ * message in a drain). Otherwise from 1000 pages, SQLite's own default: a
+ * checkpoint ends with an fsync of the database file, and 32 MiB of it
+ * stalled a synchronous=FULL writer's commits (their fsyncs) for 20-30 ms. */
 static void maybe_checkpoint(outbox_relay *r, int pages)
 {
-    if (pages < 8000 || r->ckpt_running || r->state != R_RUNNING)
+    if (pages < (r->last_claim_full ? 8000 : 1000) || r->ckpt_running || r->state != R_RUNNING)
         return;
     __atomic_store_n(&r->ckpt_pages, 0, __ATOMIC_RELAXED);
     r->ckpt_restart = pages >= 16000; /* about 64 MiB of WAL with 4 KiB pages */
@@ -2309,6 +2355,30 @@ static int data_version_changed(outbox_relay *r)
         return 0;
     r->data_version = v;
     schedule_work(r);
+    return 1;
+}
+
+/*
+ * The relay's own commits write to the WAL too, and each write would wake
+ * the loop through the watch (and start the re-checks) for nothing: the
+ * watch is off while a unit runs. Commits of others in the meantime are
+ * caught by a data_version check when it is back on (wal_watch_resume
+ * returns 1), so none is missed.
+ */
+static void wal_watch_pause(outbox_relay *r)
+{
+    if (!r->wal_watch_active)
+        return;
+    uv_fs_event_stop(&r->wal_watch);
+    r->wal_watch_active = 0;
+}
+
+static int wal_watch_resume(outbox_relay *r)
+{
+    if (r->wal_watch_active || !r->wal_path || r->state != R_RUNNING)
+        return 0;
+    if (uv_fs_event_start(&r->wal_watch, on_wal_change, r->wal_path, 0) == 0)
+        r->wal_watch_active = 1;
     return 1;
 }
 
@@ -2589,6 +2659,7 @@ static void free_fields(outbox_relay *r)
     free(r->metrics_listen);
     outbox__redis_url_free(&r->url);
     free(r->db_path);
+    free(r->wal_path);
     free(r->redis_url_text);
     free(r->worker_id);
     free(r->stream_prefix);
@@ -2665,8 +2736,9 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
     }
     init_metrics(r);
 
-    /* The relay's connection never waits for a lock (busy_timeout 0), but
-     * reading the schema at start-up can meet one: a writer's, or another
+    /* The relay's connection never waits for a lock on the loop thread
+     * (only inside a unit: unit_busy), but reading the schema at start-up
+     * can meet one: a writer's, or another
      * connection's WAL recovery after a process crashed mid-commit. That is
      * no reason to refuse to start: retry for a bounded while. */
     for (tries = 0;; tries++) {
@@ -2705,6 +2777,7 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
     /* Registering a WAL hook turns off auto-checkpoint on this connection:
      * checkpoints run on a worker thread instead of inside our commits. */
     sqlite3_wal_hook(r->db, own_wal_hook, r);
+    sqlite3_busy_handler(r->db, unit_busy, r);
     /* A drain touches more pages than the default 2 MiB cache holds (the
      * due and key indexes, the rows being claimed and those being marked):
      * 16 MiB saved a sixth of the relay's CPU per message here. */
@@ -2743,10 +2816,12 @@ int outbox_relay_start(outbox_relay *r)
     r->wal_watch.data = r;
     r->handles_open++;
     snprintf(walpath, sizeof walpath, "%s-wal", r->db_path);
-    if (uv_fs_event_start(&r->wal_watch, on_wal_change, walpath, 0) == 0)
+    if (uv_fs_event_start(&r->wal_watch, on_wal_change, walpath, 0) == 0) {
         r->wal_watch_active = 1;
-    else
+        r->wal_path = dupstr(walpath);
+    } else {
         LOG(r, OUTBOX_LOG_DEBUG, "msg=\"cannot watch the WAL file; timer scans only\" path=%s", walpath);
+    }
     sqlite3_step(r->q_data_version);
     r->data_version = sqlite3_column_int64(r->q_data_version, 0);
     sqlite3_reset(r->q_data_version);
