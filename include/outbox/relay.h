@@ -23,9 +23,10 @@
  *
  * Nothing the relay does blocks the loop on the network or sleeps on a lock:
  * its SQLite transactions (marks and claims, one at a time) and checkpoints
- * run on libuv worker threads (uv_queue_work), with busy_timeout 0 and
- * retries from a timer when the database is locked. Each transaction holds
- * the write lock for a few ms at most. Log callbacks and every other
+ * run on libuv worker threads (uv_queue_work). A transaction that meets
+ * another connection's lock waits for it there, in short naps, up to 20 ms,
+ * and is then retried from a timer; the loop thread never waits on a lock.
+ * Each transaction holds the write lock for a few ms at most. Log callbacks and every other
  * callback run on the loop thread.
  *
  * Ordering: messages that share a non-empty key (within one topic) are
@@ -170,7 +171,7 @@ OUTBOX_API void outbox_relay_wake(outbox_relay *r);
  * Wakes the relay after every commit on the application's connection db,
  * through sqlite3_wal_hook(). Registering a WAL hook turns SQLite's automatic
  * checkpointing off on db, so the relay takes it over (PASSIVE checkpoints on
- * a worker thread when the WAL passes 8000 pages). If db waits for locks
+ * a worker thread when the WAL passes 1000 pages, 8000 while draining). If db waits for locks
  * (PRAGMA busy_timeout > 0), its busy timeout is replaced by a busy handler
  * with the same total wait that wakes the moment the relay's own transaction
  * ends, instead of SQLite's default sleeps of up to 100 ms (on a loop

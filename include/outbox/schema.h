@@ -25,8 +25,8 @@ enum {
     OUTBOX_OPEN_CREATE = 1 << 0,
     /* Open read-only (inspection tools). */
     OUTBOX_OPEN_READONLY = 1 << 1,
-    /* A connection for the relay: busy_timeout 0 (it never sleeps on a lock:
-     * the relay retries from a timer) and synchronous=NORMAL (a relay commit
+    /* A connection for the relay: busy_timeout 0 (the relay adds a busy
+     * handler that waits only on its worker thread) and synchronous=NORMAL (a relay commit
      * lost in a power cut only causes a duplicate publish, never a loss).
      * Without this flag: busy_timeout 5000 ms and synchronous=FULL, the
      * settings a writer needs. */
@@ -45,7 +45,7 @@ enum {
  *                      (OUTBOX_OPEN_RELAY: NORMAL, see above.)
  *   busy_timeout       5000 ms for writers; 0 for the relay.
  *   cache_size         8 MiB (SQLite's default is 2 MiB): an outbox row is in
- *                      four B-trees, whose working pages outgrow 2 MiB.
+ *                      three B-trees, whose working pages outgrow 2 MiB.
  * It checks that the file is a SQLite database (OUTBOX_ENOTDB otherwise) but
  * does not look at the schema: see outbox_schema_apply() / _check().
  *
