@@ -2490,21 +2490,28 @@ static void drop_conn(outbox_relay *r)
 static void schedule_reconnect(outbox_relay *r, int status, const char *detail)
 {
     uint64_t now = mono_ms(r);
+    const char *what;
     drop_conn(r);
     if (r->state != R_RUNNING) {
         maybe_finish_stop(r);
         return;
     }
     r->reconnect_failures++;
+    /* Redis answering but refusing the credentials (or the SELECT) is a
+     * configuration problem, not an outage: say which. */
+    what = status == OUTBOX_EAUTH    ? "redis refused the credentials (check the URL's user and password)"
+           : status == OUTBOX_EREDIS ? "redis refused the connection set-up"
+                                     : "redis unreachable";
     if (r->reconnect_failures == 1) {
         r->down_since_ms = now;
         r->last_down_log_ms = now;
-        LOG(r, OUTBOX_LOG_WARN, "msg=\"redis unreachable, retrying with backoff\" redis=%s err=%s detail=\"%s\"",
+        LOG(r, OUTBOX_LOG_WARN, "msg=\"%s, retrying with backoff\" redis=%s err=%s detail=\"%s\"", what,
             r->url_desc, outbox_err_name(status), detail);
     } else if (now - r->last_down_log_ms >= 30000) {
         r->last_down_log_ms = now;
-        LOG(r, OUTBOX_LOG_WARN, "msg=\"redis still unreachable\" redis=%s for_ms=%llu attempts=%u detail=\"%s\"",
-            r->url_desc, (unsigned long long)(now - r->down_since_ms), r->reconnect_failures, detail);
+        LOG(r, OUTBOX_LOG_WARN, "msg=\"%s, still retrying\" redis=%s for_ms=%llu attempts=%u err=%s detail=\"%s\"",
+            what, r->url_desc, (unsigned long long)(now - r->down_since_ms), r->reconnect_failures,
+            outbox_err_name(status), detail);
     }
     r->reconnect_delay_ms = r->reconnect_delay_ms ? r->reconnect_delay_ms * 2 : 100;
     if (r->reconnect_delay_ms > 5000)

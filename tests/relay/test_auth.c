@@ -88,6 +88,8 @@ int main(void)
     text = th_slurp(log);
     ok(strstr(text, "EAUTH") != NULL && strstr(text, "AUTH") != NULL, "wrong password: the AUTH error is logged");
     ok(strstr(text, "WRONGPASS") != NULL, "wrong password: with Redis' reason");
+    ok(strstr(text, "redis refused the credentials") != NULL && strstr(text, "unreachable") == NULL,
+       "wrong password: logged as refused credentials, not as an outage");
     ok(strstr(text, "N0tTheOne") == NULL, "wrong password: the password itself is not logged");
     rt_diag_tail("relay", text, 4);
     free(text);
