@@ -49,14 +49,14 @@ static void rc_retry(outbox__rconn *rc, int status, const char *detail)
         return;
     if (rc->failures++ == 0) {
         rc->down_since = rc->last_log = now;
-        outbox__log(rc->log, OUTBOX_LOG_WARN,
-                    "msg=\"redis unreachable, retrying with backoff\" conn=%s redis=%s err=%s detail=\"%s\"",
-                    rc->what, rc->desc, outbox_err_name(status), detail);
+        outbox__log(rc->log, OUTBOX_LOG_WARN, "msg=\"%s, retrying with backoff\" conn=%s redis=%s err=%s detail=\"%s\"",
+                    outbox__redis_failure_text(status), rc->what, rc->desc, outbox_err_name(status), detail);
     } else if (now - rc->last_log >= 30000) {
         rc->last_log = now;
         outbox__log(rc->log, OUTBOX_LOG_WARN,
-                    "msg=\"redis still unreachable\" conn=%s redis=%s for_ms=%llu attempts=%u detail=\"%s\"",
-                    rc->what, rc->desc, (unsigned long long)(now - rc->down_since), rc->failures, detail);
+                    "msg=\"%s, still retrying\" conn=%s redis=%s for_ms=%llu attempts=%u err=%s detail=\"%s\"",
+                    outbox__redis_failure_text(status), rc->what, rc->desc,
+                    (unsigned long long)(now - rc->down_since), rc->failures, outbox_err_name(status), detail);
     }
     rc->delay_ms = rc->delay_ms ? rc->delay_ms * 2 : 100;
     if (rc->delay_ms > 5000)

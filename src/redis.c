@@ -938,6 +938,15 @@ const char *outbox__redis_errstr(const outbox__redis *r)
     return r ? r->errstr : "";
 }
 
+const char *outbox__redis_failure_text(int status)
+{
+    if (status == OUTBOX_EAUTH)
+        return "redis refused the credentials (check the URL's user and password)";
+    if (status == OUTBOX_EREDIS)
+        return "redis refused the connection set-up";
+    return "redis unreachable";
+}
+
 void outbox__redis_close(outbox__redis *r, outbox__redis_close_cb close_cb, void *data)
 {
     if (!r || r->close_requested)

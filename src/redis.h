@@ -129,6 +129,12 @@ int outbox__redis_is_connected(const outbox__redis *r);
  * invalid username-password pair", "reply timeout after 10000 ms"), "" if none.
  * Valid until the next call into the object. */
 const char *outbox__redis_errstr(const outbox__redis *r);
+/* What a failed connection attempt with this status means, for logs:
+ * "redis refused the credentials (...)" for OUTBOX_EAUTH, "redis refused the
+ * connection set-up" for another error reply during the handshake (SELECT),
+ * else "redis unreachable". Redis answering but refusing is a configuration
+ * problem, not an outage. */
+const char *outbox__redis_failure_text(int status);
 
 /* See the contract above. close_cb may be NULL. NULL r is a no-op. */
 void outbox__redis_close(outbox__redis *r, outbox__redis_close_cb close_cb, void *data);

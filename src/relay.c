@@ -2490,18 +2490,13 @@ static void drop_conn(outbox_relay *r)
 static void schedule_reconnect(outbox_relay *r, int status, const char *detail)
 {
     uint64_t now = mono_ms(r);
-    const char *what;
+    const char *what = outbox__redis_failure_text(status);
     drop_conn(r);
     if (r->state != R_RUNNING) {
         maybe_finish_stop(r);
         return;
     }
     r->reconnect_failures++;
-    /* Redis answering but refusing the credentials (or the SELECT) is a
-     * configuration problem, not an outage: say which. */
-    what = status == OUTBOX_EAUTH    ? "redis refused the credentials (check the URL's user and password)"
-           : status == OUTBOX_EREDIS ? "redis refused the connection set-up"
-                                     : "redis unreachable";
     if (r->reconnect_failures == 1) {
         r->down_since_ms = now;
         r->last_down_log_ms = now;
