@@ -484,24 +484,20 @@ int sc_latency(bench *b, bench_report *r)
                              (unsigned long long)(rates[ri] * duration), res.achieved,
                              (unsigned long long)res.missing);
             bench_str_num(&runs, res.p50, 3);
-            bench_str_printf(&runs, ",\"p99_ms\":");
-            bench_str_num(&runs, res.p99, 3);
-            bench_str_printf(&runs, ",\"p999_ms\":");
-            bench_str_num(&runs, res.p999, 3);
-            bench_str_printf(&runs, ",\"max_ms\":");
-            bench_str_num(&runs, res.max, 3);
-            bench_str_printf(&runs, ",\"entry_p50_ms\":");
-            bench_str_num(&runs, res.e50, 1);
-            bench_str_printf(&runs, ",\"entry_p99_ms\":");
-            bench_str_num(&runs, res.e99, 1);
-            bench_str_printf(&runs, ",\"entry_max_ms\":");
-            bench_str_num(&runs, res.emax, 1);
-            bench_str_printf(&runs, ",\"commit_p50_ms\":");
-            bench_str_num(&runs, res.c50, 3);
-            bench_str_printf(&runs, ",\"commit_p99_ms\":");
-            bench_str_num(&runs, res.c99, 3);
-            bench_str_printf(&runs, ",\"commit_max_ms\":");
-            bench_str_num(&runs, res.cmax, 3);
+            {
+                /* The rest of the run's figures, as ,"name":value. */
+                const struct {
+                    const char *name;
+                    double v;
+                    int digits;
+                } f[] = {{"p99_ms", res.p99, 3},       {"p999_ms", res.p999, 3},      {"max_ms", res.max, 3},
+                         {"entry_p50_ms", res.e50, 1}, {"entry_p99_ms", res.e99, 1},  {"entry_max_ms", res.emax, 1},
+                         {"commit_p50_ms", res.c50, 3}, {"commit_p99_ms", res.c99, 3}, {"commit_max_ms", res.cmax, 3}};
+                for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+                    bench_str_printf(&runs, ",\"%s\":", f[k].name);
+                    bench_str_num(&runs, f[k].v, f[k].digits);
+                }
+            }
             if (targeted)
                 bench_str_printf(&runs, ",\"target_p99_ms\":%.0f,\"pass\":%s", limit,
                                  res.p99 <= limit && res.missing == 0 ? "true" : "false");
