@@ -32,7 +32,7 @@ static int port, written;
 static void write_some(void)
 {
     if (written < 2000) {
-        ot_insert(db, "w", written, 100, "web");
+        rt_insert_rows(db, "w", written, 100, "web", 0);
         written += 100;
     }
 }
@@ -154,7 +154,7 @@ static void malformed(void)
         const char req[] = "GET /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n";
         int st = ot_http_raw(port, req, sizeof req - 1, &resp, 5000);
         is_int(st, 200, "two pipelined requests: the first is answered");
-        ok(resp && ot_count(resp, "HTTP/1.1") == 1, "and only one response is sent (Connection: close)");
+        ok(resp && rt_count_substr(resp, "HTTP/1.1") == 1, "and only one response is sent (Connection: close)");
         free(resp);
     }
 }
@@ -246,13 +246,13 @@ int main(void)
 
     if (th_redis_start(&redis, 0, NULL) != 0)
         bail("cannot start redis-server");
-    dir = ot_tmpdir();
-    dbpath = ot_make_db(dir, "http.db");
+    dir = rt_tmpdir();
+    dbpath = rt_make_db(dir, "http.db");
     logpath = th_path(dir, "relay.log");
-    db = ot_open(dbpath);
+    db = rt_open(dbpath);
     port = th_free_port();
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-    pid = ot_relay_spawn(logpath, dbpath, redis.url, "--metrics-listen", listen, NULL);
+    pid = rt_relay_spawn(logpath, dbpath, redis.url, "--metrics-listen", listen, NULL);
     deadline = th_now_ms() + 5000;
     while (th_now_ms() < deadline && (st = ot_http_get(port, "/healthz", NULL)) != 200)
         th_sleep_ms(10);
@@ -301,7 +301,7 @@ int main(void)
         bail("send: %s", strerror(errno));
     th_sleep_ms(50);
     t_slow = th_now_ms();
-    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM with a client mid-request");
+    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM with a client mid-request");
     ok(th_now_ms() - t_slow < 2000, "at once (%lld ms)", (long long)(th_now_ms() - t_slow));
     close(slow_fd);
     log = th_slurp(logpath);
@@ -312,6 +312,6 @@ int main(void)
     th_redis_destroy(&redis);
     free(dbpath);
     free(logpath);
-    ot_rmdir(dir);
+    rt_rmdir(dir);
     return tap_done();
 }

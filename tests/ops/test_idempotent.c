@@ -34,12 +34,12 @@ static redisContext *rc;
 static void check_stream_exact(const char *topic, long want, const char *what)
 {
     char stream[200];
-    ot_stream s;
+    rt_stream s;
     size_t i;
     long dups = 0, unknown = 0;
     sqlite3_stmt *st;
     snprintf(stream, sizeof stream, "outbox:%s", topic);
-    s = ot_stream_read(rc, stream);
+    s = rt_stream_read(rc, stream);
     is_int(s.n, want, "%s: the stream holds exactly %ld entries", what, want);
     /* Ids in the stream against the table, through a temp table. */
     th_sql_exec(db, "CREATE TEMP TABLE IF NOT EXISTS seen(id TEXT, eid TEXT)");
@@ -48,8 +48,8 @@ static void check_stream_exact(const char *topic, long want, const char *what)
     if (sqlite3_prepare_v2(db, "INSERT INTO seen VALUES (?1, ?2)", -1, &st, NULL) != SQLITE_OK)
         bail("prepare: %s", sqlite3_errmsg(db));
     for (i = 0; i < s.n; i++) {
-        sqlite3_bind_text(st, 1, s.ids[i], -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 2, s.eids[i], -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 1, s.e[i].id ? s.e[i].id : "", -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, s.e[i].eid, -1, SQLITE_STATIC);
         sqlite3_step(st);
         sqlite3_reset(st);
     }
@@ -76,7 +76,7 @@ static void check_stream_exact(const char *topic, long want, const char *what)
                   "FROM seen s JOIN outbox o ON o.id = s.id WHERE o.topic = %Q AND o.key IS NOT NULL) WHERE prev > seq",
                   topic),
            0, "%s: the messages of each key are in commit order", what);
-    ot_stream_free(&s);
+    rt_stream_free(&s);
 }
 
 static void kill_loop(void)
@@ -86,7 +86,7 @@ static void kill_loop(void)
     char *log;
     int64_t t0 = th_now_ms();
 
-    ot_insert(db, "m", 0, N_BACKLOG, "orders");
+    rt_insert_rows(db, "m", 0, N_BACKLOG, "orders", 0);
     /* A tenth of the messages carry one of 7 keys: their order is checked
      * too. (Few, because the rows a killed relay leaves leased hold their
      * keys back until the lease expires, and the claim looks only 4 batches
@@ -98,13 +98,13 @@ static void kill_loop(void)
         int64_t target = (int64_t)N_BACKLOG * kill_no / 10 + rand() % (N_BACKLOG / 10);
         int64_t deadline, published, spawned = th_now_ms();
         long long xlen;
-        pid_t pid = ot_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--batch", "8", "--inflight", "16",
+        pid_t pid = rt_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--batch", "8", "--inflight", "16",
                                    NULL);
         deadline = th_now_ms() + 3000;
         while (th_now_ms() < deadline && th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2") < target)
             th_sleep_ms(1);
         th_sleep_ms(rand() % 5);
-        ot_stop(pid, SIGKILL, 5000);
+        rt_stop(pid, SIGKILL, 5000);
         kills++;
         published = th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
         xlen = th_xlen(rc, "outbox:orders");
@@ -123,17 +123,17 @@ static void kill_loop(void)
        kills, window_rows);
     {
         char *err = NULL;
-        int st = ot_relay_run(20000, &err, dbpath, redis.url, IDEM_FLAGS, "--drain", NULL);
+        int st = rt_relay_run(20000, &err, dbpath, redis.url, IDEM_FLAGS, "--drain", NULL);
         is_int(st, 0, "the final --drain run exits 0");
         if (st != 0)
-            ot_diag_tail("drain", err, 10);
+            rt_diag_tail("drain", err, 10);
         /* The rows appended but not marked at the last kill are the only
          * ones in the stream and not published: each is sent again and
          * suppressed, once. */
-        is_int(ot_count(err, "duplicate publish suppressed"), last_gap,
+        is_int(rt_count_substr(err, "duplicate publish suppressed"), last_gap,
                "the --drain run suppressed exactly the %ld rows left in the window by the last kill", last_gap);
         log = th_slurp(logpath);
-        suppressed = ot_count(log, "duplicate publish suppressed") + ot_count(err, "duplicate publish suppressed");
+        suppressed = rt_count_substr(log, "duplicate publish suppressed") + rt_count_substr(err, "duplicate publish suppressed");
         free(log);
         free(err);
     }
@@ -164,7 +164,7 @@ static void lost_marks(void)
     ok(reset >= 450, "%lld rows lost their mark", (long long)reset);
     if (truncate(logpath, 0) != 0)
         bail("truncate %s", logpath);
-    pid = ot_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--metrics-listen", listen, NULL);
+    pid = rt_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--metrics-listen", listen, NULL);
     start = th_now_ms();
     while (th_now_ms() - start < 10000 && th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2") < N_BACKLOG)
         th_sleep_ms(10);
@@ -185,9 +185,9 @@ static void lost_marks(void)
     is_int((long long)ot_prom_val(metrics, "outbox_published_total{topic=\"orders\"}"), reset,
            "outbox_published_total{topic=\"orders\"} counts them as published");
     free(metrics);
-    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM");
+    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM");
     log = th_slurp(logpath);
-    is_int(ot_count(log, "duplicate publish suppressed"), reset, "the log names each suppressed duplicate");
+    is_int(rt_count_substr(log, "duplicate publish suppressed"), reset, "the log names each suppressed duplicate");
     free(log);
     check_stream_exact("orders", N_BACKLOG, "after the lost marks");
     th_sql_exec(db, "DROP TABLE orig");
@@ -211,14 +211,14 @@ static void wrongtype(void)
     int64_t start;
     freeReplyObject(th_cmd(rc, "SET outbox:bad not-a-stream"));
     for (i = 0; i < 10; i++) {
-        ot_insert(db, "bad", i, 1, "bad");
-        ot_insert(db, "good", i * 20, 20, "good");
+        rt_insert_rows(db, "bad", i, 1, "bad", 0);
+        rt_insert_rows(db, "good", i * 20, 20, "good", 0);
     }
     if (truncate(logpath, 0) != 0)
         bail("truncate %s", logpath);
     /* Not --drain: a row waiting out its backoff is not due, and drain
      * stops once nothing is due. */
-    pid = ot_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--max-attempts", "2", "--backoff-min-ms", "20",
+    pid = rt_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--max-attempts", "2", "--backoff-min-ms", "20",
                          "--backoff-max-ms", "40", "--batch", "16", NULL);
     start = th_now_ms();
     while (th_now_ms() - start < 10000 &&
@@ -234,10 +234,10 @@ static void wrongtype(void)
            "each one spent exactly --max-attempts 2 (held-back rounds do not count)");
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'good' AND state = 2"), 200,
            "the other topic's 200 messages are published");
-    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     check_stream_exact("good", 200, "good topic");
     log = th_slurp(logpath);
-    is_int(ot_count(log, "msg=\"dead-lettered\""), 10, "the log reports the 10 dead letters");
+    is_int(rt_count_substr(log, "msg=\"dead-lettered\""), 10, "the log reports the 10 dead letters");
     free(log);
     freeReplyObject(th_cmd(rc, "DEL outbox:bad"));
 }
@@ -266,12 +266,12 @@ static void script_flush(void)
     int64_t start, at_flush1 = -1, at_flush2 = -1;
     long long eval_calls, evalsha_calls;
 
-    ot_insert(db, "f", 0, n, "flush");
+    rt_insert_rows(db, "f", 0, n, "flush", 0);
     if (truncate(logpath, 0) != 0)
         bail("truncate %s", logpath);
-    pid = ot_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--batch", "8", "--inflight", "32", NULL);
+    pid = rt_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--batch", "8", "--inflight", "32", NULL);
     start = th_now_ms();
-    while (th_now_ms() - start < 20000 * ot_slow()) {
+    while (th_now_ms() - start < 20000 * rt_slow()) {
         int64_t p = th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'flush' AND state = 2");
         if (at_flush1 < 0 && p >= n / 4) {
             freeReplyObject(th_cmd(rc, "SCRIPT FLUSH"));
@@ -297,7 +297,7 @@ static void script_flush(void)
        "the relay loads the script again instead of sending it with every call (EVAL %lld, EVALSHA %lld since the "
        "first flush)",
        eval_calls, evalsha_calls);
-    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     check_stream_exact("flush", n, "after SCRIPT FLUSH");
 }
 
@@ -306,10 +306,10 @@ int main(void)
     srand((unsigned)time(NULL) ^ (unsigned)getpid());
     if (th_redis_start(&redis, 0, NULL) != 0)
         bail("cannot start redis-server");
-    dir = ot_tmpdir();
-    dbpath = ot_make_db(dir, "idem.db");
+    dir = rt_tmpdir();
+    dbpath = rt_make_db(dir, "idem.db");
     logpath = th_path(dir, "relay.log");
-    db = ot_open(dbpath);
+    db = rt_open(dbpath);
     rc = th_redis_client(&redis);
 
     kill_loop();
@@ -322,6 +322,6 @@ int main(void)
     th_redis_destroy(&redis);
     free(dbpath);
     free(logpath);
-    ot_rmdir(dir);
+    rt_rmdir(dir);
     return tap_done();
 }

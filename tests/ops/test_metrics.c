@@ -113,9 +113,9 @@ static pid_t metrics_while_draining(void)
     size_t i;
 
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-    ot_insert(db, "a", 0, N_ROWS / 2, "alpha");
-    ot_insert(db, "b", 0, N_ROWS / 2, "beta");
-    pid = ot_relay_spawn(logpath, dbpath, redis.url, "--metrics-listen", listen, "--batch", "64", "--inflight",
+    rt_insert_rows(db, "a", 0, N_ROWS / 2, "alpha", 0);
+    rt_insert_rows(db, "b", 0, N_ROWS / 2, "beta", 0);
+    pid = rt_relay_spawn(logpath, dbpath, redis.url, "--metrics-listen", listen, "--batch", "64", "--inflight",
                          "256", "--health-redis-down-ms", "500", NULL);
     start = th_now_ms();
     for (;;) {
@@ -147,7 +147,7 @@ static pid_t metrics_while_draining(void)
             }
         }
         free(body);
-        if (done || th_now_ms() - start > 30000 * ot_slow())
+        if (done || th_now_ms() - start > 30000 * rt_slow())
             break;
         th_sleep_ms(5);
     }
@@ -304,7 +304,7 @@ static void health_flips(pid_t pid)
     if (st == 503)
         free(body);
     /* Messages committed while Redis is away wait for it. */
-    ot_insert(db, "c", 0, 100, "gamma");
+    rt_insert_rows(db, "c", 0, 100, "gamma", 0);
 
     if (th_redis_restart(&redis) != 0)
         bail("cannot restart redis-server");
@@ -334,7 +334,7 @@ static void health_flips(pid_t pid)
         ok(v >= 1, "outbox_redis_reconnects_total counts the lost connection (%g)", v);
         free(text);
     }
-    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM");
+    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM");
 }
 
 /* /healthz names the Redis URL: a long one must not overrun the answer. */
@@ -349,7 +349,7 @@ static void long_url(void)
     user[300] = '\0';
     snprintf(url, sizeof url, "redis://%s:pw@127.0.0.1:1/3", user);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-    pid = ot_relay_spawn(log, dbpath, url, "--metrics-listen", listen, "--health-redis-down-ms", "1", NULL);
+    pid = rt_relay_spawn(log, dbpath, url, "--metrics-listen", listen, "--health-redis-down-ms", "1", NULL);
     deadline = th_now_ms() + 5000;
     while (th_now_ms() < deadline) {
         const char req[] = "GET /healthz HTTP/1.1\r\n\r\n";
@@ -367,7 +367,7 @@ static void long_url(void)
     ok(body && strlen(body) > 2 && !strcmp(body + strlen(body) - 2, ")\n"), "the body is the whole message");
     free(cl);
     free(resp);
-    is_int(ot_stop(pid, SIGTERM, 10000), 0, "that relay stops cleanly");
+    is_int(rt_stop(pid, SIGTERM, 10000), 0, "that relay stops cleanly");
     free(log);
 }
 
@@ -377,10 +377,10 @@ int main(void)
     char *log;
     if (th_redis_start(&redis, 0, NULL) != 0)
         bail("cannot start redis-server");
-    dir = ot_tmpdir();
-    dbpath = ot_make_db(dir, "metrics.db");
+    dir = rt_tmpdir();
+    dbpath = rt_make_db(dir, "metrics.db");
     logpath = th_path(dir, "relay.log");
-    db = ot_open(dbpath);
+    db = rt_open(dbpath);
     port = th_free_port();
 
     pid = metrics_while_draining();
@@ -389,7 +389,7 @@ int main(void)
     long_url();
 
     log = th_slurp(logpath);
-    is_int(ot_count(log, "level=error"), ot_count(log, "level=error msg=\"dead-lettered\" id=odd-1 "),
+    is_int(rt_count_substr(log, "level=error"), rt_count_substr(log, "level=error msg=\"dead-lettered\" id=odd-1 "),
            "no errors in the relay's log but the invalid row's dead letter");
     free(log);
 
@@ -397,6 +397,6 @@ int main(void)
     th_redis_destroy(&redis);
     free(dbpath);
     free(logpath);
-    ot_rmdir(dir);
+    rt_rmdir(dir);
     return tap_done();
 }

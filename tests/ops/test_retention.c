@@ -24,8 +24,8 @@ static sqlite3 *db;
  * age_ms < 0), with whatever else that state needs. */
 static void rows(const char *prefix, int n, int state, int64_t age_ms)
 {
-    int64_t now = ot_unix_ms();
-    ot_insert(db, prefix, 0, n, "ret");
+    int64_t now = rt_unix_ms();
+    rt_insert_rows(db, prefix, 0, n, "ret", 0);
     th_sql_exec(db,
             "UPDATE outbox SET state = %d, published_at = CASE WHEN %d THEN NULL ELSE %lld END, "
             "stream_id = CASE %d WHEN 2 THEN '1-1' END, lease_owner = CASE %d WHEN 1 THEN 'someone-else' END, "
@@ -57,7 +57,7 @@ static void only_eligible(void)
 
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     start = th_now_ms();
-    pid = ot_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "60000", "--retention-batch", "7",
+    pid = rt_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "60000", "--retention-batch", "7",
                          "--log-level", "debug", "--metrics-listen", listen, NULL);
     th_sleep_ms(500);
     is_int(count_prefix("old"), 20, "nothing is deleted before the first pass, a second after start");
@@ -79,13 +79,13 @@ static void only_eligible(void)
     is_int(count_prefix("sending"), 5, "sending rows are kept");
     is_int(count_prefix("dead"), 5, "dead rows are kept");
     log = th_slurp(logpath);
-    is_int(ot_count(log, "retention deleted published rows\" count=7"), 2, "two full batches of 7 ...");
-    is_int(ot_count(log, "retention deleted published rows\" count=6"), 1, "... then the remaining 6");
+    is_int(rt_count_substr(log, "retention deleted published rows\" count=7"), 2, "two full batches of 7 ...");
+    is_int(rt_count_substr(log, "retention deleted published rows\" count=6"), 1, "... then the remaining 6");
     free(log);
     ot_http_get(port, "/metrics", &text);
     is_int((long long)ot_prom_val(text, "outbox_retention_deleted_total"), 20, "outbox_retention_deleted_total");
     free(text);
-    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
 }
 
 static void large_set(void)
@@ -96,11 +96,11 @@ static void large_set(void)
     int batches;
 
     rows("bulk", 3000, 2, 600000);
-    ot_insert(db, "fresh", 0, 1000, "ret2");
+    rt_insert_rows(db, "fresh", 0, 1000, "ret2", 0);
     if (truncate(logpath, 0) != 0)
         bail("truncate %s", logpath);
     start = th_now_ms();
-    pid = ot_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "60000", "--retention-batch", "100",
+    pid = rt_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "60000", "--retention-batch", "100",
                          "--log-level", "debug", NULL);
     while (th_now_ms() - start < 10000 && count_prefix("bulk") > 0)
         th_sleep_ms(10);
@@ -112,9 +112,9 @@ static void large_set(void)
         th_sleep_ms(10);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'ret2' AND state = 2"), 1000,
            "1,000 rows committed at the same time are published meanwhile, and kept");
-    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     log = th_slurp(logpath);
-    batches = ot_count(log, "retention deleted published rows\" count=100");
+    batches = rt_count_substr(log, "retention deleted published rows\" count=100");
     is_int(batches, 30, "in 30 transactions of --retention-batch 100");
     free(log);
 }
@@ -123,20 +123,20 @@ static void keep_forever(void)
 {
     pid_t pid;
     rows("ancient", 50, 2, 86400000LL * 400);
-    pid = ot_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "0", NULL);
+    pid = rt_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "0", NULL);
     th_sleep_ms(1500);
     is_int(count_prefix("ancient"), 50, "--retention-ms 0 keeps published rows of any age");
-    is_int(ot_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
 }
 
 int main(void)
 {
     if (th_redis_start(&redis, 0, NULL) != 0)
         bail("cannot start redis-server");
-    dir = ot_tmpdir();
-    dbpath = ot_make_db(dir, "retention.db");
+    dir = rt_tmpdir();
+    dbpath = rt_make_db(dir, "retention.db");
     logpath = th_path(dir, "relay.log");
-    db = ot_open(dbpath);
+    db = rt_open(dbpath);
 
     only_eligible();
     large_set();
@@ -146,6 +146,6 @@ int main(void)
     th_redis_destroy(&redis);
     free(dbpath);
     free(logpath);
-    ot_rmdir(dir);
+    rt_rmdir(dir);
     return tap_done();
 }

@@ -34,11 +34,11 @@ static void refused(const char *what, const char *needle, ...)
     for (i = 0; i < 4 && (a[i] = va_arg(ap, const char *)) != NULL; i++)
         ;
     va_end(ap);
-    st = ot_relay_run(10000, &err, dbpath, url, a[0], a[1], a[2], a[3], NULL);
+    st = rt_relay_run(10000, &err, dbpath, url, a[0], a[1], a[2], a[3], NULL);
     is_int(st, 2, "%s: exit 2", what);
     ok(err && strstr(err, needle), "%s: the message names %s", what, needle);
     if (st != 2 || !err || !strstr(err, needle))
-        ot_diag_tail(what, err ? err : "", 5);
+        rt_diag_tail(what, err ? err : "", 5);
     free(err);
 }
 
@@ -84,14 +84,14 @@ static void port_in_use(void)
         getsockname(fd, (struct sockaddr *)&a, &len) != 0)
         bail("cannot listen on a loopback port: %s", strerror(errno));
     snprintf(listen_at, sizeof listen_at, "127.0.0.1:%d", ntohs(a.sin_port));
-    db = ot_open(dbpath);
-    ot_insert(db, "p", 0, 10, "t");
+    db = rt_open(dbpath);
+    rt_insert_rows(db, "p", 0, 10, "t", 0);
     t0 = th_now_ms();
-    st = ot_relay_run(10000, &err, dbpath, url, "--metrics-listen", listen_at, NULL);
+    st = rt_relay_run(10000, &err, dbpath, url, "--metrics-listen", listen_at, NULL);
     is_int(st, 2, "a metrics port in use: exit 2");
     ok(err && strstr(err, "cannot listen"), "the message says cannot listen");
     if (!err || !strstr(err, "cannot listen"))
-        ot_diag_tail("port in use", err ? err : "", 5);
+        rt_diag_tail("port in use", err ? err : "", 5);
     ok(th_now_ms() - t0 < 3000, "at once (%lld ms)", (long long)(th_now_ms() - t0));
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state <> 0 OR attempts <> 0"), 0,
            "nothing was claimed");
@@ -110,20 +110,20 @@ static void good_listen(void)
     if (th_redis_start(&redis, 0, NULL) != 0)
         bail("cannot start redis-server");
     snprintf(listen_at, sizeof listen_at, "localhost:%d", port);
-    pid = ot_relay_spawn(log, dbpath, redis.url, "--metrics-listen", listen_at, NULL);
+    pid = rt_relay_spawn(log, dbpath, redis.url, "--metrics-listen", listen_at, NULL);
     deadline = th_now_ms() + 5000;
     while (th_now_ms() < deadline && (st = ot_http_get(port, "/healthz", NULL)) != 200)
         th_sleep_ms(10);
     is_int(st, 200, "--metrics-listen localhost:PORT serves /healthz on 127.0.0.1");
-    is_int(ot_stop(pid, SIGTERM, 10000), 0, "and stops cleanly");
+    is_int(rt_stop(pid, SIGTERM, 10000), 0, "and stops cleanly");
     th_redis_destroy(&redis);
     free(log);
 }
 
 int main(void)
 {
-    dir = ot_tmpdir();
-    dbpath = ot_make_db(dir, "settings.db");
+    dir = rt_tmpdir();
+    dbpath = rt_make_db(dir, "settings.db");
 
     bad_listen();
     refused("--idempotent --wait-replicas 1", "wait-replicas", "--idempotent", "--wait-replicas", "1", NULL);
@@ -138,6 +138,6 @@ int main(void)
     good_listen();
 
     free(dbpath);
-    ot_rmdir(dir);
+    rt_rmdir(dir);
     return tap_done();
 }

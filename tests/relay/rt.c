@@ -68,6 +68,20 @@ char *rt_tmpdir(void)
     return d;
 }
 
+void rt_rmdir(char *dir)
+{
+    int i;
+    if (!dir)
+        return;
+    th_rmtree(dir);
+    for (i = 0; i < 8; i++)
+        if (dirs[i] && strcmp(dirs[i], dir) == 0) {
+            free(dirs[i]);
+            dirs[i] = NULL;
+        }
+    free(dir);
+}
+
 static void track(pid_t pid)
 {
     int i;

@@ -28,6 +28,8 @@ int rt_slow(void);
  * signalled after the system could reuse it.
  */
 char *rt_tmpdir(void);
+/* Removes a dir made by rt_tmpdir now and frees the path. */
+void rt_rmdir(char *dir);
 /* Starts argv (argv[0] a path) tracked, stdout and stderr appended to log
  * (may be NULL); bails if it cannot start. */
 pid_t rt_spawn(char *const argv[], const char *log);
