@@ -179,6 +179,16 @@ void outbox__rconn_reset(outbox__rconn *rc, const char *why)
         uv_timer_start(&rc->timer, rc_on_timer, 100, 0);
 }
 
+void outbox__rconn_hold(outbox__rconn *rc)
+{
+    if (!rc->running)
+        return;
+    rc->running = 0;
+    uv_timer_stop(&rc->timer);
+    if (!rc->up)
+        rc_drop(rc);
+}
+
 void outbox__rconn_close(outbox__rconn *rc, void (*cb)(void *data), void *data)
 {
     if (rc->closing || !rc->started)

@@ -47,6 +47,9 @@ outbox__redis *outbox__rconn_get(const outbox__rconn *rc);
 /* Drops the current connection (its pending callbacks get errors) and
  * reconnects after the backoff. */
 void outbox__rconn_reset(outbox__rconn *rc, const char *why);
+/* Stops reconnecting (a stop in progress): a live connection stays until
+ * closed or reset; one not up yet is dropped. */
+void outbox__rconn_hold(outbox__rconn *rc);
 /* Closes everything of a started rconn; cb runs once every handle is
  * closed. The struct's memory is the caller's and must stay valid until
  * then. Does nothing (and never calls cb) on one that was not started. */

@@ -25,6 +25,7 @@
 #include "outbox/relay.h"
 #include "outbox/schema.h"
 #include "outbox/writer.h"
+#include "rconn.h"
 #include "redis.h"
 #include "sqlite_util.h"
 
@@ -82,7 +83,6 @@ struct wait_group {
 };
 
 enum relay_state { R_CREATED, R_RUNNING, R_STOPPING, R_STOPPED };
-enum conn_state { C_DOWN, C_CONNECTING, C_UP };
 
 struct outbox_relay {
     uv_loop_t *loop;
@@ -98,17 +98,15 @@ struct outbox_relay {
     int64_t data_version;
 
     enum relay_state state;
-    enum conn_state conn_state;
-    outbox__redis *conn;
-    unsigned reconnect_failures;
-    uint64_t reconnect_delay_ms;
-    uint64_t down_since_ms, last_down_log_ms;
+    /* The Redis connection, kept connected (rconn.h); rc_state: 0 none, 1
+     * initialised, 2 started, 3 closing. */
+    outbox__rconn rc;
+    int rc_state;
 
     /* Handles. */
     uv_timer_t kick_timer;      /* zero-delay: run do_work on the next loop turn */
     uv_timer_t scan_timer;      /* fallback scan and next-due wake-up */
     uv_timer_t busy_timer;      /* database locked: retry */
-    uv_timer_t reconnect_timer;
     uv_timer_t shutdown_timer;
     uv_async_t wake_async;
     uv_fs_event_t wal_watch;
@@ -222,9 +220,15 @@ struct outbox_relay {
 
 #define LOG(r, lvl, ...) outbox__log(&(r)->log, (lvl), __VA_ARGS__)
 
+/* The Redis connection when it is up, else NULL. */
+static outbox__redis *redis_conn(const outbox_relay *r)
+{
+    return r->rc_state == 2 ? outbox__rconn_get(&r->rc) : NULL;
+}
+
 static void schedule_work(outbox_relay *r);
-static void connect_redis(outbox_relay *r);
 static void maybe_finish_stop(outbox_relay *r);
+static void on_conn_closed(void *data);
 static void maybe_checkpoint(outbox_relay *r, int pages);
 static int data_version_changed(outbox_relay *r);
 static void wal_watch_pause(outbox_relay *r);
@@ -239,7 +243,6 @@ static int start_ops(outbox_relay *r, char *err, size_t errlen);
 static void start_ops_handles(outbox_relay *r);
 static void close_ops(outbox_relay *r);
 static void on_busy_retry(uv_timer_t *t);
-static void on_reconnect_timer(uv_timer_t *t);
 
 /* ------------------------------------------------------------------ */
 /* settings */
@@ -355,11 +358,6 @@ static int check_settings(const outbox_relay_settings *s, char *err, size_t errl
 
 /* ------------------------------------------------------------------ */
 /* small helpers */
-
-static uint64_t mono_ms(const outbox_relay *r)
-{
-    return uv_now(r->loop);
-}
 
 static uint64_t rand64(void)
 {
@@ -1472,8 +1470,8 @@ static void flush_group(outbox_relay *r, wait_group *g)
     argv[2] = timeout;
     for (i = 0; i < 3; i++)
         lens[i] = strlen(argv[i]);
-    if (r->conn_state != C_UP ||
-        outbox__redis_command_argv(r->conn, 3, argv, lens, r->s.wait_timeout_ms + r->s.reply_timeout_ms,
+    if (!redis_conn(r) ||
+        outbox__redis_command_argv(redis_conn(r), 3, argv, lens, r->s.wait_timeout_ms + r->s.reply_timeout_ms,
                                    on_wait_reply, g) != 0) {
         /* The connection is gone: the XADD callbacks release their messages;
          * nobody waits for this group. */
@@ -1529,7 +1527,7 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
         if (m->key_next) {
             msg *n = m->key_next;
             m->key_next = NULL;
-            if (r->state == R_RUNNING && r->conn_state == C_UP) {
+            if (r->state == R_RUNNING && redis_conn(r)) {
                 send_msg(r, n, &grp);
                 flush_group(r, grp);
             } else {
@@ -1554,7 +1552,7 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
 
 static void send_msg(outbox_relay *r, msg *m, wait_group **grp)
 {
-    int e = outbox__redis_command_raw(r->conn, m->cmd, m->cmdlen, 0, on_xadd_reply, m);
+    int e = outbox__redis_command_raw(redis_conn(r), m->cmd, m->cmdlen, 0, on_xadd_reply, m);
     if (e != 0) {
         release_chain(r, m, "held back: connection lost");
         queue_mark(r, m, OUT_RELEASE, outbox_strerror(e), strlen(outbox_strerror(e)));
@@ -1616,7 +1614,7 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
         /* Only the first NOSCRIPT reloads: the calls sent before it fail
          * too, but their replies all come before the reload's, while the
          * sha is empty (calls sent meanwhile carry the whole script). */
-        if (noscript && r->idem_sha[0] && r->conn_state == C_UP)
+        if (noscript && r->idem_sha[0] && redis_conn(r))
             load_idem_script(r);
         else if (noscript)
             r->idem_sha[0] = '\0';
@@ -1695,7 +1693,7 @@ static void send_idem(outbox_relay *r, msg **ms, size_t n)
         len = outbox__idem_format(&cmd, r->idem_sha[0] ? r->idem_sha : NULL, r->stream_prefix, stream,
                                   r->s.idempotent_retention_ms, r->s.maxlen, im, cnt);
         e = len < 0 ? OUTBOX_ENOMEM
-                    : outbox__redis_command_raw(r->conn, cmd, (size_t)len, 0, on_idem_reply, call);
+                    : outbox__redis_command_raw(redis_conn(r), cmd, (size_t)len, 0, on_idem_reply, call);
         free(cmd);
         if (e != 0) {
             for (j = 0; j < cnt; j++)
@@ -1727,8 +1725,8 @@ static void load_idem_script(outbox_relay *r)
     const char *argv[3] = {"SCRIPT", "LOAD", outbox__idem_lua};
     size_t lens[3] = {6, 4, strlen(outbox__idem_lua)};
     r->idem_sha[0] = '\0';
-    if (r->conn)
-        outbox__redis_command_argv(r->conn, 3, argv, lens, 0, on_idem_loaded, r);
+    if (redis_conn(r))
+        outbox__redis_command_argv(redis_conn(r), 3, argv, lens, 0, on_idem_loaded, r);
 }
 
 /* ------------------------------------------------------------------ */
@@ -2100,7 +2098,7 @@ static void unit_done(uv_work_t *w, int status)
         msg *c = u->claimed[i];
         if (c->state != MSG_HELD || c->behind)
             continue; /* handed back by settle_chain, or chained */
-        if (r->conn_state != C_UP) {
+        if (!redis_conn(r)) {
             release_chain(r, c, "held back: connection lost");
             queue_mark(r, c, OUT_RELEASE, "connection lost", 15);
         } else if (send) {
@@ -2157,7 +2155,7 @@ static void do_work(outbox_relay *r)
     held = r->inflight;
     for (m = r->marks_head; m; m = m->next)
         held--;
-    want_claim = r->state == R_RUNNING && r->conn_state == C_UP && held < r->s.inflight;
+    want_claim = r->state == R_RUNNING && redis_conn(r) && held < r->s.inflight;
     if (want_claim) {
         want = r->s.inflight - (unsigned)held;
         if (want > r->s.batch)
@@ -2472,119 +2470,43 @@ void outbox_relay_detach(sqlite3 *db)
 /* ------------------------------------------------------------------ */
 /* Redis connection */
 
-static void on_conn_closed(void *data);
-
-static void drop_conn(outbox_relay *r)
-{
-    outbox__redis *c = r->conn;
-    r->conn = NULL;
-    r->conn_state = C_DOWN;
-    if (!r->down_since_wall)
-        r->down_since_wall = uv_now(r->loop);
-    if (c) {
-        r->handles_open++;
-        outbox__redis_close(c, on_conn_closed, r);
-    }
-}
-
-static void schedule_reconnect(outbox_relay *r, int status, const char *detail)
-{
-    uint64_t now = mono_ms(r);
-    const char *what = outbox__redis_failure_text(status);
-    drop_conn(r);
-    if (r->state != R_RUNNING) {
-        maybe_finish_stop(r);
-        return;
-    }
-    r->reconnect_failures++;
-    if (r->reconnect_failures == 1) {
-        r->down_since_ms = now;
-        r->last_down_log_ms = now;
-        LOG(r, OUTBOX_LOG_WARN, "msg=\"%s, retrying with backoff\" redis=%s err=%s detail=\"%s\"", what,
-            r->url_desc, outbox_err_name(status), detail);
-    } else if (now - r->last_down_log_ms >= 30000) {
-        r->last_down_log_ms = now;
-        LOG(r, OUTBOX_LOG_WARN, "msg=\"%s, still retrying\" redis=%s for_ms=%llu attempts=%u err=%s detail=\"%s\"",
-            what, r->url_desc, (unsigned long long)(now - r->down_since_ms), r->reconnect_failures,
-            outbox_err_name(status), detail);
-    }
-    r->reconnect_delay_ms = r->reconnect_delay_ms ? r->reconnect_delay_ms * 2 : 100;
-    if (r->reconnect_delay_ms > 5000)
-        r->reconnect_delay_ms = 5000;
-    uv_timer_start(&r->reconnect_timer, on_reconnect_timer, r->reconnect_delay_ms / 2 + rand64() % (r->reconnect_delay_ms / 2 + 1),
-                   0);
-}
-
-static void on_connected(outbox__redis *c, int status, void *data)
+/* Connected (on_up): claims may go. */
+static void on_redis_up(outbox__rconn *rc, void *data)
 {
     outbox_relay *r = data;
-    if (c != r->conn)
-        return;
-    if (status != 0) {
-        char detail[256];
-        outbox__strlcpy(detail, outbox__redis_errstr(c), sizeof detail);
-        for (char *p = detail; *p; p++)
-            if (*p == '"')
-                *p = '\'';
-        schedule_reconnect(r, status, detail);
-        return;
-    }
-    r->conn_state = C_UP;
+    (void)rc;
     r->down_since_wall = 0;
     if (r->s.idempotent)
         load_idem_script(r);
-    if (r->reconnect_failures)
-        LOG(r, OUTBOX_LOG_INFO, "msg=\"redis reachable again\" redis=%s after_ms=%llu attempts=%u", r->url_desc,
-            (unsigned long long)(mono_ms(r) - r->down_since_ms), r->reconnect_failures);
-    else
-        LOG(r, OUTBOX_LOG_INFO, "msg=\"connected to redis\" redis=%s", r->url_desc);
-    r->reconnect_failures = 0;
-    r->reconnect_delay_ms = 0;
     schedule_work(r);
 }
 
-static void on_disconnected(outbox__redis *c, int status, void *data)
+/* The connection was lost: every pending reply callback already ran and
+ * released its message; rconn reconnects. */
+static void on_redis_down(outbox__rconn *rc, int status, void *data)
 {
     outbox_relay *r = data;
-    char detail[256];
-    if (c != r->conn)
-        return;
-    outbox__strlcpy(detail, outbox__redis_errstr(c), sizeof detail);
-    for (char *p = detail; *p; p++)
-        if (*p == '"')
-            *p = '\'';
+    (void)rc;
     r->reconnects++;
-    LOG(r, OUTBOX_LOG_WARN, "msg=\"redis connection lost; in-flight messages released for retry\" err=%s detail=\"%s\"",
-        outbox_err_name(status), detail);
-    /* Every pending reply callback already ran and released its message. */
-    r->reconnect_failures = 0;
-    schedule_reconnect(r, status, detail);
-    /* A first retry without waiting the whole backoff. */
-    r->reconnect_failures = 1;
+    r->down_since_wall = uv_now(r->loop);
+    LOG(r, OUTBOX_LOG_WARN, "msg=\"in-flight messages released for retry\" err=%s", outbox_err_name(status));
+    maybe_finish_stop(r); /* lost while stopping: nothing more to wait for */
 }
 
-static void connect_redis(outbox_relay *r)
+static void on_rconn_closed(void *data)
 {
-    outbox__redis_options o;
-    int e;
-    if (r->state != R_RUNNING || r->conn)
+    on_conn_closed(data);
+}
+
+/* Closes the connection and stops reconnecting, once; the relay's stop
+ * waits for it like for a handle. */
+static void close_redis(outbox_relay *r)
+{
+    if (r->rc_state != 2)
         return;
-    outbox__redis_options_defaults(&o);
-    o.connect_timeout_ms = r->s.connect_timeout_ms;
-    o.reply_timeout_ms = r->s.reply_timeout_ms;
-    o.client_name = "outbox-relay";
-    e = outbox__redis_create(&r->conn, r->loop, &r->url, &o, r);
-    if (e == 0) {
-        r->conn_state = C_CONNECTING;
-        e = outbox__redis_connect(r->conn, on_connected, on_disconnected);
-    }
-    if (e != 0)
-        schedule_reconnect(r, e, outbox_strerror(e));
-}
-
-static void on_reconnect_timer(uv_timer_t *t)
-{
-    connect_redis(t->data);
+    r->rc_state = 3;
+    r->handles_open++;
+    outbox__rconn_close(&r->rc, on_rconn_closed, r);
 }
 
 /* ------------------------------------------------------------------ */
@@ -2642,6 +2564,8 @@ static char *dupstr(const char *s)
 static void free_fields(outbox_relay *r)
 {
     size_t i;
+    if (r->rc_state == 1)
+        outbox__rconn_discard(&r->rc); /* initialised by a start that failed */
     for (i = 0; i < OUTBOX_ARRAY_LEN(statements); i++)
         sqlite3_finalize(*(sqlite3_stmt **)((char *)r + statements[i].off));
     if (r->db) {
@@ -2795,8 +2719,21 @@ int outbox_relay_start(outbox_relay *r)
     char err[300];
     if (!r || r->state != R_CREATED)
         return OUTBOX_ESTATE;
-    /* Binding the metrics port is the one thing that can fail: first, so a
-     * failed start leaves nothing to close. */
+    /* Binding the metrics port (and memory) are the only things that can
+     * fail: first, so a failed start leaves nothing to close. */
+    if (r->rc_state == 0) {
+        outbox__redis_options o;
+        outbox__redis_options_defaults(&o);
+        o.connect_timeout_ms = r->s.connect_timeout_ms;
+        o.reply_timeout_ms = r->s.reply_timeout_ms;
+        o.client_name = "outbox-relay";
+        if (outbox__rconn_init(&r->rc, r->loop, &r->url, &o, &r->log, "relay") != 0)
+            return OUTBOX_ENOMEM;
+        r->rc_state = 1;
+        r->rc.on_up = on_redis_up;
+        r->rc.on_down = on_redis_down;
+        r->rc.data = r;
+    }
     e = start_ops(r, err, sizeof err);
     if (e != 0) {
         LOG(r, OUTBOX_LOG_ERROR, "msg=\"cannot start\" error=\"%s\"", err);
@@ -2805,15 +2742,14 @@ int outbox_relay_start(outbox_relay *r)
     uv_timer_init(r->loop, &r->kick_timer);
     uv_timer_init(r->loop, &r->scan_timer);
     uv_timer_init(r->loop, &r->busy_timer);
-    uv_timer_init(r->loop, &r->reconnect_timer);
     uv_timer_init(r->loop, &r->shutdown_timer);
     uv_timer_init(r->loop, &r->wal_timer);
     uv_async_init(r->loop, &r->wake_async, on_wake);
     __atomic_store_n(&r->wake_ready, 1, __ATOMIC_RELEASE);
-    r->kick_timer.data = r->scan_timer.data = r->busy_timer.data = r->reconnect_timer.data = r;
+    r->kick_timer.data = r->scan_timer.data = r->busy_timer.data = r;
     r->shutdown_timer.data = r->wake_async.data = r->wal_timer.data = r;
     ((uv_handle_t *)&r->kick_timer)->data = r;
-    r->handles_open = 7;
+    r->handles_open = 6;
     uv_fs_event_init(r->loop, &r->wal_watch);
     r->wal_watch.data = r;
     r->handles_open++;
@@ -2832,7 +2768,8 @@ int outbox_relay_start(outbox_relay *r)
     r->state = R_RUNNING;
     LOG(r, OUTBOX_LOG_INFO, "msg=started worker=%s db=%s redis=%s batch=%u inflight=%u", r->worker_id, r->db_path,
         r->url_desc, r->s.batch, r->s.inflight);
-    connect_redis(r);
+    r->rc_state = 2;
+    outbox__rconn_start(&r->rc);
     arm_scan(r, 0);
     return 0;
 }
@@ -3078,7 +3015,7 @@ static void write_metrics(outbox_relay *r, outbox__sbuf *b)
                         "# TYPE outbox_claims_total counter\noutbox_claims_total %llu\n",
                         (unsigned long long)r->retries_total, (unsigned long long)r->fenced_total,
                         (unsigned long long)r->duplicates_total, (unsigned long long)r->reconnects,
-                        r->conn_state == C_UP, (unsigned long long)r->retention_deleted,
+                        redis_conn(r) != NULL, (unsigned long long)r->retention_deleted,
                         (unsigned long long)r->claims_total);
     outbox__sbuf_printf(b, "# HELP outbox_publish_latency_seconds From commit (created_at) to Redis accepting it.\n"
                            "# TYPE outbox_publish_latency_seconds histogram\n");
@@ -3118,7 +3055,7 @@ static void answer(outbox_relay *r, outbox__http_req *req, const char *path)
         int n;
         if (!r->dbstat.ok)
             n = snprintf(body, sizeof body, "unhealthy: %s\n", r->dbstat.err[0] ? r->dbstat.err : "database not checked");
-        else if (r->conn_state != C_UP && down >= r->s.health_redis_down_ms)
+        else if (!redis_conn(r) && down >= r->s.health_redis_down_ms)
             n = snprintf(body, sizeof body, "unhealthy: redis unreachable for %llu ms (%s)\n",
                          (unsigned long long)down, r->url_desc);
         else
@@ -3278,11 +3215,10 @@ static void maybe_finish_stop(outbox_relay *r)
         r->marks_tail = NULL;
     }
     r->closing = 1;
-    drop_conn(r);
+    close_redis(r);
     uv_close((uv_handle_t *)&r->kick_timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->scan_timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->busy_timer, on_handle_closed);
-    uv_close((uv_handle_t *)&r->reconnect_timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->shutdown_timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->wal_timer, on_handle_closed);
     __atomic_store_n(&r->wake_ready, 0, __ATOMIC_RELEASE);
@@ -3297,8 +3233,8 @@ static void on_shutdown_timeout(uv_timer_t *t)
     if (r->awaiting) {
         LOG(r, OUTBOX_LOG_WARN, "msg=\"shutdown timeout: handing back messages without a reply\" count=%llu",
             (unsigned long long)r->awaiting);
-        /* Closing fails every pending reply: each one releases its row. */
-        drop_conn(r);
+        /* Dropping fails every pending reply: each one releases its row. */
+        outbox__rconn_reset(&r->rc, "shutdown timeout");
     }
     maybe_finish_stop(r);
 }
@@ -3314,12 +3250,11 @@ int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), 
         (unsigned long long)r->awaiting);
     uv_timer_stop(&r->scan_timer);
     uv_timer_stop(&r->retention_timer);
-    uv_timer_stop(&r->reconnect_timer);
     if (r->wal_watch_active)
         uv_fs_event_stop(&r->wal_watch);
     uv_timer_stop(&r->wal_timer);
-    if (r->conn_state != C_UP)
-        drop_conn(r);
+    /* No more reconnects; a live connection stays for the replies awaited. */
+    outbox__rconn_hold(&r->rc);
     if (r->awaiting)
         uv_timer_start(&r->shutdown_timer, on_shutdown_timeout, r->s.shutdown_timeout_ms, 0);
     schedule_work(r);
@@ -3356,7 +3291,7 @@ int outbox_relay_stats_get(outbox_relay *r, outbox_relay_stats *st)
     st->fenced_total = r->fenced_total;
     st->reconnects = r->reconnects;
     st->inflight = r->inflight;
-    st->redis_connected = r->conn_state == C_UP;
+    st->redis_connected = redis_conn(r) != NULL;
     /* Its own connection: the relay's belongs to the unit of work, which may
      * be running on a worker thread. */
     if (!r->stats_db && sqlite3_open_v2(r->db_path, &r->stats_db, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX,
