@@ -804,7 +804,7 @@ typedef struct claim_ctx {
     size_t n, cap;
     int *chosen;
     size_t nchosen;
-    int64_t new_head; /* seq of the first row of outbox_new, INT64_MAX when it is empty */
+    int64_t new_pos; /* every new row before this seq was seen (INT64_MAX: all of them) */
     int64_t *defer;   /* (seq, available_at) pairs: rows to make due later (see defer) */
     size_t ndefer;
     bslot *slots;
@@ -898,8 +898,9 @@ enum decision { D_FREE, D_IN_BATCH, D_AFTER, D_HELD_OURS, D_HELD };
  *   row were seen earlier in this claim (its bslot). A row claimed before
  *   (lease_token > 0) has no new row before it: it was claimed after them,
  *   and every row that goes back to pending becomes a waiting row. A waiting
- *   row never claimed (written with a later available_at) goes only when no
- *   new row at all is older than it.
+ *   row never claimed (written with a later available_at, or a new row made
+ *   to wait by defer) goes only when the walk of new rows has already seen
+ *   every new row older than it, so its bslot knows those of its key.
  * - Leased and waiting rows are in outbox_key; the newest one before the row
  *   is looked up.
  * Unfinished rows of a key always form its tail, because a row is never
@@ -923,7 +924,7 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
             defer(x, c, bs, bs->wait_until);
         return D_HELD;
     }
-    if (c->source == S_WAITING && c->token == 0 && x->new_head < c->seq)
+    if (c->source == S_WAITING && c->token == 0 && x->new_pos <= c->seq)
         return D_HELD;
     if (lc >= 0 && x->cs[lc].seq > c->seq)
         return D_HELD; /* cannot happen: a key's rows are chosen in seq order */
@@ -1037,14 +1038,15 @@ static int scan_pending(claim_ctx *x)
 {
     outbox_relay *r = x->r;
     sqlite3_stmt *w = r->q_due, *n = r->q_new;
+    int64_t limit = (int64_t)x->want * 4, nread = 0, last = 0;
     int rw, rn, rc = SQLITE_OK;
 
     sqlite3_bind_int64(w, 1, x->now);
-    sqlite3_bind_int64(w, 2, (int64_t)x->want * 4);
-    sqlite3_bind_int64(n, 1, (int64_t)x->want * 4);
+    sqlite3_bind_int64(w, 2, limit);
+    sqlite3_bind_int64(n, 1, limit);
     rn = sqlite3_step(n);
     rw = sqlite3_step(w);
-    x->new_head = rn == SQLITE_ROW ? sqlite3_column_int64(n, 0) : INT64_MAX;
+    x->new_pos = rn == SQLITE_ROW ? sqlite3_column_int64(n, 0) : INT64_MAX;
     while (x->nchosen < x->want && (rw == SQLITE_ROW || rn == SQLITE_ROW)) {
         int take_new = rw != SQLITE_ROW ||
                        (rn == SQLITE_ROW && (sqlite3_column_int64(n, 4) < sqlite3_column_int64(w, 4) ||
@@ -1055,10 +1057,16 @@ static int scan_pending(claim_ctx *x)
             rc = consider(x, (int)x->n - 1);
         if (rc != SQLITE_OK)
             break;
-        if (take_new)
+        if (take_new) {
+            last = x->cs[x->n - 1].seq;
+            nread++;
             rn = sqlite3_step(n);
-        else
+            /* Seen so far: every new row before the next one, or all of
+             * them when the walk ended before its limit. */
+            x->new_pos = rn == SQLITE_ROW ? sqlite3_column_int64(n, 0) : nread < limit ? INT64_MAX : last + 1;
+        } else {
             rw = sqlite3_step(w);
+        }
     }
     if (rc == SQLITE_OK && rw != SQLITE_ROW && rw != SQLITE_DONE)
         rc = rw;

@@ -11,6 +11,9 @@
  *    string is deleted.
  * 3. A row written with a later available_at: the rows of its key before it
  *    go first, those after it wait for it, other keys do not.
+ * 4. Rows made to wait behind a failing head go once it succeeds, even while
+ *    an older new row of another key stays held (behind another relay's
+ *    lease): the claim has seen that older row, so it knows it is not theirs.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -118,6 +121,36 @@ int main(void)
         is_int(a.order_violations, 0, "delayed row: stream order is commit order");
         is_int(rt_stop(pid, SIGTERM, 15000), 0, "delayed row: the relay exits 0 on SIGTERM");
     }
+
+    /* 4. j1 leased by another relay for a minute, j2 (new) behind it; then
+     *    40 rows of key k whose head fails until the DEL. */
+    th_sql_exec(db,
+                "INSERT INTO outbox(id, topic, key, payload, state, lease_owner, lease_token, lease_until) "
+                "VALUES ('held-j1', 'heldj', 'j', x'01', 1, 'another-relay', 1, %lld);"
+                "INSERT INTO outbox(id, topic, key, payload) VALUES ('held-j2', 'heldj', 'j', x'02');",
+                (long long)(rt_unix_ms() + 60000));
+    rt_insert_rows(db, "wk", 0, 40, "waitk", 1);
+    freeReplyObject(th_cmd(c, "SET outbox:waitk x"));
+    pid = rt_relay_spawn(log2, dbpath, srv.url, "--batch", "8", "--backoff-min-ms", "200", "--backoff-max-ms",
+                         "200", "--max-attempts", "1000", NULL);
+    th_sleep_ms(1000 * rt_slow()); /* the head fails, its key's rows are made to wait behind it */
+    ok(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'waitk' AND state = 0 "
+                      "AND available_at > created_at AND lease_token = 0") > 0,
+       "behind a failing head: its key's new rows were made to wait");
+    rep = th_cmd(c, "DEL outbox:waitk");
+    is_int(rep->integer, 1, "behind a failing head: the string was still in place");
+    freeReplyObject(rep);
+    t0 = rt_unix_ms();
+    done = rt_wait_until(20000 * rt_slow(), topic_done, (void *)"waitk");
+    took = rt_unix_ms() - t0;
+    ok(done, "behind a failing head: all published after the DEL, in %lld ms (a lease of 60 s is held elsewhere)",
+       (long long)took);
+    a = rt_audit_topic(db, c, "outbox:", "waitk");
+    is_int(a.missing, 0, "behind a failing head: every message is in the stream");
+    is_int(a.order_violations, 0, "behind a failing head: stream order is commit order");
+    is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'held-j2'"), 0,
+           "the row behind the other relay's lease still waits");
+    is_int(rt_stop(pid, SIGTERM, 15000), 0, "behind a failing head: the relay exits 0 on SIGTERM");
 
     redisFree(c);
     sqlite3_close_v2(db);
