@@ -119,6 +119,26 @@ int rt_wait(pid_t pid, int timeout_ms)
     return rc;
 }
 
+void rt_world_start(th_redis *srv, char **dir, char **dbpath, sqlite3 **db, redisContext **c)
+{
+    if (th_redis_start(srv, 0, NULL) != 0)
+        skip_all("redis-server not available");
+    *dir = rt_tmpdir();
+    *dbpath = rt_make_db(*dir, "app.db");
+    *db = rt_open(*dbpath);
+    *c = th_redis_client(srv);
+}
+
+void rt_world_end(th_redis *srv, char *dir, char *dbpath, sqlite3 *db, redisContext *c)
+{
+    redisFree(c);
+    sqlite3_close_v2(db);
+    th_redis_destroy(srv);
+    th_rmtree(dir);
+    free(dbpath);
+    free(dir);
+}
+
 /* ---- SQLite ----------------------------------------------------------- */
 
 char *rt_make_db(const char *dir, const char *name)

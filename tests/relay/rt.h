@@ -17,6 +17,8 @@
 #include <hiredis/hiredis.h>
 #include <sqlite3.h>
 
+#include "harness.h"
+
 /* A factor for waits: 10 under the valgrind test setup, else 1. */
 int rt_slow(void);
 
@@ -30,6 +32,14 @@ int rt_slow(void);
 char *rt_tmpdir(void);
 /* Removes a dir made by rt_tmpdir now and frees the path. */
 void rt_rmdir(char *dir);
+
+/* What most tests start with: a redis-server on a Unix socket (the whole
+ * test is skipped without one), a temp dir with app.db (the outbox schema),
+ * a writer connection to it and a Redis client. rt_world_end closes and
+ * frees all of it (the test still ends with its own tap_done(): the TAP
+ * counters are per file). */
+void rt_world_start(th_redis *srv, char **dir, char **dbpath, sqlite3 **db, redisContext **c);
+void rt_world_end(th_redis *srv, char *dir, char *dbpath, sqlite3 *db, redisContext *c);
 /* Starts argv (argv[0] a path) tracked, stdout and stderr appended to log
  * (may be NULL); bails if it cannot start. */
 pid_t rt_spawn(char *const argv[], const char *log);

@@ -38,19 +38,14 @@ int main(void)
     rt_audit a;
     int i, done;
 
-    if (th_redis_start(&srv, 0, NULL) != 0)
-        skip_all("redis-server not available");
-    dir = rt_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
+    rt_world_start(&srv, &dir, &dbpath, &db, &c);
     log = th_path(dir, "relay.log");
-    db = rt_open(dbpath);
     /* Interleaved commits: good, bad, bad keyed. */
     for (i = 0; i < 20; i++) {
         rt_insert_rows(db, "good", i * (N_GOOD / 20), N_GOOD / 20, "good", 0);
         rt_insert_rows(db, "bad", i * (N_BAD / 20), N_BAD / 20, "bad", 0);
         rt_insert_rows(db, "badk", i * (N_BAD_KEYED / 20), N_BAD_KEYED / 20, "bad", 6);
     }
-    c = th_redis_client(&srv);
     freeReplyObject(th_cmd(c, "SET outbox:bad x"));
 
     pid = rt_relay_spawn(log, dbpath, srv.url, "--max-attempts", "3", "--backoff-min-ms", "20",
@@ -95,12 +90,7 @@ int main(void)
         rt_diag_tail("relay", text, 20);
     free(text);
 
-    redisFree(c);
-    sqlite3_close_v2(db);
-    th_redis_destroy(&srv);
-    th_rmtree(dir);
     free(log);
-    free(dbpath);
-    free(dir);
+    rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }

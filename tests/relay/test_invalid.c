@@ -47,11 +47,7 @@ int main(void)
     size_t k;
     int i, rc, bad_in_stream = 0;
 
-    if (th_redis_start(&srv, 0, NULL) != 0)
-        skip_all("redis-server not available");
-    dir = rt_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
-    db = rt_open(dbpath);
+    rt_world_start(&srv, &dir, &dbpath, &db, &c);
 
     /* Bad rows interleaved with good ones, keyed and not. */
     rt_insert_rows(db, "g", 0, N_GOOD / 2, "inv", 3);
@@ -89,7 +85,6 @@ int main(void)
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'g-%%' AND state = 2"), N_GOOD,
            "all %d valid rows published", N_GOOD);
 
-    c = th_redis_client(&srv);
     s = rt_stream_read(c, "outbox:inv");
     for (k = 0; k < s.n; k++)
         for (i = 0; i < N_BAD; i++)
@@ -98,11 +93,6 @@ int main(void)
     is_int((long)s.n, N_GOOD + 1, "the stream holds the valid rows only");
     rt_stream_free(&s);
 
-    redisFree(c);
-    sqlite3_close_v2(db);
-    th_redis_destroy(&srv);
-    th_rmtree(dir);
-    free(dbpath);
-    free(dir);
+    rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }

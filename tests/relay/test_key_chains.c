@@ -43,14 +43,9 @@ int main(void)
     int done;
     int64_t t0, took;
 
-    if (th_redis_start(&srv, 0, NULL) != 0)
-        skip_all("redis-server not available");
-    dir = rt_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
+    rt_world_start(&srv, &dir, &dbpath, &db, &c);
     log1 = th_path(dir, "relay1.log");
     log2 = th_path(dir, "relay2.log");
-    db = rt_open(dbpath);
-    c = th_redis_client(&srv);
 
     /* 1. One key across hundreds of small batches. */
     rt_insert_rows(db, "one", 0, 3000, "one", 1);
@@ -152,13 +147,8 @@ int main(void)
            "the row behind the other relay's lease still waits");
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "behind a failing head: the relay exits 0 on SIGTERM");
 
-    redisFree(c);
-    sqlite3_close_v2(db);
-    th_redis_destroy(&srv);
-    th_rmtree(dir);
     free(log1);
     free(log2);
-    free(dbpath);
-    free(dir);
+    rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }

@@ -195,11 +195,7 @@ int main(void)
     const char *topics[] = {"plain", "api", "api.other"};
     long want[] = {N_PLAIN, N_API / 4 * 3, N_API / 4};
 
-    if (th_redis_start(&srv, 0, NULL) != 0)
-        skip_all("redis-server not available");
-    dir = rt_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
-    db = rt_open(dbpath);
+    rt_world_start(&srv, &dir, &dbpath, &db, &c);
     write_plain(db);
     write_api(db);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 0"), N_PLAIN + N_API, "%d rows pending",
@@ -214,7 +210,6 @@ int main(void)
     ok(strstr(err, "msg=drained") != NULL, "the relay reports it drained");
     free(err);
 
-    c = th_redis_client(&srv);
     for (size_t t = 0; t < sizeof topics / sizeof topics[0]; t++) {
         check k;
         char stream[64];
@@ -236,11 +231,6 @@ int main(void)
            0, "published rows have no lease, no error, and a published_at");
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE attempts <> 1"), 0, "each row took one attempt");
 
-    redisFree(c);
-    sqlite3_close_v2(db);
-    th_redis_destroy(&srv);
-    th_rmtree(dir);
-    free(dbpath);
-    free(dir);
+    rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }

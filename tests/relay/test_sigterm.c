@@ -75,16 +75,11 @@ int main(void)
     long published, entries;
     rt_audit a;
 
-    if (th_redis_start(&srv, 0, NULL) != 0)
-        skip_all("redis-server not available");
-    dir = rt_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
+    rt_world_start(&srv, &dir, &dbpath, &db, &c);
     log1 = th_path(dir, "relay1.log");
     log2 = th_path(dir, "relay2.log");
-    db = rt_open(dbpath);
     rt_insert_rows(db, "t", 0, N / 2, "term", 0);
     rt_insert_rows(db, "tk", 0, N / 2, "term", 8);
-    c = th_redis_client(&srv);
 
     /* 1: replies come back within the shutdown timeout. */
     rc = run_and_term(log1, dbpath, srv.url, c, 700, "5000", 6000 * rt_slow(), &since_pause, &ms);
@@ -132,13 +127,8 @@ int main(void)
     is_int(a.order_violations, 0, "per key, first appearances follow commit order");
     diag("%ld duplicate entries (from the abandoned replies)", a.dups);
 
-    redisFree(c);
-    sqlite3_close_v2(db);
-    th_redis_destroy(&srv);
-    th_rmtree(dir);
     free(log1);
     free(log2);
-    free(dbpath);
-    free(dir);
+    rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }

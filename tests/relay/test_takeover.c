@@ -55,12 +55,8 @@ int main(void)
     rt_stream s;
     size_t i;
 
-    if (th_redis_start(&srv, 0, NULL) != 0)
-        skip_all("redis-server not available");
-    dir = rt_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
+    rt_world_start(&srv, &dir, &dbpath, &db, &c);
     log = th_path(dir, "relay.log");
-    db = rt_open(dbpath);
 
     rt_insert_rows(db, "dead", 0, N_DEAD, "takeover", 0);
     rt_insert_rows(db, "live", 0, N_LIVE, "takeover", 0);
@@ -110,7 +106,6 @@ int main(void)
         else
             diag("this test woke up too late to look just before the expiry");
     }
-    c = th_redis_client(&srv);
     s = rt_stream_read(c, "outbox:takeover");
     for (i = 0; i < s.n; i++)
         in_stream += s.e[i].id && strncmp(s.e[i].id, "live-", 5) == 0;
@@ -136,12 +131,7 @@ int main(void)
         rt_diag_tail("relay", text, 20);
     free(text);
 
-    redisFree(c);
-    sqlite3_close_v2(db);
-    th_redis_destroy(&srv);
-    th_rmtree(dir);
     free(log);
-    free(dbpath);
-    free(dir);
+    rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }

@@ -36,13 +36,9 @@ int main(void)
     int64_t t0;
     rt_audit a, b;
 
-    if (th_redis_start(&srv, 0, NULL) != 0)
-        skip_all("redis-server not available");
-    dir = rt_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
+    rt_world_start(&srv, &dir, &dbpath, &db, &c);
     log1 = th_path(dir, "relay1.log");
     log2 = th_path(dir, "relay2.log");
-    db = rt_open(dbpath);
     rt_insert_rows(db, "u", 0, N / 2, "two.u", 0);
     rt_insert_rows(db, "k", 0, N / 2, "two.k", 50);
 
@@ -75,7 +71,6 @@ int main(void)
     free(t1);
     free(t2);
 
-    c = th_redis_client(&srv);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state IN (0, 1)"), 0, "no row left in state 0 or 1");
     a = rt_audit_topic(db, c, "outbox:", "two.u");
     b = rt_audit_topic(db, c, "outbox:", "two.k");
@@ -86,13 +81,8 @@ int main(void)
     diag("%ld duplicate entries", a.dups + b.dups);
     is_int(a.dups + b.dups, 0, "no duplicates without crashes");
 
-    redisFree(c);
-    sqlite3_close_v2(db);
-    th_redis_destroy(&srv);
-    th_rmtree(dir);
     free(log1);
     free(log2);
-    free(dbpath);
-    free(dir);
+    rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }

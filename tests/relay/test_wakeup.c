@@ -29,13 +29,8 @@ int main(void)
     int64_t worst = 0;
     int i, rc, late = 0;
 
-    if (th_redis_start(&srv, 0, NULL) != 0)
-        skip_all("redis-server not available");
-    dir = rt_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
+    rt_world_start(&srv, &dir, &dbpath, &db, &c);
     log = th_path(dir, "relay.log");
-    db = rt_open(dbpath);
-    c = th_redis_client(&srv);
 
     pid = rt_relay_spawn(log, dbpath, srv.url, NULL);
     /* Let it connect and settle into its idle scan rhythm. */
@@ -66,12 +61,7 @@ int main(void)
         rt_diag_tail("relay", text, 10);
     free(text);
 
-    redisFree(c);
-    sqlite3_close_v2(db);
-    th_redis_destroy(&srv);
-    th_rmtree(dir);
     free(log);
-    free(dbpath);
-    free(dir);
+    rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }

@@ -30,14 +30,9 @@ int main(void)
     long max_sending = 0, max_sending_paused = 0, samples = 0, published = 0, published_paused = -1;
     int rc, pause_ms;
 
-    if (th_redis_start(&srv, 0, NULL) != 0)
-        skip_all("redis-server not available");
-    dir = rt_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
+    rt_world_start(&srv, &dir, &dbpath, &db, &c);
     log = th_path(dir, "relay.log");
-    db = rt_open(dbpath);
     rt_insert_rows(db, "w", 0, N, "window", 0);
-    c = th_redis_client(&srv);
 
     /* Not stretched by rt_slow() beyond the relay's 10 s reply timeout. */
     pause_ms = rt_slow() > 1 ? 4000 : 2000;
@@ -85,12 +80,7 @@ int main(void)
         rt_diag_tail("relay", text, 20);
     free(text);
 
-    redisFree(c);
-    sqlite3_close_v2(db);
-    th_redis_destroy(&srv);
-    th_rmtree(dir);
     free(log);
-    free(dbpath);
-    free(dir);
+    rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }
