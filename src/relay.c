@@ -83,6 +83,8 @@ struct wait_group {
 };
 
 enum relay_state { R_CREATED, R_RUNNING, R_STOPPING, R_STOPPED };
+/* Where the Redis connection (an rconn) is in its life. */
+enum rc_state { RC_NONE, RC_INITIALISED, RC_STARTED, RC_CLOSING };
 
 struct outbox_relay {
     uv_loop_t *loop;
@@ -98,10 +100,9 @@ struct outbox_relay {
     int64_t data_version;
 
     enum relay_state state;
-    /* The Redis connection, kept connected (rconn.h); rc_state: 0 none, 1
-     * initialised, 2 started, 3 closing. */
+    /* The Redis connection, kept connected (rconn.h). */
     outbox__rconn rc;
-    int rc_state;
+    enum rc_state rc_state;
 
     /* Handles. */
     uv_timer_t kick_timer;      /* zero-delay: run do_work on the next loop turn */
@@ -223,7 +224,7 @@ struct outbox_relay {
 /* The Redis connection when it is up, else NULL. */
 static outbox__redis *redis_conn(const outbox_relay *r)
 {
-    return r->rc_state == 2 ? outbox__rconn_get(&r->rc) : NULL;
+    return r->rc_state == RC_STARTED ? outbox__rconn_get(&r->rc) : NULL;
 }
 
 static void schedule_work(outbox_relay *r);
@@ -743,7 +744,6 @@ typedef struct cand {
     int64_t token;      /* lease_token: 0 = never claimed */
     int64_t available_at, created_at;
     enum { S_EXPIRED, S_WAITING, S_NEW } source; /* outbox_leased, outbox_due or outbox_new */
-    int takeover; /* an expired lease, not a pending row */
     int prev;     /* index of its key predecessor chosen in this batch, or -1 */
     msg *after;   /* or the message of an earlier batch it goes after */
     msg *m;       /* the claimed message */
@@ -846,7 +846,6 @@ static int add_cand(claim_ctx *x, sqlite3_stmt *st, int source)
     c->available_at = sqlite3_column_int64(st, 4);
     c->created_at = sqlite3_column_int64(st, 5);
     c->source = source;
-    c->takeover = source == S_EXPIRED;
     c->prev = -1;
     if (!c->topic || (key && !c->key))
         return SQLITE_NOMEM;
@@ -1243,7 +1242,7 @@ static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index)
     m->key[v.klen] = '\0';
     m->klen = v.klen;
     m->state = MSG_HELD;
-    m->took_over = c->takeover;
+    m->took_over = c->source == S_EXPIRED;
     c->m = m;
     problem = row_problem(r, &v, why, sizeof why);
     if (problem) {
@@ -1981,6 +1980,21 @@ static void unit_run(uv_work_t *w)
     __atomic_store_n(&r->in_unit, 0, __ATOMIC_RELAXED);
 }
 
+/* Puts a detached list of marks (first to its end) back at the head of the
+ * queue, ahead of those queued since. */
+static void marks_requeue(outbox_relay *r, msg *first)
+{
+    msg *end = first;
+    if (!first)
+        return;
+    while (end->next)
+        end = end->next;
+    end->next = r->marks_head;
+    if (!r->marks_head)
+        r->marks_tail = end;
+    r->marks_head = first;
+}
+
 /* Where a message claimed behind one of an earlier batch stands now: the
  * worker chained it tentatively; that one may have been answered since. */
 static void settle_chain(outbox_relay *r, msg *c)
@@ -2018,15 +2032,7 @@ static void unit_done(uv_work_t *w, int status)
         maybe_checkpoint(r, pages);
     if (u->rc != SQLITE_OK) {
         /* Nothing was written: the marks go back to the head of the queue. */
-        if (u->nmarks) {
-            msg *last = u->marks;
-            while (last->next)
-                last = last->next;
-            last->next = r->marks_head;
-            r->marks_head = u->marks;
-            if (!r->marks_tail)
-                r->marks_tail = last;
-        }
+        marks_requeue(r, u->marks);
         u->marks = NULL;
         if (r->state == R_STOPPING)
             r->stop_flush_failures++;
@@ -2038,20 +2044,11 @@ static void unit_done(uv_work_t *w, int status)
     r->stop_flush_failures = 0;
     if (u->nwritten) {
         /* The budget ran out: the marks not written go back to the queue. */
-        msg *last = u->marks, *rest;
+        msg *last = u->marks;
         for (i = 1; i < u->nwritten; i++)
             last = last->next;
-        rest = last->next;
+        marks_requeue(r, last->next);
         last->next = NULL;
-        if (rest) {
-            msg *end = rest;
-            while (end->next)
-                end = end->next;
-            end->next = r->marks_head;
-            if (!r->marks_head)
-                r->marks_tail = end;
-            r->marks_head = rest;
-        }
         u->nmarks = u->nwritten;
     }
     if (u->want_claim && u->nclaimed + u->ndead > 0) {
@@ -2210,13 +2207,8 @@ static void do_work(outbox_relay *r)
     wal_watch_pause(r);
     if (uv_queue_work(r->loop, &r->unit_work, unit_run, unit_done) != 0) {
         /* Cannot happen with a valid loop; put the marks back and retry. */
-        if (last) {
-            last->next = r->marks_head;
-            if (!r->marks_head)
-                r->marks_tail = last;
-            r->marks_head = u->marks;
-            u->marks = NULL;
-        }
+        marks_requeue(r, u->marks);
+        u->marks = NULL;
         db_busy_retry(r, SQLITE_ERROR, "queue");
         return;
     }
@@ -2501,20 +2493,15 @@ static void on_redis_down(outbox__rconn *rc, int status, void *data)
     maybe_finish_stop(r); /* lost while stopping: nothing more to wait for */
 }
 
-static void on_rconn_closed(void *data)
-{
-    on_conn_closed(data);
-}
-
 /* Closes the connection and stops reconnecting, once; the relay's stop
  * waits for it like for a handle. */
 static void close_redis(outbox_relay *r)
 {
-    if (r->rc_state != 2)
+    if (r->rc_state != RC_STARTED)
         return;
-    r->rc_state = 3;
+    r->rc_state = RC_CLOSING;
     r->handles_open++;
-    outbox__rconn_close(&r->rc, on_rconn_closed, r);
+    outbox__rconn_close(&r->rc, on_conn_closed, r);
 }
 
 /* ------------------------------------------------------------------ */
@@ -2572,7 +2559,7 @@ static char *dupstr(const char *s)
 static void free_fields(outbox_relay *r)
 {
     size_t i;
-    if (r->rc_state == 1)
+    if (r->rc_state == RC_INITIALISED)
         outbox__rconn_discard(&r->rc); /* initialised by a start that failed */
     for (i = 0; i < OUTBOX_ARRAY_LEN(statements); i++)
         sqlite3_finalize(*(sqlite3_stmt **)((char *)r + statements[i].off));
@@ -2729,7 +2716,7 @@ int outbox_relay_start(outbox_relay *r)
         return OUTBOX_ESTATE;
     /* Binding the metrics port (and memory) are the only things that can
      * fail: first, so a failed start leaves nothing to close. */
-    if (r->rc_state == 0) {
+    if (r->rc_state == RC_NONE) {
         outbox__redis_options o;
         outbox__redis_options_defaults(&o);
         o.connect_timeout_ms = r->s.connect_timeout_ms;
@@ -2737,7 +2724,7 @@ int outbox_relay_start(outbox_relay *r)
         o.client_name = "outbox-relay";
         if (outbox__rconn_init(&r->rc, r->loop, &r->url, &o, &r->log, "relay") != 0)
             return OUTBOX_ENOMEM;
-        r->rc_state = 1;
+        r->rc_state = RC_INITIALISED;
         r->rc.on_up = on_redis_up;
         r->rc.on_down = on_redis_down;
         r->rc.data = r;
@@ -2776,7 +2763,7 @@ int outbox_relay_start(outbox_relay *r)
     r->state = R_RUNNING;
     LOG(r, OUTBOX_LOG_INFO, "msg=started worker=%s db=%s redis=%s batch=%u inflight=%u", r->worker_id, r->db_path,
         r->url_desc, r->s.batch, r->s.inflight);
-    r->rc_state = 2;
+    r->rc_state = RC_STARTED;
     outbox__rconn_start(&r->rc);
     arm_scan(r, 0);
     return 0;
