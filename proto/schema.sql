@@ -1,4 +1,4 @@
--- The outbox table, schema version 3 (PRAGMA user_version = 3).
+-- The outbox table, schema version 4 (PRAGMA user_version = 4).
 --
 -- This file is the contract for writers in any language and is compiled into
 -- the library verbatim: outbox-relay init (or outbox_schema_apply()) runs it.
@@ -36,7 +36,7 @@ CREATE TABLE outbox (
 
     -- Relay-owned from here on.
     -- 0 pending, 1 sending (leased), 2 published, 3 dead.
-    state         INTEGER NOT NULL DEFAULT 0 CONSTRAINT state_is_0_to_3 CHECK (state IN (0, 1, 2, 3)),
+    state         INTEGER NOT NULL DEFAULT 0 CONSTRAINT state_is_0_to_3 CHECK (state = 0 OR state = 1 OR state = 2 OR state = 3),
     attempts      INTEGER NOT NULL DEFAULT 0,
     lease_owner   TEXT,
     -- Fencing token: incremented by every claim; marks name the token they

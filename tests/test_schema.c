@@ -42,6 +42,32 @@ static const char index_sql[] = "SELECT group_concat(name || ': ' || sql, char(1
                                 "sqlite_master WHERE type = 'index' AND tbl_name = 'outbox' AND sql IS NOT NULL "
                                 "ORDER BY name)";
 
+/* The outbox table's SQL. */
+static const char table_sql[] = "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'outbox'";
+
+/* Turns a current database back into schema 3 (its state CHECK, an IN list),
+ * the way an older library wrote it. */
+static const char v3_table[] =
+    "PRAGMA writable_schema=ON;"
+    "UPDATE sqlite_master SET sql = replace(sql, 'CHECK (state = 0 OR state = 1 OR state = 2 OR state = 3)', "
+    "'CHECK (state IN (0, 1, 2, 3))') WHERE type = 'table' AND name = 'outbox';"
+    "PRAGMA writable_schema=OFF;";
+
+/* Whether a statement that writes the state column builds an ephemeral
+ * table on every run (the cost schema 4 removed): 1, 0, or -1 on error. */
+static int state_write_builds_table(sqlite3 *db)
+{
+    sqlite3_stmt *st;
+    int found = 0;
+    if (sqlite3_prepare_v2(db, "EXPLAIN UPDATE outbox SET state = 2 WHERE seq = 1", -1, &st, NULL) != SQLITE_OK)
+        return -1;
+    while (sqlite3_step(st) == SQLITE_ROW)
+        if (strcmp((const char *)sqlite3_column_text(st, 1), "OpenEphemeral") == 0)
+            found = 1;
+    sqlite3_finalize(st);
+    return found;
+}
+
 /* Turns a current database back into schema 1 or 2 (their indexes). */
 static const char v2_indexes[] = "DROP INDEX outbox_new; DROP INDEX outbox_due; DROP INDEX outbox_key;"
                                  "CREATE INDEX outbox_due ON outbox(available_at) WHERE state = 0;"
@@ -203,26 +229,35 @@ static void test_refusals(void)
     sqlite3_close(db);
     free(p);
 
-    /* Schemas 1 and 2 are migrated to the current one in place: the same
-     * indexes as a new database, rows kept, and a row claimed before that
-     * went back to pending in the millisecond of its creation moves to the
-     * waiting rows. */
+    /* Schemas 1, 2 and 3 are migrated to the current one in place: the same
+     * table and indexes as a new database, rows kept, and a row claimed
+     * before that went back to pending in the millisecond of its creation
+     * moves to the waiting rows. The migrating connection uses the new
+     * state CHECK at once, another connection too. */
     {
-        char *want, *got;
+        char *want, *got, *want_table, *got_table;
         p = th_path(dir, "current.db");
         db = raw_open(p);
         is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
         want = one_text(db, index_sql);
         ok(want && strstr(want, "outbox_new") && strstr(want, "outbox_key"), "indexes of a new database");
+        want_table = one_text(db, table_sql);
+        is_int(state_write_builds_table(db), 0, "a new database: writing state builds no ephemeral table");
         sqlite3_close(db);
         free(p);
-        for (int from = 1; from <= 2; from++) {
+        for (int from = 1; from <= 3; from++) {
             char name[32];
+            sqlite3 *other;
             snprintf(name, sizeof name, "v%d.db", from);
             p = th_path(dir, name);
             db = raw_open(p);
             is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
-            is_int(sqlite3_exec(db, v2_indexes, NULL, NULL, NULL), SQLITE_OK, "back to schema 2's indexes");
+            is_int(sqlite3_exec(db, v3_table, NULL, NULL, NULL), SQLITE_OK, "back to schema 3's table");
+            sqlite3_close(db);
+            db = raw_open(p);
+            is_int(state_write_builds_table(db), 1, "schema 3's state CHECK builds an ephemeral table");
+            if (from <= 2)
+                is_int(sqlite3_exec(db, v2_indexes, NULL, NULL, NULL), SQLITE_OK, "back to schema 2's indexes");
             if (from == 1)
                 is_int(sqlite3_exec(db, v1_indexes, NULL, NULL, NULL), SQLITE_OK, "back to schema 1's indexes");
             sqlite3_exec(db,
@@ -236,23 +271,47 @@ static void test_refusals(void)
             is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_ENOSCHEMA,
                    "version %d: check asks for a migration", from);
             ok(strstr(err, "older") != NULL, "message: %s", err);
+            if (from == 3) /* an application's connection in defensive mode */
+                sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, NULL);
             is_int(outbox_schema_apply(db, err, sizeof err), 0, "version %d -> %d applied (%s)", from,
                    OUTBOX_SCHEMA_VERSION, err);
+            if (from == 3) {
+                int on = 0;
+                sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, -1, &on);
+                is_int(on, 1, "defensive mode is on again after the migration");
+            }
             is_int(one_int(db, "PRAGMA user_version"), OUTBOX_SCHEMA_VERSION, "user_version is now current");
             got = one_text(db, index_sql);
             ok(want && got && strcmp(want, got) == 0, "from %d: the indexes of a new database:\n%s", from,
                got ? got : "(none)");
             free(got);
+            got_table = one_text(db, table_sql);
+            ok(want_table && got_table && strcmp(want_table, got_table) == 0, "from %d: the table of a new database",
+               from);
+            free(got_table);
+            is_int(state_write_builds_table(db), 0, "from %d: the migrating connection uses the new CHECK", from);
+            other = raw_open(p);
+            is_int(state_write_builds_table(other), 0, "from %d: so does another connection", from);
+            is_int(sqlite3_exec(other, "UPDATE outbox SET state = 4 WHERE id = 'm1'", NULL, NULL, NULL),
+                   SQLITE_CONSTRAINT, "from %d: state 4 is still refused", from);
+            is_int(sqlite3_exec(other, "UPDATE outbox SET state = 1.5 WHERE id = 'm1'", NULL, NULL, NULL),
+                   SQLITE_CONSTRAINT, "from %d: state 1.5 is still refused", from);
+            is_int(one_int(other, "SELECT count(*) FROM pragma_integrity_check WHERE integrity_check <> 'ok'"), 0,
+                   "from %d: integrity_check ok", from);
+            sqlite3_close(other);
             is_int(one_int(db, "SELECT count(*) FROM outbox"), 3, "rows kept");
-            is_int(one_int(db, "SELECT count(*) FROM outbox WHERE state = 0 AND available_at <= created_at"), 2,
-                   "new rows stay new");
-            is_int(one_int(db, "SELECT available_at - created_at FROM outbox WHERE id = 'm3'"), 1,
-                   "a row claimed before is a waiting row");
+            if (from <= 2) { /* schema 3 had these rows right already */
+                is_int(one_int(db, "SELECT count(*) FROM outbox WHERE state = 0 AND available_at <= created_at"), 2,
+                       "new rows stay new");
+                is_int(one_int(db, "SELECT available_at - created_at FROM outbox WHERE id = 'm3'"), 1,
+                       "a row claimed before is a waiting row");
+            }
             is_int(outbox_schema_check(db, err, sizeof err), 0, "check passes");
             sqlite3_close(db);
             free(p);
         }
         free(want);
+        free(want_table);
     }
 
     /* A newer schema. */
