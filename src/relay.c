@@ -235,6 +235,7 @@ static int data_version_changed(outbox_relay *r);
 static void wal_watch_pause(outbox_relay *r);
 static int wal_watch_resume(outbox_relay *r);
 static void on_wal_change(uv_fs_event_t *h, const char *filename, int events, int status);
+static void wal_look(outbox_relay *r);
 static void send_msg(outbox_relay *r, msg *m, wait_group **grp);
 static void on_scan(uv_timer_t *t);
 static void on_handle_closed(uv_handle_t *h);
@@ -2125,7 +2126,7 @@ static void unit_done(uv_work_t *w, int status)
 
     if (wal_watch_resume(r) || r->dv_pending) {
         r->dv_pending = 0;
-        data_version_changed(r);
+        wal_look(r);
     }
     /* Claim again at once after a full claim, or after one that moved held
      * rows out of the way (defer): the next walks reach rows behind them. */
@@ -2389,19 +2390,30 @@ static void on_wal_recheck(uv_timer_t *t)
     uv_timer_start(&r->wal_timer, on_wal_recheck, 1u << r->wal_rechecks, 0);
 }
 
-static void on_wal_change(uv_fs_event_t *h, const char *filename, int events, int status)
+/*
+ * After a change to the WAL file, or after a unit (the watch was off while
+ * it ran): has another connection committed? A commit writes its frames to
+ * the WAL, syncs them, and only then publishes them in the wal-index, which
+ * is what data_version reads: the last event of another connection's commit
+ * comes before the commit is visible, and a writer that took the lock right
+ * after the unit's COMMIT wrote its frames before the watch was back on (no
+ * event at all). Unless data_version moved, look again shortly (1, 2, 4 ...
+ * 256 ms); without these looks such a commit waited for the scan timer.
+ */
+static void wal_look(outbox_relay *r)
 {
-    outbox_relay *r = h->data;
-    (void)filename;
-    (void)events;
-    if (status != 0 || data_version_changed(r))
+    if (r->state != R_RUNNING || data_version_changed(r))
         return;
-    /* A commit writes its frames to the WAL, syncs them, and only then
-     * publishes them in the wal-index, which is what data_version reads: the
-     * last event of another connection's commit comes before the commit is
-     * visible. Look again shortly (1, 2, 4 ... 256 ms). */
     r->wal_rechecks = 0;
     uv_timer_start(&r->wal_timer, on_wal_recheck, 1, 0);
+}
+
+static void on_wal_change(uv_fs_event_t *h, const char *filename, int events, int status)
+{
+    (void)filename;
+    (void)events;
+    if (status == 0)
+        wal_look(h->data);
 }
 
 void outbox_relay_wake(outbox_relay *r)
