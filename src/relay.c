@@ -98,6 +98,7 @@ struct outbox_relay {
     sqlite3_stmt *q_new, *q_due, *q_expired, *q_key_prev, *q_defer, *q_claim, *q_published, *q_failed, *q_release, *q_dead,
         *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention;
     int64_t data_version;
+    uint64_t foreign_commit_ms; /* loop time data_version last moved */
 
     enum relay_state state;
     /* The Redis connection, kept connected (rconn.h). */
@@ -2125,8 +2126,15 @@ static void unit_done(uv_work_t *w, int status)
     u->claimed = NULL;
 
     if (wal_watch_resume(r) || r->dv_pending) {
+        /* Another connection may have written its commit while the watch
+         * was off (see wal_look). Looked for again and again only while
+         * other connections commit (one did in the last 2 s): an idle relay
+         * keeps its one look per scan. */
+        if (r->dv_pending || uv_now(r->loop) - r->foreign_commit_ms < 2000)
+            wal_look(r);
+        else
+            data_version_changed(r);
         r->dv_pending = 0;
-        wal_look(r);
     }
     /* Claim again at once after a full claim, or after one that moved held
      * rows out of the way (defer): the next walks reach rows behind them. */
@@ -2353,6 +2361,7 @@ static int data_version_changed(outbox_relay *r)
     if (v == r->data_version)
         return 0;
     r->data_version = v;
+    r->foreign_commit_ms = uv_now(r->loop);
     schedule_work(r);
     return 1;
 }
