@@ -260,6 +260,8 @@ static const char migrate_2_to_3[] =
  * stored SQL is edited in place (SQLite's documented procedure for changing
  * a constraint without rewriting the table: writable_schema, then a new
  * schema_version so that every connection reloads it); no row is touched.
+ * A table whose stored text does not have the old CHECK word for word keeps
+ * what it has (slower, not wrong).
  */
 static const char old_state_check[] = "CHECK (state IN (0, 1, 2, 3))";
 static const char new_state_check[] = "CHECK (state = 0 OR state = 1 OR state = 2 OR state = 3)";
@@ -268,7 +270,7 @@ static int migrate_3_to_4(sqlite3 *db, char **msg)
 {
     int64_t cookie = 0;
     int defensive = 0, rc;
-    char sql[256];
+    char sql[512];
 
     if (outbox__sqlite_int(db, "PRAGMA schema_version", &cookie) != 0)
         return sqlite3_errcode(db) ? sqlite3_errcode(db) : SQLITE_ERROR;
