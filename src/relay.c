@@ -2127,10 +2127,11 @@ static void unit_done(uv_work_t *w, int status)
 
     if (wal_watch_resume(r) || r->dv_pending) {
         /* Another connection may have written its commit while the watch
-         * was off (see wal_look). Looked for again and again only while
-         * other connections commit (one did in the last 2 s): an idle relay
-         * keeps its one look per scan. */
-        if (r->dv_pending || uv_now(r->loop) - r->foreign_commit_ms < 2000)
+         * was off (see wal_look). Looked for again and again after a unit
+         * that did something, or while other connections commit (one did
+         * in the last 2 s): an idle relay keeps its one look per scan. */
+        if (r->dv_pending || u->nmarks || u->nclaimed || u->ndead ||
+            uv_now(r->loop) - r->foreign_commit_ms < 2000)
             wal_look(r);
         else
             data_version_changed(r);

@@ -12,17 +12,21 @@
  * in the wal-index (data_version) only after the relay's first look. Such a
  * commit once waited for the scan timer.
  *
- * Made to happen every time here: the relay runs embedded on this test's
+ * Made to happen here: the relay runs embedded on this test's
  * loop, which spends 20 ms in each iteration while a round runs (an
  * application busy on its loop), so a unit's end is handled well after its
  * COMMIT. Each round commits a trigger row from another connection and
  * waits for its stream entry; then a writer thread waits until it sees the
  * unit that marks that row published hold the write lock (the relay's last
  * unit of the round), and commits one row through a VFS whose fsync takes
- * 150 ms. The scan interval is 60 s: the
- * row must still be in its stream within 2 s.
+ * 150 ms. The scan interval is 60 s: the row must still be in its stream
+ * within 2 s. ("Made to happen": in about half the rounds the writer sees
+ * that unit's lock; before the relay looked again after its units, 1 to 4
+ * of 15 rounds were late in every run.) Under valgrind the timing is not
+ * judged (see main).
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -106,7 +110,7 @@ static void *writer_main(void *arg)
         int64_t give_up;
         int rc = SQLITE_OK;
         while (!atomic_load(&x->go))
-            ;
+            sched_yield();
         if (atomic_load(&x->go) < 0)
             break;
         atomic_store(&x->go, 0);
@@ -159,7 +163,7 @@ int main(void)
     outbox_relay *r = NULL;
     round_ctx x;
     pthread_t th;
-    int late = 0, locked = 0, i;
+    int late = 0, locked = 0, rounds, i;
     int64_t worst = 0;
 
     rt_world_start(&srv, &dir, &dbpath, &db, &c);
@@ -170,7 +174,11 @@ int main(void)
     outbox_relay_defaults(&s);
     s.db_path = dbpath;
     s.redis_url = srv.url;
-    s.scan_interval_ms = 60000; /* the fallback must not be what finds the row */
+    /* The fallback must not be what finds the row. Under valgrind, which
+     * runs one thread at a time, the busy loop starves the writer and its
+     * commit can take longer than the relay's looks after a unit: there the
+     * run only checks memory, and the scan finds such rows. */
+    s.scan_interval_ms = rt_slow() > 1 ? 2000 : 60000;
     s.log_level = OUTBOX_LOG_WARN;
     if (outbox_relay_create(&r, &loop, &s, err, sizeof err) != 0)
         bail("relay: %s", err);
@@ -187,7 +195,8 @@ int main(void)
         uv_run(&loop, UV_RUN_NOWAIT), th_sleep_ms(10);
     ok(stream_has(c, "outbox:late", "warm-000000"), "warm-up row published");
 
-    for (int round = 0; round < ROUNDS; round++) {
+    rounds = rt_slow() > 1 ? 4 : ROUNDS; /* under valgrind each round takes seconds */
+    for (int round = 0; round < rounds; round++) {
         int64_t seen_ms = 0, start;
         /* A row by another connection makes the relay run a unit; the
          * writer commits right after it. */
@@ -204,7 +213,7 @@ int main(void)
          * The loop does not turn until the writer watches the lock. */
         atomic_store(&x.go, 1);
         while (!atomic_load(&x.polling))
-            ;
+            sched_yield();
         atomic_store(&slow_loop, 1);
         start = th_now_ms();
         while (!atomic_load(&x.done) && th_now_ms() - start < 10000 * rt_slow())
@@ -231,7 +240,7 @@ int main(void)
             worst = seen_ms - x.commit_ms;
         }
     }
-    ok(locked >= 1, "the writer met the marking unit's lock in %d of %d rounds", locked, ROUNDS);
+    ok(locked >= 1, "the writer met the marking unit's lock in %d of %d rounds", locked, rounds);
     is_int(late, 0, "every late-visible commit published without the fallback scan (worst %lld ms)",
            (long long)worst);
 
