@@ -66,7 +66,10 @@ OUTBOX_API int outbox_db_open(const char *path, int flags, sqlite3 **out, char *
  *                        create (user_version 0) or that lacks a column;
  *   OUTBOX_ENOTDB        the file is not a database (or is corrupt).
  * Also OUTBOX_EBUSY, OUTBOX_ESQLITE. err (may be NULL) gets the details.
- * db stays owned by the caller and must not be inside a transaction.
+ * db stays owned by the caller and must not be inside a transaction. A
+ * migration from a version before 4 edits the table's stored definition:
+ * it turns SQLITE_DBCONFIG_DEFENSIVE off on db for that step (and back on
+ * if it was on), and makes db reload its schema after the commit.
  */
 OUTBOX_API int outbox_schema_apply(sqlite3 *db, char *err, size_t errlen);
 
