@@ -103,6 +103,9 @@ char *th_slurp(const char *path);
 
 /* Monotonic milliseconds. */
 int64_t th_now_ms(void);
+/* A factor for waits: 10 under the valgrind test setup (it sets
+ * OUTBOX_UNDER_VALGRIND), else 1. */
+int th_slow(void);
 /* Sleeps ms milliseconds. */
 void th_sleep_ms(int ms);
 

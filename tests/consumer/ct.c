@@ -13,12 +13,6 @@
 #include "outbox.h"
 #include "tap.h"
 
-int ct_slow(void)
-{
-    const char *v = getenv("OUTBOX_UNDER_VALGRIND");
-    return v && *v && strcmp(v, "0") != 0 ? 10 : 1;
-}
-
 char *ct_envelope(const char *id, const char *topic, const void *payload, size_t payload_len, size_t *len)
 {
     outbox_envelope e;

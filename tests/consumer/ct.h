@@ -18,9 +18,6 @@
 #include <hiredis/hiredis.h>
 #include <uv.h>
 
-/* A factor for waits: 10 under the valgrind test setup, else 1. */
-int ct_slow(void);
-
 /* Encodes a version 1 envelope (created_at now) into a malloc'd buffer. */
 char *ct_envelope(const char *id, const char *topic, const void *payload, size_t payload_len, size_t *len);
 

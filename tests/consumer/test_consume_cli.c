@@ -30,7 +30,7 @@ typedef struct res {
 static res run_args(const char *const *args, char *const *env)
 {
     res r;
-    r.code = ct_consume_run(args, env, &r.out, &r.err, 20000 * ct_slow());
+    r.code = ct_consume_run(args, env, &r.out, &r.err, 20000 * th_slow());
     return r;
 }
 
@@ -307,7 +307,7 @@ static void test_sigterm(void)
     int st;
     if (pid < 0)
         bail("spawn");
-    ok(ct_wait_for(stream_exists, "outbox:idle", 10000 * ct_slow()), "the group is created with MKSTREAM");
+    ok(ct_wait_for(stream_exists, "outbox:idle", 10000 * th_slow()), "the group is created with MKSTREAM");
     th_sleep_ms(100);
     st = ct_stop(pid, 10000);
     is_int(st, 0, "SIGTERM on an idle consumer: exit 0");

@@ -83,7 +83,7 @@ static void test_poison(void)
     snprintf(env1, sizeof env1, "CT_ATTEMPTS=%s", attempts);
     ct_xadd_fields(rc, stream, eid, 2, "id", "m-poison", (size_t)8, "envelope", envelope, envlen);
     ct_xadd_msg(rc, stream, "m-good", "poison", "fine", 4, good);
-    st = ct_consume_run(args, env, &out, &err, 30000 * ct_slow());
+    st = ct_consume_run(args, env, &out, &err, 30000 * th_slow());
     is_int(st, 0, "--drain exits 0 once the poison message is dead-lettered");
     t = th_slurp(attempts);
     is_int(ct_line_count(t, "m-poison 1") + ct_line_count(t, "m-poison 2"), 2,
@@ -153,7 +153,7 @@ static void test_malformed(void)
     ct_xadd_fields(rc, stream, e_junk, 2, "id", "m-junk", (size_t)6, "envelope", "{\"json\":1}", (size_t)10);
     ct_xadd_msg(rc, stream, "m-good2", "bad", "ok", 2, e_good2);
 
-    st = ct_consume_run(args, env, &out, &err, 30000 * ct_slow());
+    st = ct_consume_run(args, env, &out, &err, 30000 * th_slow());
     is_int(st, 0, "--drain exits 0");
     t = th_slurp(effects);
     is_int(ct_lines(t), 2, "only the two good messages ran the command");
@@ -204,7 +204,7 @@ static void test_wrongtype_key(void)
     ct_xadd_msg(rc, stream, "m-wt", "wt", "x", 1, eid);
     ct_xadd_msg(rc, stream, "m-fine", "wt", "y", 1, NULL);
     freeReplyObject(th_cmd(rc, "HSET dedup:g:{outbox:wt}:m-wt f v"));
-    st = ct_consume_run(args, NULL, &out, &err, 30000 * ct_slow());
+    st = ct_consume_run(args, NULL, &out, &err, 30000 * th_slow());
     is_int(st, 0, "wrong-type dedup key: --drain exits 0");
     ok(!strstr(out, "m-wt") && strstr(out, "m-fine"), "the other message is printed, m-wt is not");
     ok(strstr(err, "WRONGTYPE") != NULL, "the log names WRONGTYPE");

@@ -51,7 +51,7 @@ static int op(outbox_dedup *d, int kind, const char *id, outbox_dedup_result *r)
     *r = 0;
     if (e != 0)
         return e;
-    if (!ct_run_until(&loop, &x.done, 10000 * ct_slow()))
+    if (!ct_run_until(&loop, &x.done, 10000 * th_slow()))
         bail("dedup callback for %s did not come", id);
     *r = x.r;
     return x.status;
@@ -82,7 +82,7 @@ static int connected_cond(void *arg)
 
 static void wait_connected(outbox_dedup *d)
 {
-    if (!ct_run_until_cond(&loop, connected_cond, d, 10000 * ct_slow()))
+    if (!ct_run_until_cond(&loop, connected_cond, d, 10000 * th_slow()))
         bail("dedup did not connect");
 }
 
@@ -102,7 +102,7 @@ static void destroy(outbox_dedup *d)
 {
     int n = 0;
     outbox_dedup_destroy(d, destroyed, &n);
-    if (!ct_run_until(&loop, &n, 10000 * ct_slow()))
+    if (!ct_run_until(&loop, &n, 10000 * th_slow()))
         bail("dedup destroy callback did not come");
 }
 
@@ -266,7 +266,7 @@ static void test_race(outbox_dedup *a, outbox_dedup *b)
             bail("race: begin refused");
         {
             int both = 0;
-            int64_t deadline = th_now_ms() + 10000 * ct_slow();
+            int64_t deadline = th_now_ms() + 10000 * th_slow();
             while (!(rr.x[0].done && rr.x[1].done) && th_now_ms() < deadline)
                 ct_run_until(&loop, &rr.x[rr.x[0].done ? 1 : 0].done, 100);
             both = rr.x[0].done && rr.x[1].done;
@@ -353,7 +353,7 @@ static int down_status(int st)
 
 static void test_redis_down(outbox_dedup *a)
 {
-    outbox_dedup *t = make("timeouts", LEASE_MS, 300 * ct_slow());
+    outbox_dedup *t = make("timeouts", LEASE_MS, 300 * th_slow());
     res x = {0}, y = {0}, z = {0};
     outbox_dedup_result r;
     int st;
@@ -378,7 +378,7 @@ static void test_redis_down(outbox_dedup *a)
         bail("down: calls refused while connected");
     ct_run_for(&loop, 50);
     th_redis_kill(&srv);
-    ct_run_until(&loop, &z.done, 5000 * ct_slow());
+    ct_run_until(&loop, &z.done, 5000 * th_slow());
     ok(x.done && down_status(x.status), "begin while Redis dies: %s", outbox_err_name(x.status));
     ok(x.r != OUTBOX_DEDUP_FIRST, "begin while Redis dies: never FIRST");
     ok(y.done && down_status(y.status), "complete while Redis dies: %s", outbox_err_name(y.status));

@@ -45,7 +45,7 @@ static void test_print_once(void)
     }
     is_int(th_xlen(rc, stream), 3, "stream holds 3 entries, two of them with id m-dup");
 
-    st = ct_consume_run(args, NULL, &out, &err, 20000 * ct_slow());
+    st = ct_consume_run(args, NULL, &out, &err, 20000 * th_slow());
     is_int(st, 0, "--print --drain exits 0");
     is_int(ct_lines(out), 2, "two JSON lines for three entries (m-dup once)");
     ok(strstr(out, "\"id\":\"m-dup\"") && strstr(out, "\"id\":\"m-other\""), "both ids printed");
@@ -87,7 +87,7 @@ static void test_print_once(void)
     {
         const char *again[] = {"--redis", srv.url, "--stream", stream, "--group", "g2", "--namespace",
                                "dedup:g1", "--print", "--drain", NULL};
-        st = ct_consume_run(again, NULL, &out, &err, 20000 * ct_slow());
+        st = ct_consume_run(again, NULL, &out, &err, 20000 * th_slow());
         is_int(st, 0, "another group sharing the namespace: exits 0");
         is_int(ct_lines(out), 0, "another group sharing the namespace: prints nothing (all DONE)");
         is_int(ct_pending(rc, stream, "g2"), 0, "and acknowledges all three entries");
@@ -98,7 +98,7 @@ static void test_print_once(void)
     {
         const char *none[] = {"--redis", srv.url, "--stream", stream, "--group", "g3", "--dedup", "none", "--print",
                               "--drain", NULL};
-        st = ct_consume_run(none, NULL, &out, &err, 20000 * ct_slow());
+        st = ct_consume_run(none, NULL, &out, &err, 20000 * th_slow());
         is_int(st, 0, "--dedup none: exits 0");
         is_int(ct_lines(out), 3, "--dedup none: all three entries printed, m-dup twice");
         is_int(ct_int(rc, "EXISTS dedup:g3:{outbox:dup}:m-dup"), 0, "--dedup none: no dedup key written");
@@ -139,8 +139,8 @@ static void test_two_consumers(void)
     p2 = ct_consume_spawn(a2, env, NULL, log2);
     if (p1 < 0 || p2 < 0)
         bail("cannot start outbox-consume");
-    s1 = th_wait(p1, 60000 * ct_slow());
-    s2 = th_wait(p2, 60000 * ct_slow());
+    s1 = th_wait(p1, 60000 * th_slow());
+    s2 = th_wait(p2, 60000 * th_slow());
     if (s1 == -2)
         s1 = ct_stop(p1, 5000);
     if (s2 == -2)

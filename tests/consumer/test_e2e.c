@@ -73,7 +73,7 @@ int main(void)
 
     {
         char *argv[] = {demo, "--db", db, "--orders", "300", NULL};
-        code = th_run(argv, NULL, NULL, &err, 60000 * ct_slow());
+        code = th_run(argv, NULL, NULL, &err, 60000 * th_slow());
         is_int(code, 0, "outbox-demo wrote %d orders", ORDERS);
         if (code != 0)
             ct_diag_text("demo", err);
@@ -93,7 +93,7 @@ int main(void)
 
     {
         char *argv[] = {relay, "--db", db, "--redis", srv.url, "--drain", NULL};
-        code = th_run(argv, NULL, NULL, &err, 60000 * ct_slow());
+        code = th_run(argv, NULL, NULL, &err, 60000 * th_slow());
         is_int(code, 0, "outbox-relay --drain published and exited 0");
         if (code != 0)
             ct_diag_text("relay", err);
@@ -106,7 +106,7 @@ int main(void)
         const char *group = g == 0 ? "billing" : "shipping";
         const char *args[] = {"--redis", srv.url, "--stream", "outbox:orders", "--group", group, "--print", "--drain",
                               NULL};
-        code = ct_consume_run(args, NULL, &out, &err, 60000 * ct_slow());
+        code = ct_consume_run(args, NULL, &out, &err, 60000 * th_slow());
         is_int(code, 0, "%s: outbox-consume --print --drain exited 0", group);
         is_int(ct_lines(out), ORDERS, "%s: %d lines", group, ORDERS);
         got = ids_of(out, &ngot);

@@ -182,7 +182,7 @@ static void test_kills(void)
     int mid = 0;
     sqlite3 *db;
 
-    n_msgs = ct_slow() > 1 ? 500 : 2000;
+    n_msgs = th_slow() > 1 ? 500 : 2000;
     db = open_db(dbpath);
     /* No UNIQUE here: a double application must be visible. */
     exec_sql(db, "CREATE TABLE effects(message_id TEXT NOT NULL, entry_id TEXT NOT NULL, deliveries INTEGER)");
@@ -209,13 +209,13 @@ static void test_kills(void)
             child_main();
         if (k == 0) {
             /* During start-up: connecting, creating the group, first read. */
-            th_sleep_ms(jitter * ct_slow());
+            th_sleep_ms(jitter * th_slow());
         } else {
             /* Somewhere in the middle of the remaining work, whatever the
              * machine's speed: wait for a random amount of progress. */
             long long left = n_msgs - before;
             target = before + 1 + (left > KILLS ? rand() % (left / (KILLS - k + 1)) : 0);
-            while (effects_now() < target && (st = th_wait(pid, 0)) == -2 && th_now_ms() - t0 < 30000 * ct_slow())
+            while (effects_now() < target && (st = th_wait(pid, 0)) == -2 && th_now_ms() - t0 < 30000 * th_slow())
                 th_sleep_ms(2);
             th_sleep_ms(jitter);
         }
@@ -246,7 +246,7 @@ static void test_kills(void)
         s.consumer = "final";
         is_int(outbox_consumer_create(&c, &loop, &s, err, sizeof err), 0, "final consumer created");
         is_int(outbox_consumer_start(c), 0, "final consumer started");
-        ok(ct_run_until_cond(&loop, finished, NULL, 60000 * ct_slow()),
+        ok(ct_run_until_cond(&loop, finished, NULL, 60000 * th_slow()),
            "the final consumer finished the work: nothing pending, everything delivered");
         is_int(outbox_consumer_stop(c, on_stopped, &stopped), 0, "stop");
         ok(ct_run_until(&loop, &stopped, 10000), "stop callback ran");
@@ -330,12 +330,12 @@ static void test_gc(void)
     insert_old(path, 2500, "old", 1000);
     insert_old(path, 5, "recent", outbox_now_ms());
     is_int(outbox_consumer_start(c), 0, "gc: started");
-    ok(ct_run_until_cond(&loop, rows_gone, &first, 10000 * ct_slow()),
+    ok(ct_run_until_cond(&loop, rows_gone, &first, 10000 * th_slow()),
        "2500 inbox rows older than the retention deleted (in batches)");
     is_int(sql_int(path, "SELECT count(*) FROM outbox_inbox WHERE message_id LIKE 'recent-%'"), 5,
            "rows within the retention kept");
     insert_old(path, 3, "later", 1000);
-    ok(ct_run_until_cond(&loop, rows_gone, &later, 3000 * ct_slow()),
+    ok(ct_run_until_cond(&loop, rows_gone, &later, 3000 * th_slow()),
        "rows that became old later are deleted too: the clean-up keeps running");
     is_int(outbox_consumer_stop(c, on_stopped, &stopped), 0, "gc: stop");
     ct_run_until(&loop, &stopped, 10000);

@@ -78,7 +78,7 @@ static void test_killed_mid_effect(void)
     a = ct_consume_spawn(aa, enva, NULL, loga);
     if (a < 0)
         bail("cannot start consumer A");
-    ok(ct_wait_for(has_lines, &la, 10000 * ct_slow()), "consumer A started the command");
+    ok(ct_wait_for(has_lines, &la, 10000 * th_slow()), "consumer A started the command");
     t = th_slurp(pidfile);
     sleep_pid = atol(t);
     free(t);
@@ -97,11 +97,11 @@ static void test_killed_mid_effect(void)
     b = ct_consume_spawn(ab, envb, NULL, logb);
     if (b < 0)
         bail("cannot start consumer B");
-    ok(ct_wait_for(has_lines, &le, 15000 * ct_slow()), "consumer B applied the message");
+    ok(ct_wait_for(has_lines, &le, 15000 * th_slow()), "consumer B applied the message");
     applied_at = th_now_ms();
     ok(applied_at >= expires_at - 50, "not before A's lease ended (%lld ms after its end)",
        (long long)(applied_at - expires_at));
-    ok(ct_wait_for(nothing_pending, &pa, 5000 * ct_slow()), "the entry is acknowledged");
+    ok(ct_wait_for(nothing_pending, &pa, 5000 * th_slow()), "the entry is acknowledged");
     th_sleep_ms(300); /* time for a wrong second application */
     is_int(ct_stop(b, 10000), 0, "consumer B stops on SIGTERM with status 0");
     t = th_slurp(effects);
@@ -147,7 +147,7 @@ static void test_killed_before_ack(void)
     c = ct_consume_spawn(args, env, NULL, logc);
     if (c < 0)
         bail("cannot start consumer C");
-    ok(ct_wait_for(nothing_pending, &pa, 10000 * ct_slow()), "both entries acknowledged");
+    ok(ct_wait_for(nothing_pending, &pa, 10000 * th_slow()), "both entries acknowledged");
     th_sleep_ms(200);
     is_int(ct_stop(c, 10000), 0, "consumer C stops with status 0");
     t = th_slurp(effects);
@@ -191,8 +191,8 @@ static void test_autoclaim(void)
     d = ct_consume_spawn(args, env, NULL, logd);
     if (d < 0)
         bail("cannot start consumer D");
-    ok(ct_wait_for(has_lines, &le, 15000 * ct_slow()), "all %d messages applied", NREC);
-    ok(ct_wait_for(nothing_pending, &pa, 5000 * ct_slow()), "nothing pending in the group");
+    ok(ct_wait_for(has_lines, &le, 15000 * th_slow()), "all %d messages applied", NREC);
+    ok(ct_wait_for(nothing_pending, &pa, 5000 * th_slow()), "nothing pending in the group");
     th_sleep_ms(300);
     is_int(ct_stop(d, 10000), 0, "consumer D stops with status 0");
     t = th_slurp(effects);
@@ -250,15 +250,15 @@ static void test_read_errors(void)
     p = ct_consume_spawn(args, NULL, out, log);
     if (p < 0)
         bail("cannot start outbox-consume");
-    ok(ct_wait_for(log_has, no_group, 5000 * ct_slow()), "XGROUP CREATE refused (NOPERM) and logged");
+    ok(ct_wait_for(log_has, no_group, 5000 * th_slow()), "XGROUP CREATE refused (NOPERM) and logged");
     acl("+xgroup");
     ct_xadd_msg(rc, stream, "m-acl-1", "acl", "1", 1, NULL);
-    ok(ct_wait_for(has_lines, &one, 5000 * ct_slow()), "once allowed, the group is created and the message printed");
+    ok(ct_wait_for(has_lines, &one, 5000 * th_slow()), "once allowed, the group is created and the message printed");
     acl("-xreadgroup");
-    ok(ct_wait_for(log_has, no_read, 5000 * ct_slow()), "XREADGROUP refused (NOPERM) and logged");
+    ok(ct_wait_for(log_has, no_read, 5000 * th_slow()), "XREADGROUP refused (NOPERM) and logged");
     acl("+xreadgroup");
     ct_xadd_msg(rc, stream, "m-acl-2", "acl", "2", 1, NULL);
-    ok(ct_wait_for(has_lines, &two, 5000 * ct_slow()), "once allowed again, reading resumes");
+    ok(ct_wait_for(has_lines, &two, 5000 * th_slow()), "once allowed again, reading resumes");
     is_int(ct_stop(p, 10000), 0, "stops with status 0");
     free(out);
     free(log);

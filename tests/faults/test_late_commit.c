@@ -116,7 +116,7 @@ static void *writer_main(void *arg)
         atomic_store(&x->go, 0);
         /* Wait for the unit that marks the trigger row to hold the lock. */
         sqlite3_busy_timeout(w, 0);
-        give_up = th_now_ms() + 300 * rt_slow(); /* missed it: commit anyway, a round without the race */
+        give_up = th_now_ms() + 300 * th_slow(); /* missed it: commit anyway, a round without the race */
         atomic_store(&x->polling, 1);
         rc = lock_seen(w, 1, give_up) ? SQLITE_BUSY : SQLITE_OK;
         atomic_store(&x->saw_lock, rc == SQLITE_BUSY);
@@ -178,7 +178,7 @@ int main(void)
      * runs one thread at a time, the busy loop starves the writer and its
      * commit can take longer than the relay's looks after a unit: there the
      * run only checks memory, and the scan finds such rows. */
-    s.scan_interval_ms = rt_slow() > 1 ? 2000 : 60000;
+    s.scan_interval_ms = th_slow() > 1 ? 2000 : 60000;
     s.log_level = OUTBOX_LOG_WARN;
     if (outbox_relay_create(&r, &loop, &s, err, sizeof err) != 0)
         bail("relay: %s", err);
@@ -191,11 +191,11 @@ int main(void)
 
     /* Warm-up: connected, and the stream exists. */
     rt_insert_rows(db, "warm", 0, 1, "late", 0);
-    for (i = 0; i < 500 * rt_slow() && !stream_has(c, "outbox:late", "warm-000000"); i++)
+    for (i = 0; i < 500 * th_slow() && !stream_has(c, "outbox:late", "warm-000000"); i++)
         uv_run(&loop, UV_RUN_NOWAIT), th_sleep_ms(10);
     ok(stream_has(c, "outbox:late", "warm-000000"), "warm-up row published");
 
-    rounds = rt_slow() > 1 ? 4 : ROUNDS; /* under valgrind each round takes seconds */
+    rounds = th_slow() > 1 ? 4 : ROUNDS; /* under valgrind each round takes seconds */
     for (int round = 0; round < rounds; round++) {
         int64_t seen_ms = 0, start;
         /* A row by another connection makes the relay run a unit; the
@@ -207,7 +207,7 @@ int main(void)
         rt_insert_rows(db, "trigger", round, 1, "late", 0);
         snprintf(trig, sizeof trig, "trigger-%06d", round);
         start = th_now_ms();
-        while (!stream_has(c, "outbox:late", trig) && th_now_ms() - start < 5000 * rt_slow())
+        while (!stream_has(c, "outbox:late", trig) && th_now_ms() - start < 5000 * th_slow())
             uv_run(&loop, UV_RUN_NOWAIT);
         /* Its XADD is done: the unit that marks it is the next (and last).
          * The loop does not turn until the writer watches the lock. */
@@ -216,7 +216,7 @@ int main(void)
             sched_yield();
         atomic_store(&slow_loop, 1);
         start = th_now_ms();
-        while (!atomic_load(&x.done) && th_now_ms() - start < 10000 * rt_slow())
+        while (!atomic_load(&x.done) && th_now_ms() - start < 10000 * th_slow())
             uv_run(&loop, UV_RUN_NOWAIT);
         atomic_store(&slow_loop, 0);
         if (!atomic_load(&x.done) || atomic_load(&x.failed)) {
@@ -225,7 +225,7 @@ int main(void)
         }
         locked += atomic_load(&x.saw_lock);
         snprintf(id, sizeof id, "late-%d", round);
-        while (th_now_ms() - x.commit_ms < LATE_LIMIT_MS * rt_slow()) {
+        while (th_now_ms() - x.commit_ms < LATE_LIMIT_MS * th_slow()) {
             uv_run(&loop, UV_RUN_NOWAIT);
             if (stream_has(c, "outbox:late", id)) {
                 seen_ms = th_now_ms();
@@ -235,7 +235,7 @@ int main(void)
         }
         if (!seen_ms) {
             late++;
-            diag("round %d: %s not in its stream %d ms after its commit", round, id, LATE_LIMIT_MS * rt_slow());
+            diag("round %d: %s not in its stream %d ms after its commit", round, id, LATE_LIMIT_MS * th_slow());
         } else if (seen_ms - x.commit_ms > worst) {
             worst = seen_ms - x.commit_ms;
         }

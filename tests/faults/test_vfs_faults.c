@@ -279,7 +279,7 @@ static void part1(th_redis *srv, redisContext *c, const char *dir)
        (long)syncs_failed);
     ok(log_db_errors > 0, "the relay logged database errors (%d, %d of them during marks)", (int)log_db_errors,
        (int)log_mark_errors);
-    ok(p.beats_in_fault >= p.fault_ms_total / 5 / 4 / rt_slow(),
+    ok(p.beats_in_fault >= p.fault_ms_total / 5 / 4 / th_slow(),
        "a 5 ms timer kept firing during the faults (%ld firings in %lld ms)", p.beats_in_fault,
        (long long)p.fault_ms_total);
 
@@ -446,11 +446,11 @@ static void part2(th_redis *srv, redisContext *c, const char *dir)
     outbox_relay_destroy(p.r);
     uv_run(&loop, UV_RUN_DEFAULT);
     is_int(uv_loop_close(&loop), 0, "loop closes");
-    /* Under valgrind (rt_slow() > 1) everything is ~10x slower: only the
+    /* Under valgrind (th_slow() > 1) everything is ~10x slower: only the
      * loop turning at all is required there. */
-    ok(p.beats_held >= (rt_slow() > 1 ? 10 : 100), "a 10 ms timer fired %ld times while the lock was held %lld ms (>= 100)",
+    ok(p.beats_held >= (th_slow() > 1 ? 10 : 100), "a 10 ms timer fired %ld times while the lock was held %lld ms (>= 100)",
        p.beats_held, (long long)p.hold_ms);
-    ok(p.max_gap < 200 * rt_slow(), "longest gap between firings while held: %lld ms (< 200)", (long long)p.max_gap);
+    ok(p.max_gap < 200 * th_slow(), "longest gap between firings while held: %lld ms (< 200)", (long long)p.max_gap);
 
     chk = rt_open(db);
     a = rt_audit_topic(chk, c, "outbox:", "busy");

@@ -271,7 +271,7 @@ static void script_flush(void)
         bail("truncate %s", logpath);
     pid = rt_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--batch", "8", "--inflight", "32", NULL);
     start = th_now_ms();
-    while (th_now_ms() - start < 20000 * rt_slow()) {
+    while (th_now_ms() - start < 20000 * th_slow()) {
         int64_t p = th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'flush' AND state = 2");
         if (at_flush1 < 0 && p >= n / 4) {
             freeReplyObject(th_cmd(rc, "SCRIPT FLUSH"));

@@ -147,7 +147,7 @@ static pid_t metrics_while_draining(void)
             }
         }
         free(body);
-        if (done || th_now_ms() - start > 30000 * rt_slow())
+        if (done || th_now_ms() - start > 30000 * th_slow())
             break;
         th_sleep_ms(5);
     }

@@ -14,12 +14,6 @@
 #include "outbox.h"
 #include "tap.h"
 
-int rt_slow(void)
-{
-    const char *v = getenv("OUTBOX_UNDER_VALGRIND");
-    return v && *v && strcmp(v, "0") != 0 ? 10 : 1;
-}
-
 int64_t rt_unix_ms(void)
 {
     return outbox_now_ms();

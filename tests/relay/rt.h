@@ -19,9 +19,6 @@
 
 #include "harness.h"
 
-/* A factor for waits: 10 under the valgrind test setup, else 1. */
-int rt_slow(void);
-
 /*
  * Clean-up that also happens when a test bails out: th_tmpdir() whose
  * tree is removed at exit, and child processes tracked from start to reap,

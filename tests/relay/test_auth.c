@@ -57,7 +57,7 @@ int main(void)
 
     /* requirepass */
     snprintf(url, sizeof url, "redis://:pass@127.0.0.1:%d/0", srv.port);
-    rc = rt_relay_run(30000 * rt_slow(), &err, db_a, url, "--drain", NULL);
+    rc = rt_relay_run(30000 * th_slow(), &err, db_a, url, "--drain", NULL);
     is_int(rc, 0, "requirepass: --drain exits 0");
     if (rc != 0)
         rt_diag_tail("relay", err, 10);
@@ -67,7 +67,7 @@ int main(void)
 
     /* ACL user, db 2 */
     snprintf(url, sizeof url, "redis://alice:pw@127.0.0.1:%d/2", srv.port);
-    rc = rt_relay_run(30000 * rt_slow(), &err, db_b, url, "--drain", NULL);
+    rc = rt_relay_run(30000 * th_slow(), &err, db_b, url, "--drain", NULL);
     is_int(rc, 0, "acl user: --drain exits 0");
     if (rc != 0)
         rt_diag_tail("relay", err, 10);
@@ -82,7 +82,7 @@ int main(void)
     /* wrong password */
     snprintf(url, sizeof url, "redis://:N0tTheOne@127.0.0.1:%d/0", srv.port);
     pid = rt_relay_spawn(log, db_c, url, NULL);
-    th_sleep_ms(1500 * rt_slow()); /* long enough for a first AUTH, also under valgrind */
+    th_sleep_ms(1500 * th_slow()); /* long enough for a first AUTH, also under valgrind */
     is_int(rt_wait(pid, 0), -2, "wrong password: the relay keeps running (and retrying)");
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "wrong password: SIGTERM exits 0");
     text = th_slurp(log);

@@ -64,7 +64,7 @@ int main(void)
     wlog = th_path(dir, "writer.log");
 
     t0 = th_now_ms();
-    deadline = t0 + BUDGET_MS * rt_slow();
+    deadline = t0 + BUDGET_MS * th_slow();
     writer = start_writer(dbpath, wlog);
     relay = start_relay(rlog, dbpath, srv.url);
     while (kills < KILLS && th_now_ms() < deadline) {
@@ -94,7 +94,7 @@ int main(void)
         relay = start_relay(rlog, dbpath, srv.url);
     }
     /* The last relay runs until the writer's current run is done. */
-    rc = rt_wait(writer, 30000 * rt_slow());
+    rc = rt_wait(writer, 30000 * th_slow());
     writer_runs++;
     writer_failures += rc != 0;
     is_int(rt_stop(relay, SIGKILL, 5000), 128 + SIGKILL, "the last relay is killed too");
@@ -109,7 +109,7 @@ int main(void)
          (long long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 0"),
          (long long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1"),
          (long long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2"));
-    rc = rt_relay_run(30000 * rt_slow(), &err, dbpath, srv.url, "--drain", "--lease-ms", "1000",
+    rc = rt_relay_run(30000 * th_slow(), &err, dbpath, srv.url, "--drain", "--lease-ms", "1000",
                       "--reply-timeout-ms", "500", NULL);
     is_int(rc, 0, "the final --drain run exits 0");
     if (rc != 0)

@@ -42,7 +42,7 @@ int main(void)
         snprintf(orders, sizeof orders, "%d", ORDERS);
         {
             char *argv[] = {demo, "--db", dbpath, "--orders", orders, "--embedded", "--redis", srv.url, NULL};
-            rc = th_run(argv, NULL, &out, &err, 30000 * rt_slow());
+            rc = th_run(argv, NULL, &out, &err, 30000 * th_slow());
         }
         is_int(rc, 0, "run %d: outbox-demo --embedded exits 0", run);
         diag("run %d: %lld ms", run, (long long)(th_now_ms() - t0));

@@ -66,7 +66,7 @@ static void on_poll(uv_timer_t *h)
     test *t = h->data;
     int64_t now = th_now_ms();
 
-    if (now - t->t0 > 20000 * rt_slow()) {
+    if (now - t->t0 > 20000 * th_slow()) {
         diag("timed out in phase %d", t->phase);
         finish(t);
         return;
@@ -129,8 +129,8 @@ int main(void)
     if (e != 0)
         bail("cannot create the relay");
 
-    /* Not stretched by rt_slow() beyond the relay's 10 s reply timeout. */
-    pause_ms = rt_slow() > 1 ? 2 * PAUSE_MS : PAUSE_MS;
+    /* Not stretched by th_slow() beyond the relay's 10 s reply timeout. */
+    pause_ms = th_slow() > 1 ? 2 * PAUSE_MS : PAUSE_MS;
     rep = th_cmd(t.c, "CLIENT PAUSE %d WRITE", pause_ms);
     ok(rep->type == REDIS_REPLY_STATUS, "CLIENT PAUSE WRITE accepted");
     freeReplyObject(rep);

@@ -56,7 +56,7 @@ int main(void)
     th_sql_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('exact-100', 'inv', zeroblob(100))");
     rt_insert_rows(db, "g", N_GOOD / 2, N_GOOD / 2, "inv", 3);
 
-    rc = rt_relay_run(30000 * rt_slow(), &err, dbpath, srv.url, "--drain", "--max-payload", "100", NULL);
+    rc = rt_relay_run(30000 * th_slow(), &err, dbpath, srv.url, "--drain", "--max-payload", "100", NULL);
     is_int(rc, 0, "--drain exits 0");
     if (rc != 0)
         rt_diag_tail("relay", err, 20);

@@ -50,7 +50,7 @@ int main(void)
     /* 1. One key across hundreds of small batches. */
     rt_insert_rows(db, "one", 0, 3000, "one", 1);
     pid = rt_relay_spawn(log1, dbpath, srv.url, "--batch", "8", "--inflight", "1024", NULL);
-    done = rt_wait_until(60000 * rt_slow(), topic_done, (void *)"one");
+    done = rt_wait_until(60000 * th_slow(), topic_done, (void *)"one");
     ok(done, "one key: all 3000 published");
     a = rt_audit_topic(db, c, "outbox:", "one");
     is_int(a.missing, 0, "one key: every message is in the stream");
@@ -67,17 +67,17 @@ int main(void)
     t0 = rt_unix_ms();
     pid = rt_relay_spawn(log2, dbpath, srv.url, "--batch", "8", "--backoff-min-ms", "3000", "--backoff-max-ms",
                          "3000", "--max-attempts", "1000", NULL);
-    done = rt_wait_until(20000 * rt_slow(), topic_done, (void *)"free");
+    done = rt_wait_until(20000 * th_slow(), topic_done, (void *)"free");
     took = rt_unix_ms() - t0;
     ok(done, "failing key: the other topic is published");
-    ok(took < 2500 * rt_slow(), "failing key: the other topic did not wait for the retry (%lld ms)",
+    ok(took < 2500 * th_slow(), "failing key: the other topic did not wait for the retry (%lld ms)",
        (long long)took);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'stuck' AND state = 2"), 0,
            "failing key: nothing of the key published while its head fails");
     rep = th_cmd(c, "DEL outbox:stuck");
     is_int(rep->integer, 1, "failing key: the string was still in place");
     freeReplyObject(rep);
-    done = rt_wait_until(60000 * rt_slow(), topic_done, (void *)"stuck");
+    done = rt_wait_until(60000 * th_slow(), topic_done, (void *)"stuck");
     ok(done, "failing key: everything published after the DEL");
     a = rt_audit_topic(db, c, "outbox:", "stuck");
     is_int(a.missing, 0, "failing key: every message is in the stream");
@@ -91,7 +91,7 @@ int main(void)
 
     /* 3. k: a (new), b (due in 1.5 s), c (new); j: d (new). */
     {
-        int64_t due = rt_unix_ms() + 1500 * rt_slow(); /* the relay starts slowly under valgrind */
+        int64_t due = rt_unix_ms() + 1500 * th_slow(); /* the relay starts slowly under valgrind */
         th_sql_exec(db,
                     "INSERT INTO outbox(id, topic, key, payload) VALUES ('dl-a', 'delayed', 'k', x'61');"
                     "INSERT INTO outbox(id, topic, key, payload, available_at) VALUES "
@@ -100,7 +100,7 @@ int main(void)
                     "INSERT INTO outbox(id, topic, key, payload) VALUES ('dl-d', 'delayed', 'j', x'64');",
                     (long long)due);
         pid = rt_relay_spawn(log1, dbpath, srv.url, NULL);
-        done = rt_wait_until(20000 * rt_slow(), topic_done, (void *)"delayed");
+        done = rt_wait_until(20000 * th_slow(), topic_done, (void *)"delayed");
         ok(done, "delayed row: everything published");
         ok(th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-a'") < due,
            "delayed row: the row of its key before it did not wait");
@@ -128,7 +128,7 @@ int main(void)
     freeReplyObject(th_cmd(c, "SET outbox:waitk x"));
     pid = rt_relay_spawn(log2, dbpath, srv.url, "--batch", "8", "--backoff-min-ms", "200", "--backoff-max-ms",
                          "200", "--max-attempts", "1000", NULL);
-    th_sleep_ms(1000 * rt_slow()); /* the head fails, its key's rows are made to wait behind it */
+    th_sleep_ms(1000 * th_slow()); /* the head fails, its key's rows are made to wait behind it */
     ok(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'waitk' AND state = 0 "
                       "AND available_at > created_at AND lease_token = 0") > 0,
        "behind a failing head: its key's new rows were made to wait");
@@ -136,7 +136,7 @@ int main(void)
     is_int(rep->integer, 1, "behind a failing head: the string was still in place");
     freeReplyObject(rep);
     t0 = rt_unix_ms();
-    done = rt_wait_until(20000 * rt_slow(), topic_done, (void *)"waitk");
+    done = rt_wait_until(20000 * th_slow(), topic_done, (void *)"waitk");
     took = rt_unix_ms() - t0;
     ok(done, "behind a failing head: all published after the DEL, in %lld ms (a lease of 60 s is held elsewhere)",
        (long long)took);

@@ -202,7 +202,7 @@ int main(void)
            N_PLAIN + N_API);
 
     t0 = th_now_ms();
-    rc = rt_relay_run(60000 * rt_slow(), &err, dbpath, srv.url, "--drain", NULL);
+    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
     is_int(rc, 0, "outbox-relay --drain exits 0");
     if (rc != 0)
         rt_diag_tail("relay", err, 20);

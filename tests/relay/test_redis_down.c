@@ -61,7 +61,7 @@ int main(void)
 
     is_int(th_redis_restart(&srv), 0, "redis-server started");
     up_at = th_now_ms();
-    done = rt_wait_until(20000 * rt_slow(), all_published, NULL);
+    done = rt_wait_until(20000 * th_slow(), all_published, NULL);
     ok(done, "everything is published once Redis is up");
     diag("published %lld ms after Redis came up", (long long)(th_now_ms() - up_at));
     c = th_redis_client(&srv);

@@ -43,7 +43,7 @@ int main(void)
 
     c = th_redis_client(&srv);
     pid = rt_relay_spawn(log, dbpath, srv.url, "--drain", NULL);
-    deadline = th_now_ms() + 20000 * rt_slow();
+    deadline = th_now_ms() + 20000 * th_slow();
     while ((xlen = th_xlen(c, "outbox:restart")) < KILL_AT && th_now_ms() < deadline)
         th_sleep_ms(1);
     redisFree(c);
@@ -54,7 +54,7 @@ int main(void)
     is_int(rt_wait(pid, 0), -2, "the relay keeps running without Redis");
     is_int(th_redis_restart(&srv), 0, "redis-server restarted (from its AOF)");
 
-    rc = rt_wait(pid, 60000 * rt_slow());
+    rc = rt_wait(pid, 60000 * th_slow());
     is_int(rc, 0, "the drain finishes with exit 0");
     if (rc == -2) {
         kill(pid, SIGKILL);

@@ -45,13 +45,13 @@ static int run_and_term(const char *log, const char *dbpath, const char *url, re
     pid_t pid = rt_relay_spawn(log, dbpath, url, "--shutdown-timeout-ms", shutdown_ms, NULL);
     int64_t paused, termed;
     int rc;
-    if (!rt_wait_until(20000 * rt_slow(), stream_has, &w))
+    if (!rt_wait_until(20000 * th_slow(), stream_has, &w))
         diag("the relay did not start publishing");
     paused = th_now_ms();
     freeReplyObject(th_cmd(c, "CLIENT PAUSE %d WRITE", pause_ms));
     /* Let XADDs pile up behind the pause (a daemon under valgrind takes
      * longer to send its next ones). */
-    th_sleep_ms(50 * rt_slow());
+    th_sleep_ms(50 * th_slow());
     termed = th_now_ms();
     kill(pid, SIGTERM);
     rc = rt_wait(pid, wait_ms);
@@ -82,7 +82,7 @@ int main(void)
     rt_insert_rows(db, "tk", 0, N / 2, "term", 8);
 
     /* 1: replies come back within the shutdown timeout. */
-    rc = run_and_term(log1, dbpath, srv.url, c, 700, "5000", 6000 * rt_slow(), &since_pause, &ms);
+    rc = run_and_term(log1, dbpath, srv.url, c, 700, "5000", 6000 * th_slow(), &since_pause, &ms);
     is_int(rc, 0, "held replies: exit 0 after SIGTERM");
     diag("held replies: exited %lld ms after SIGTERM", (long long)ms);
     ok(since_pause >= 650 && ms < 5000, "it waited for the held replies, within the shutdown timeout (%lld ms)",
@@ -101,7 +101,7 @@ int main(void)
     is_int(entries, published, "held replies: the stream holds exactly the rows marked published");
 
     /* 2: replies held past the shutdown timeout. */
-    rc = run_and_term(log2, dbpath, srv.url, c, 3000, "500", 6000 * rt_slow(), &since_pause, &ms);
+    rc = run_and_term(log2, dbpath, srv.url, c, 3000, "500", 6000 * th_slow(), &since_pause, &ms);
     is_int(rc, 0, "shutdown timeout: exit 0 after SIGTERM");
     diag("shutdown timeout: exited %lld ms after SIGTERM", (long long)ms);
     ok(ms >= 450 && since_pause < 2500, "it gave up waiting at the 500 ms timeout (%lld ms)", (long long)ms);
@@ -114,7 +114,7 @@ int main(void)
     th_sleep_ms(3000); /* the pause ends; the abandoned XADDs run */
 
     /* 3: a second run drains the rest. */
-    rc = rt_relay_run(60000 * rt_slow(), &err, dbpath, srv.url, "--drain", NULL);
+    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
     is_int(rc, 0, "second run: --drain exits 0");
     if (rc != 0)
         rt_diag_tail("relay", err, 20);

@@ -139,7 +139,7 @@ int main(void)
     rt_insert_rows(db, "lonely", 0, 50, "lonely", 0);
     pid = rt_relay_spawn(log, dbpath, primary.url, "--wait-replicas", "1", "--wait-timeout-ms", "100",
                          "--max-attempts", "1000", "--backoff-min-ms", "100", "--backoff-max-ms", "200", NULL);
-    th_sleep_ms(1500 * rt_slow()); /* long enough for XADDs and WAITs, also under valgrind */
+    th_sleep_ms(1500 * th_slow()); /* long enough for XADDs and WAITs, also under valgrind */
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "replica down: SIGTERM exits 0");
     ok(th_xlen(c, "outbox:lonely") >= 50, "replica down: the XADDs were made (%lld entries)",
        th_xlen(c, "outbox:lonely"));

@@ -40,13 +40,13 @@ int main(void)
         long long want = i + 1;
         th_sql_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('wake-%d', 'wake', 'x')", i);
         t0 = th_now_ms();
-        while (th_xlen(c, "outbox:wake") < want && th_now_ms() - t0 < 3000 * rt_slow())
+        while (th_xlen(c, "outbox:wake") < want && th_now_ms() - t0 < 3000 * th_slow())
             th_sleep_ms(1);
         dt = th_now_ms() - t0;
         diag("row %d published after %lld ms", i, (long long)dt);
         if (dt > worst)
             worst = dt;
-        late += dt > BOUND_MS * rt_slow();
+        late += dt > BOUND_MS * th_slow();
         /* Commit next at another point of the 1000 ms scan period. */
         th_sleep_ms(170 + 230 * i);
     }

@@ -34,8 +34,8 @@ int main(void)
     log = th_path(dir, "relay.log");
     rt_insert_rows(db, "w", 0, N, "window", 0);
 
-    /* Not stretched by rt_slow() beyond the relay's 10 s reply timeout. */
-    pause_ms = rt_slow() > 1 ? 4000 : 2000;
+    /* Not stretched by th_slow() beyond the relay's 10 s reply timeout. */
+    pause_ms = th_slow() > 1 ? 4000 : 2000;
     rep = th_cmd(c, "CLIENT PAUSE %d WRITE", pause_ms);
     ok(rep->type == REDIS_REPLY_STATUS, "CLIENT PAUSE WRITE accepted");
     freeReplyObject(rep);
@@ -59,7 +59,7 @@ int main(void)
 
     /* After the pause: it drains, never above the window. */
     max_sending = max_sending_paused;
-    deadline = th_now_ms() + 30000 * rt_slow();
+    deadline = th_now_ms() + 30000 * th_slow();
     while (th_now_ms() < deadline) {
         long sending = (long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1");
         if (sending > max_sending)
