@@ -168,6 +168,7 @@ struct outbox_relay {
     int in_unit; /* unit_run is between BEGIN and its end (worker thread; see unit_busy) */
     int yield; /* an attached connection waits for the lock: the unit ends early (atomic) */
     int attach_busy_ms; /* the attached connection's busy timeout, restored by detach */
+    int attached;       /* connections attached with attach_busy (atomic: attach/detach run on their threads) */
     int wake_ready;     /* wake_async is initialised (atomic: read by attached connections' threads) */
     int dv_pending;     /* a data_version check waits for the running unit */
     uint64_t claim_row_ns; /* recent cost of one claimed row (worker thread only) */
@@ -2063,10 +2064,16 @@ static void unit_done(uv_work_t *w, int status)
      * back to back, the relay would hold it nearly all the time while
      * draining, and the application's writers (whose busy handler retries
      * at intervals) and other relays would hardly ever get it. At least
-     * 1 ms, or a quarter of this transaction's time. */
+     * 1 ms, or a quarter of this transaction's time. Not after a unit
+     * shorter than 1 ms while an application connection is attached: its
+     * busy handler wakes the moment a unit ends, so it needs no gap, and the
+     * gap (a loop timer, 1-2 ms) was the largest part of an in-process
+     * message's latency (docs/BENCHMARKS.md). */
     {
-        uint64_t ms = (u->t_end - u->t0) / 4000000;
-        r->lock_free_until = uv_now(r->loop) + (ms ? ms : 1);
+        uint64_t ns = u->t_end - u->t0, ms = ns / 4000000;
+        if (!ms && (ns >= 1000000 || __atomic_load_n(&r->attached, __ATOMIC_RELAXED) == 0))
+            ms = 1;
+        r->lock_free_until = uv_now(r->loop) + ms;
     }
 
     /* The claimed messages join the window first: a chain may be settled
@@ -2474,8 +2481,10 @@ int outbox_relay_attach(outbox_relay *r, sqlite3 *db)
         r->attach_busy_ms = sqlite3_column_int(st, 0);
     sqlite3_finalize(st);
     /* A connection that does not wait for locks keeps not waiting. */
-    if (r->attach_busy_ms > 0 && r->txn_sync_ok)
+    if (r->attach_busy_ms > 0 && r->txn_sync_ok) {
         sqlite3_busy_handler(db, attach_busy, r);
+        __atomic_add_fetch(&r->attached, 1, __ATOMIC_RELAXED);
+    }
     return 0;
 }
 
@@ -2485,8 +2494,10 @@ void outbox_relay_detach(sqlite3 *db)
     if (!db)
         return;
     r = sqlite3_wal_hook(db, NULL, NULL);
-    if (r && r->attach_busy_ms > 0 && r->txn_sync_ok)
+    if (r && r->attach_busy_ms > 0 && r->txn_sync_ok) {
         sqlite3_busy_timeout(db, r->attach_busy_ms); /* the timeout it had at attach */
+        __atomic_sub_fetch(&r->attached, 1, __ATOMIC_RELAXED);
+    }
 }
 
 /* ------------------------------------------------------------------ */
