@@ -19,11 +19,6 @@ static void shim_bail(const char *why)
     exit(1);
 }
 
-typedef struct shim_file {
-    sqlite3_file base;
-    sqlite3_file *real; /* right after this header */
-} shim_file;
-
 static sqlite3_vfs *real_vfs;
 static sqlite3_vfs shim_vfs;
 static sqlite3_io_methods shim_io;
@@ -62,6 +57,14 @@ static int s_write(sqlite3_file *f, const void *b, int n, sqlite3_int64 off)
         return atomic_load(&write_fail_code);
     }
     return REAL(f)->pMethods->xWrite(REAL(f), b, n, off);
+}
+static int s_forward_write(sqlite3_file *f, const void *b, int n, sqlite3_int64 off)
+{
+    return REAL(f)->pMethods->xWrite(REAL(f), b, n, off);
+}
+static int s_forward_sync(sqlite3_file *f, int flags)
+{
+    return REAL(f)->pMethods->xSync(REAL(f), flags);
 }
 static int s_truncate(sqlite3_file *f, sqlite3_int64 size)
 {
@@ -134,6 +137,14 @@ static int s_unfetch(sqlite3_file *f, sqlite3_int64 off, void *p)
     return REAL(f)->pMethods->xUnfetch(REAL(f), off, p);
 }
 
+void shim_io_forward(sqlite3_io_methods *io)
+{
+    *io = (sqlite3_io_methods){3,          s_close,  s_read,    s_forward_write, s_truncate, s_forward_sync,
+                               s_filesize, s_lock,   s_unlock,  s_check,         s_fcntl,    s_sector,
+                               s_devchar,  s_shmmap, s_shmlock, s_shmbarrier,    s_shmunmap, s_fetch,
+                               s_unfetch};
+}
+
 static int s_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags, int *out_flags)
 {
     shim_file *sf = (shim_file *)f;
@@ -159,10 +170,9 @@ void shim_register(const char *name, int make_default)
     shim_vfs.pNext = NULL;
     shim_vfs.szOsFile = (int)sizeof(shim_file) + real_vfs->szOsFile;
     shim_vfs.xOpen = s_open;
-    shim_io = (sqlite3_io_methods){3,        s_close,   s_read,         s_write,   s_truncate,  s_sync,
-                                   s_filesize, s_lock,  s_unlock,       s_check,   s_fcntl,     s_sector,
-                                   s_devchar, s_shmmap, s_shmlock,      s_shmbarrier, s_shmunmap, s_fetch,
-                                   s_unfetch};
+    shim_io_forward(&shim_io);
+    shim_io.xWrite = s_write; /* counted, and failed on demand */
+    shim_io.xSync = s_sync;   /* the same, and slowed down on demand */
     if (sqlite3_vfs_register(&shim_vfs, make_default) != SQLITE_OK)
         shim_bail("sqlite3_vfs_register failed");
 }

@@ -8,6 +8,18 @@
 
 #include <sqlite3.h>
 
+/* The start of a shim's file: the real VFS's file follows the struct (the
+ * VFS's szOsFile covers both), and real points to it. A shim of its own may
+ * put more after `real` by embedding this first. */
+typedef struct shim_file {
+    sqlite3_file base;
+    sqlite3_file *real;
+} shim_file;
+
+/* Fills io with methods that pass every call on to the file's real one
+ * (iVersion 3), for a shim to override the ones it changes. */
+void shim_io_forward(sqlite3_io_methods *io);
+
 /* Registers the shim as `name` (a static string), over the default VFS of
  * the moment; make_default makes it the default for connections opened
  * afterwards. Once per process; bails on error. */

@@ -34,6 +34,7 @@
 #include "harness.h"
 #include "outbox.h"
 #include "rt.h"
+#include "shim_vfs.h"
 #include "tap.h"
 
 /* ---- the power-loss VFS ------------------------------------------------ */
@@ -49,9 +50,8 @@ typedef struct undo {
 } undo;
 
 typedef struct pl_file {
-    sqlite3_file base;
-    sqlite3_file *real; /* right after this header */
-    char *path;         /* owned; NULL for temp files */
+    shim_file sh; /* the real file follows this struct */
+    char *path;   /* owned; NULL for temp files */
 } pl_file;
 
 static sqlite3_vfs *real_vfs;
@@ -63,7 +63,7 @@ static size_t nundo, capundo;
 static int pl_dead;
 static long pl_writes, pl_syncs, pl_wal_syncs, pl_db_syncs;
 
-#define REAL(f) (((pl_file *)(f))->real)
+#define REAL(f) (((pl_file *)(f))->sh.real)
 #define PATH(f) (((pl_file *)(f))->path)
 
 static void push_undo(sqlite3_file *real, const char *path, int64_t off, size_t len, int64_t old_size, int trunc)
@@ -200,51 +200,11 @@ static int p_sync(sqlite3_file *f, int flags)
     pthread_mutex_unlock(&pl_mu);
     return rc;
 }
-static int p_filesize(sqlite3_file *f, sqlite3_int64 *size)
-{
-    return REAL(f)->pMethods->xFileSize(REAL(f), size);
-}
-static int p_lock(sqlite3_file *f, int l)
-{
-    return REAL(f)->pMethods->xLock(REAL(f), l);
-}
-static int p_unlock(sqlite3_file *f, int l)
-{
-    return REAL(f)->pMethods->xUnlock(REAL(f), l);
-}
-static int p_check(sqlite3_file *f, int *out)
-{
-    return REAL(f)->pMethods->xCheckReservedLock(REAL(f), out);
-}
-static int p_fcntl(sqlite3_file *f, int op, void *arg)
-{
-    return REAL(f)->pMethods->xFileControl(REAL(f), op, arg);
-}
-static int p_sector(sqlite3_file *f)
-{
-    return REAL(f)->pMethods->xSectorSize(REAL(f));
-}
 static int p_devchar(sqlite3_file *f)
 {
     /* Neither atomic nor safe-append: the worst case for the recovery. */
     return REAL(f)->pMethods->xDeviceCharacteristics(REAL(f)) &
            ~(SQLITE_IOCAP_SAFE_APPEND | SQLITE_IOCAP_SEQUENTIAL | SQLITE_IOCAP_BATCH_ATOMIC);
-}
-static int p_shmmap(sqlite3_file *f, int pg, int pgsz, int extend, void volatile **pp)
-{
-    return REAL(f)->pMethods->xShmMap(REAL(f), pg, pgsz, extend, pp);
-}
-static int p_shmlock(sqlite3_file *f, int off, int n, int flags)
-{
-    return REAL(f)->pMethods->xShmLock(REAL(f), off, n, flags);
-}
-static void p_shmbarrier(sqlite3_file *f)
-{
-    REAL(f)->pMethods->xShmBarrier(REAL(f));
-}
-static int p_shmunmap(sqlite3_file *f, int del)
-{
-    return REAL(f)->pMethods->xShmUnmap(REAL(f), del);
 }
 static int p_fetch(sqlite3_file *f, sqlite3_int64 off, int n, void **pp)
 {
@@ -268,14 +228,14 @@ static int p_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags
     pl_file *pf = (pl_file *)f;
     int rc;
     (void)vfs;
-    pf->real = (sqlite3_file *)(pf + 1);
-    pf->base.pMethods = NULL;
+    pf->sh.real = (sqlite3_file *)(pf + 1);
+    pf->sh.base.pMethods = NULL;
     pf->path = NULL;
-    rc = real_vfs->xOpen(real_vfs, name, pf->real, flags, out_flags);
-    if (pf->real->pMethods) {
+    rc = real_vfs->xOpen(real_vfs, name, pf->sh.real, flags, out_flags);
+    if (pf->sh.real->pMethods) {
         pf->path = name ? strdup(name) : NULL;
-        pl_io.iVersion = pf->real->pMethods->iVersion < 3 ? pf->real->pMethods->iVersion : 3;
-        pf->base.pMethods = &pl_io;
+        pl_io.iVersion = pf->sh.real->pMethods->iVersion < 3 ? pf->sh.real->pMethods->iVersion : 3;
+        pf->sh.base.pMethods = &pl_io;
     }
     return rc;
 }
@@ -290,10 +250,15 @@ static void pl_register(void)
     pl_vfs.pNext = NULL;
     pl_vfs.szOsFile = (int)sizeof(pl_file) + real_vfs->szOsFile;
     pl_vfs.xOpen = p_open;
-    pl_io = (sqlite3_io_methods){3,          p_close,  p_read,    p_write,      p_truncate, p_sync,
-                                 p_filesize, p_lock,   p_unlock,  p_check,      p_fcntl,    p_sector,
-                                 p_devchar,  p_shmmap, p_shmlock, p_shmbarrier, p_shmunmap, p_fetch,
-                                 p_unfetch};
+    shim_io_forward(&pl_io);
+    pl_io.xClose = p_close;
+    pl_io.xRead = p_read;
+    pl_io.xWrite = p_write;
+    pl_io.xTruncate = p_truncate;
+    pl_io.xSync = p_sync;
+    pl_io.xDeviceCharacteristics = p_devchar;
+    pl_io.xFetch = p_fetch;
+    pl_io.xUnfetch = p_unfetch;
     if (sqlite3_vfs_register(&pl_vfs, 1) != SQLITE_OK)
         bail("sqlite3_vfs_register failed");
 }
