@@ -1,4 +1,4 @@
--- The outbox table, schema version 4 (PRAGMA user_version = 4).
+-- The outbox table, schema version 5 (PRAGMA user_version = 5).
 --
 -- This file is the contract for writers in any language and is compiled into
 -- the library verbatim: outbox-relay init (or outbox_schema_apply()) runs it.
@@ -51,16 +51,21 @@ CREATE TABLE outbox (
     replay_reason TEXT
 );
 
--- New pending rows in commit order: rows that wait for nothing but their
--- turn (available_at not after created_at, never claimed). A claim walks the
--- head of this index, so its cost does not depend on the backlog, and it
--- meets a key's new rows in commit order. New rows land at its end.
-CREATE INDEX outbox_new ON outbox(seq) WHERE state = 0 AND available_at <= created_at;
+-- New pending rows (state 0, available_at not after created_at, never
+-- claimed) are found by walking the table itself in seq order from
+-- outbox_cursor.new_from: a plain INSERT writes to no index but the id's.
 
--- Pending rows made to wait (retried, released, requeued, or written with a
--- later available_at), by the time they become due. Once claimed, a row
--- never goes back to outbox_new: the relay and outbox-replay always set
--- available_at after created_at.
+-- Rows claimed before that are pending again with available_at not after
+-- created_at. Only a change by hand makes one (the relay and outbox-replay
+-- make such rows wait); the walk of new rows may have passed them, so every
+-- claim first turns them into waiting rows due at once. An INSERT
+-- (lease_token 0) never writes to it.
+CREATE INDEX outbox_stray ON outbox(seq) WHERE state = 0 AND available_at <= created_at AND lease_token > 0;
+
+-- Pending rows made to wait (retried, released, requeued, held back by
+-- their key, or written with a later available_at), by the time they become
+-- due. Once claimed, a row is never new again: the relay and outbox-replay
+-- always set available_at after created_at.
 CREATE INDEX outbox_due ON outbox(available_at) WHERE state = 0 AND available_at > created_at;
 
 -- Leased rows by expiry, for takeover of expired leases.
@@ -69,7 +74,7 @@ CREATE INDEX outbox_leased ON outbox(lease_until) WHERE state = 1;
 -- Per-key order: the keyed rows that can hold back a later row of their key
 -- out of commit order (leased, or made to wait). New rows are not in it, so
 -- a writer's INSERT never writes to it (its entries would be spread over the
--- whole index); the claim knows a key's new rows from its walk of outbox_new.
+-- whole index); the claim knows a key's new rows from its walk of the table.
 CREATE INDEX outbox_key ON outbox(topic, key, seq) WHERE key IS NOT NULL AND (state = 1 OR (state = 0 AND available_at > created_at));
 
 -- Published rows by age, for retention.
@@ -77,3 +82,21 @@ CREATE INDEX outbox_published ON outbox(published_at) WHERE state = 2;
 
 -- Dead rows, for inspection and replay.
 CREATE INDEX outbox_dead ON outbox(seq) WHERE state = 3;
+
+-- Relay-owned: where the claims' walk of new rows starts. No new row has a
+-- seq below new_from: a claim moves it past every new row it saw (each one
+-- claimed or made to wait) and no row becomes new again. A new row's seq is
+-- one more than the largest in the table, so when a delete takes away the
+-- rows at the end, the trigger moves new_from back to stay within reach.
+CREATE TABLE outbox_cursor (
+    one      INTEGER PRIMARY KEY CONSTRAINT one_row CHECK (one = 1),
+    new_from INTEGER NOT NULL
+);
+INSERT INTO outbox_cursor(one, new_from) VALUES (1, 1);
+
+CREATE TRIGGER outbox_cursor_after_delete AFTER DELETE ON outbox
+WHEN old.seq >= (SELECT new_from FROM outbox_cursor) - 1
+BEGIN
+    UPDATE outbox_cursor SET new_from = (SELECT coalesce(max(seq), 0) + 1 FROM outbox)
+    WHERE new_from > (SELECT coalesce(max(seq), 0) + 1 FROM outbox);
+END;

@@ -96,7 +96,8 @@ struct outbox_relay {
 
     sqlite3 *db;
     sqlite3_stmt *q_new, *q_due, *q_expired, *q_key_prev, *q_defer, *q_claim, *q_published, *q_failed, *q_release, *q_dead,
-        *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention;
+        *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention, *q_cursor, *q_cursor_set, *q_top,
+        *q_stray;
     int64_t data_version;
     uint64_t foreign_commit_ms; /* loop time data_version last moved */
 
@@ -746,12 +747,13 @@ typedef struct cand {
     size_t klen;
     int64_t token;      /* lease_token: 0 = never claimed */
     int64_t available_at, created_at;
-    enum { S_EXPIRED, S_WAITING, S_NEW } source; /* outbox_leased, outbox_due or outbox_new */
+    enum { S_EXPIRED, S_WAITING, S_NEW } source; /* outbox_leased, outbox_due or the walk of new rows */
     int prev;     /* index of its key predecessor chosen in this batch, or -1 */
     msg *after;   /* or the message of an earlier batch it goes after */
     msg *m;       /* the claimed message */
     msg *eff_after; /* what it ended up behind (for a successor of a dead row) */
     int eff_in_batch; /* eff_after was claimed in this batch */
+    int deferred;     /* defer gave it a later available_at */
     enum { C_SEEN, C_CHOSEN, C_DEAD, C_RELEASED } fate;
 } cand;
 
@@ -807,7 +809,8 @@ typedef struct claim_ctx {
     size_t n, cap;
     int *chosen;
     size_t nchosen;
-    int64_t new_pos; /* every new row before this seq was seen (INT64_MAX: all of them) */
+    int64_t new_from; /* outbox_cursor: no new row before this seq */
+    int64_t new_pos;  /* every new row before this seq was seen (INT64_MAX: all of them) */
     int64_t *defer;   /* (seq, available_at) pairs: rows to make due later (see defer) */
     size_t ndefer;
     bslot *slots;
@@ -868,12 +871,14 @@ static void choose(claim_ctx *x, int idx, int prev, msg *after)
 }
 
 /* A pending row held back by a row made to wait becomes due no earlier than
- * it (`at`): a new row leaves outbox_new for the waiting rows (available_at
+ * it (`at`): a new row leaves the new rows for the waiting rows (available_at
  * after its created_at), and a waiting row moves behind it in outbox_due.
  * Otherwise the walks would meet such rows again and again, and a long run
  * of them would keep the walk of outbox_due from ever reaching the row they
- * wait for. Written after the walks (see claim). */
-static void defer(claim_ctx *x, const cand *c, bslot *bs, int64_t at)
+ * wait for. A new row held back for another reason is made a waiting row
+ * due at once (`at` 0): the walk of new rows never comes back to a row it
+ * has seen (see scan_pending). Written after the walks (see claim). */
+static void defer(claim_ctx *x, cand *c, bslot *bs, int64_t at)
 {
     if (c->source == S_EXPIRED)
         return;
@@ -883,6 +888,7 @@ static void defer(claim_ctx *x, const cand *c, bslot *bs, int64_t at)
         bs->wait_until = at; /* its later rows wait as long */
     if (at <= c->available_at)
         return;
+    c->deferred = 1;
     x->defer[2 * x->ndefer] = c->seq;
     x->defer[2 * x->ndefer + 1] = at;
     x->ndefer++;
@@ -896,7 +902,7 @@ enum decision { D_FREE, D_IN_BATCH, D_AFTER, D_HELD_OURS, D_HELD };
  * it), or is this relay's own message still on its way (it is chained
  * behind it). Otherwise it waits. The earlier unfinished rows of a key are
  * found in two places:
- * - New rows (outbox_new) are walked in seq order, so those before a new
+ * - New rows are walked in seq order, so those before a new
  *   row were seen earlier in this claim (its bslot). A row claimed before
  *   (lease_token > 0) has no new row before it: it was claimed after them,
  *   and every row that goes back to pending becomes a waiting row. A waiting
@@ -1003,10 +1009,43 @@ static int consider(claim_ctx *x, int idx)
     if (d == D_HELD_OURS || d == D_HELD) {
         if (bs && c->seq < bs->held_min)
             bs->held_min = c->seq;
+        if (c->source == S_NEW && !c->deferred)
+            defer(x, c, NULL, 0);
         return SQLITE_OK;
     }
     choose(x, idx, prev, after);
     return SQLITE_OK;
+}
+
+/* Steps a one-value statement: *v gets its value, or dflt when it returns
+ * no row or NULL. */
+static int step_int(sqlite3_stmt *st, int64_t dflt, int64_t *v)
+{
+    int rc = sqlite3_step(st);
+    *v = rc == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL ? sqlite3_column_int64(st, 0) : dflt;
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* Moves outbox_cursor past the new rows the walk saw (see scan_pending). */
+static int move_cursor(claim_ctx *x)
+{
+    outbox_relay *r = x->r;
+    int64_t to = x->new_pos, top;
+    int rc;
+    if (to == INT64_MAX) {
+        /* Every new row seen: the next one comes after the last row. */
+        rc = step_int(r->q_top, 0, &top);
+        if (rc != SQLITE_OK)
+            return rc;
+        to = top + 1;
+    }
+    if (to <= x->new_from)
+        return SQLITE_OK;
+    sqlite3_bind_int64(r->q_cursor_set, 1, to);
+    rc = sqlite3_step(r->q_cursor_set);
+    sqlite3_reset(r->q_cursor_set);
+    return rc == SQLITE_DONE ? SQLITE_OK : rc;
 }
 
 /* Steps q_expired and considers each row until the batch is full; our own
@@ -1031,10 +1070,13 @@ static int scan_expired(claim_ctx *x)
 }
 
 /*
- * Walks the waiting rows that are due (outbox_due) and the new rows
- * (outbox_new) together, oldest available_at first, and considers each row
- * until the batch is full. Each walk looks further than `want`, so that rows
- * held back by their key do not starve the rest.
+ * Walks the waiting rows that are due (outbox_due) and the new rows (the
+ * table from outbox_cursor.new_from) together, oldest available_at first,
+ * and considers each row until the batch is full. Each walk looks further
+ * than `want`, so that rows held back by their key do not starve the rest.
+ * Every new row seen is claimed or made to wait (consider, defer), so the
+ * cursor moves past all of them: the next walk starts at the first new row
+ * not seen, or after the last row when there was none.
  */
 static int scan_pending(claim_ctx *x)
 {
@@ -1043,9 +1085,17 @@ static int scan_pending(claim_ctx *x)
     int64_t limit = (int64_t)x->want * 4, nread = 0, last = 0;
     int rw, rn, rc = SQLITE_OK;
 
+    rc = sqlite3_step(r->q_stray);
+    sqlite3_reset(r->q_stray);
+    if (rc != SQLITE_DONE)
+        return rc;
+    rc = step_int(r->q_cursor, 0, &x->new_from);
+    if (rc != SQLITE_OK)
+        return rc;
     sqlite3_bind_int64(w, 1, x->now);
     sqlite3_bind_int64(w, 2, limit);
     sqlite3_bind_int64(n, 1, limit);
+    sqlite3_bind_int64(n, 2, x->new_from);
     rn = sqlite3_step(n);
     rw = sqlite3_step(w);
     x->new_pos = rn == SQLITE_ROW ? sqlite3_column_int64(n, 0) : INT64_MAX;
@@ -1076,6 +1126,8 @@ static int scan_pending(claim_ctx *x)
         rc = rn;
     sqlite3_reset(w);
     sqlite3_reset(n);
+    if (rc == SQLITE_OK)
+        rc = move_cursor(x);
     return rc;
 }
 
@@ -2547,7 +2599,13 @@ static const struct {
 #define STMT(field, sql) {offsetof(outbox_relay, field), sql}
     /* The claim's walks (see scan_pending): columns as add_cand reads them. */
     STMT(q_new, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
-                "WHERE state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1"),
+                "WHERE seq >= ?2 AND state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1"),
+    STMT(q_cursor, "SELECT new_from FROM outbox_cursor"),
+    STMT(q_cursor_set, "UPDATE outbox_cursor SET new_from = ?1"),
+    STMT(q_top, "SELECT max(seq) FROM outbox"),
+    /* Rows made pending again by hand (outbox_stray) become waiting rows. */
+    STMT(q_stray, "UPDATE outbox SET available_at = created_at + 1 "
+                  "WHERE state = 0 AND available_at <= created_at AND lease_token > 0"),
     STMT(q_due, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
                 "WHERE state = 0 AND available_at > created_at AND available_at <= ?1 "
                 "ORDER BY available_at, seq LIMIT ?2"),
@@ -2578,7 +2636,8 @@ static const struct {
     STMT(q_next_due, "SELECT min(available_at) FROM outbox WHERE state = 0 AND available_at > created_at "
                      "AND available_at > ?1"),
     STMT(q_next_lease, "SELECT min(lease_until) FROM outbox WHERE state = 1 AND lease_until > ?1"),
-    STMT(q_drain, "SELECT EXISTS(SELECT 1 FROM outbox WHERE state = 0 AND available_at <= created_at) "
+    STMT(q_drain, "SELECT EXISTS(SELECT 1 FROM outbox WHERE seq >= coalesce((SELECT new_from FROM outbox_cursor), 0) "
+                  "AND state = 0 AND available_at <= created_at) "
                   "OR EXISTS(SELECT 1 FROM outbox WHERE state = 0 AND available_at > created_at AND available_at <= ?1) "
                   "OR EXISTS(SELECT 1 FROM outbox WHERE state = 1)"),
 #undef STMT
@@ -2913,7 +2972,8 @@ static void dbstat_run(uv_work_t *w)
     st = NULL;
     /* The oldest of the first new row and the first due waiting row. */
     rc = sqlite3_prepare_v2(r->dbstat_db,
-                            "WITH h(a, b) AS (SELECT (SELECT available_at FROM outbox WHERE state = 0 "
+                            "WITH h(a, b) AS (SELECT (SELECT available_at FROM outbox WHERE seq >= "
+                            "coalesce((SELECT new_from FROM outbox_cursor), 0) AND state = 0 "
                             "AND available_at <= created_at ORDER BY seq LIMIT 1), (SELECT min(available_at) "
                             "FROM outbox WHERE state = 0 AND available_at > created_at AND available_at <= ?1)) "
                             "SELECT min(coalesce(a, b), coalesce(b, a)) FROM h",

@@ -138,10 +138,10 @@ int outbox_db_open(const char *path, int flags, sqlite3 **out, char *err, size_t
             goto fail;
         }
         sqlite3_finalize(st_mode);
-        /* An outbox row lives in four B-trees (the table, the id, due and
-         * key indexes); the default 2 MiB cache stops holding their working
-         * pages at a few hundred thousand rows, and every insert then reads
-         * some back. The relay raises its own further. */
+        /* The outbox table and its indexes share the cache; the default
+         * 2 MiB stops holding their working pages at a few hundred thousand
+         * rows, and every insert then reads some back. The relay raises its
+         * own further. */
         sqlite3_exec(db, "PRAGMA cache_size=-8192", NULL, NULL, NULL);
         rc = sqlite3_exec(db, (flags & OUTBOX_OPEN_RELAY) ? "PRAGMA synchronous=NORMAL" : "PRAGMA synchronous=FULL",
                           NULL, NULL, NULL);
@@ -235,16 +235,17 @@ static int inspect_table(sqlite3 *db, int *exists, char *err, size_t errlen)
  * only cost a pass over every keyed row of an old database. */
 static const char migrate_1_to_2[] = "DROP INDEX IF EXISTS outbox_key_open;";
 
-/* Schema 2 -> 3: new rows in commit order (outbox_new), rows made to wait by
- * due time (outbox_due), and a per-key index of only the rows that can hold
- * back a later row of their key, so that an INSERT writes to neither per-key
- * nor random-order pages. A row claimed before but pending again with
- * available_at not after created_at (a release within the millisecond of its
- * creation) is moved to the waiting rows, where every claimed row belongs. */
+/* Schema 2 -> 3: rows made to wait by due time (outbox_due), and a per-key
+ * index of only the rows that can hold back a later row of their key, so
+ * that an INSERT writes to neither per-key nor random-order pages. A row
+ * claimed before but pending again with available_at not after created_at
+ * (a release within the millisecond of its creation) is moved to the
+ * waiting rows, where every claimed row belongs. Schema 3's index of new
+ * rows (outbox_new) is not built: 4 -> 5 replaces it in the same
+ * transaction. */
 static const char migrate_2_to_3[] =
     "DROP INDEX IF EXISTS outbox_due;"
     "DROP INDEX IF EXISTS outbox_key;"
-    "CREATE INDEX outbox_new ON outbox(seq) WHERE state = 0 AND available_at <= created_at;"
     "CREATE INDEX outbox_due ON outbox(available_at) WHERE state = 0 AND available_at > created_at;"
     "UPDATE outbox SET available_at = created_at + 1 "
     "WHERE state = 0 AND available_at <= created_at AND lease_token > 0;"
@@ -296,13 +297,41 @@ static int migrate_3_to_4(sqlite3 *db, char **msg)
     return rc;
 }
 
+/*
+ * Schema 4 -> 5: new rows are found by walking the table from a cursor
+ * (outbox_cursor) instead of through an index of their own (outbox_new),
+ * which cost every INSERT a write to one more B-tree: in a one-row business
+ * transaction, one more page to the WAL. The cursor starts at the first new
+ * row (found through outbox_new while it exists, by a walk of the table
+ * otherwise), or after the last row. outbox_stray finds rows made pending
+ * again by hand that the walk has passed.
+ */
+static const char migrate_4_to_5[] =
+    "CREATE TABLE outbox_cursor (one INTEGER PRIMARY KEY CONSTRAINT one_row CHECK (one = 1), "
+    "new_from INTEGER NOT NULL);"
+    "INSERT INTO outbox_cursor(one, new_from) VALUES (1, coalesce("
+    "(SELECT seq FROM outbox WHERE state = 0 AND available_at <= created_at ORDER BY seq LIMIT 1), "
+    "(SELECT coalesce(max(seq), 0) + 1 FROM outbox)));"
+    "DROP INDEX IF EXISTS outbox_new;"
+    "CREATE INDEX outbox_stray ON outbox(seq) WHERE state = 0 AND available_at <= created_at AND lease_token > 0;"
+    "CREATE TRIGGER outbox_cursor_after_delete AFTER DELETE ON outbox "
+    "WHEN old.seq >= (SELECT new_from FROM outbox_cursor) - 1 "
+    "BEGIN "
+    "UPDATE outbox_cursor SET new_from = (SELECT coalesce(max(seq), 0) + 1 FROM outbox) "
+    "WHERE new_from > (SELECT coalesce(max(seq), 0) + 1 FROM outbox); "
+    "END;";
+
 /* migrations[v] takes a database from version v to v + 1 (as far as the
  * next steps need: they all run, in one transaction): SQL, or a function
  * for what SQL alone cannot say. */
 static const struct {
     const char *sql;
     int (*run)(sqlite3 *db, char **msg);
-} migrations[] = {{NULL, NULL}, {migrate_1_to_2, NULL}, {migrate_2_to_3, NULL}, {NULL, migrate_3_to_4}};
+} migrations[] = {{NULL, NULL},
+                  {migrate_1_to_2, NULL},
+                  {migrate_2_to_3, NULL},
+                  {NULL, migrate_3_to_4},
+                  {migrate_4_to_5, NULL}};
 _Static_assert(sizeof migrations / sizeof migrations[0] == OUTBOX_SCHEMA_VERSION, "a migration per version");
 
 /* Reads user_version and the table; shared by apply and check. */
@@ -333,6 +362,16 @@ static int examine(sqlite3 *db, int64_t *version, int *exists, char *err, size_t
         set_err(err, errlen, "schema version is %lld but table 'outbox' is missing (dropped by hand?)",
                 (long long)*version);
         return OUTBOX_EFOREIGN;
+    }
+    if (*version >= 5) {
+        int64_t cursor = 0;
+        e = outbox__sqlite_int(db, "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_cursor'",
+                               &cursor);
+        if (e != 0 || cursor == 0) {
+            set_err(err, errlen, "schema version is %lld but table 'outbox_cursor' is missing (dropped by hand?)",
+                    (long long)*version);
+            return e != 0 ? e : OUTBOX_EFOREIGN;
+        }
     }
     return 0;
 }

@@ -37,10 +37,12 @@ static char *one_text(sqlite3 *db, const char *sql)
     return v;
 }
 
-/* Every index of the outbox table, name and SQL, in name order. */
-static const char index_sql[] = "SELECT group_concat(name || ': ' || sql, char(10)) FROM (SELECT name, sql FROM "
-                                "sqlite_master WHERE type = 'index' AND tbl_name = 'outbox' AND sql IS NOT NULL "
-                                "ORDER BY name)";
+/* Everything of the schema but the outbox table (its indexes, the cursor
+ * table and trigger), name and SQL, in name order, without white space: the
+ * SQL a migration writes is laid out differently from proto/schema.sql's. */
+static const char index_sql[] =
+    "SELECT group_concat(name || ': ' || replace(replace(replace(sql, ' ', ''), char(10), ''), char(9), ''), "
+    "char(10)) FROM (SELECT name, sql FROM sqlite_master WHERE name <> 'outbox' AND sql IS NOT NULL ORDER BY name)";
 
 /* The outbox table's SQL. */
 static const char table_sql[] = "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'outbox'";
@@ -67,6 +69,12 @@ static int state_write_builds_table(sqlite3 *db)
     sqlite3_finalize(st);
     return found;
 }
+
+/* Turns a current database back into schema 4 (an index of new rows, no
+ * cursor). */
+static const char v4_schema[] = "DROP TRIGGER outbox_cursor_after_delete; DROP TABLE outbox_cursor;"
+                                "DROP INDEX outbox_stray;"
+                                "CREATE INDEX outbox_new ON outbox(seq) WHERE state = 0 AND available_at <= created_at;";
 
 /* Turns a current database back into schema 1 or 2 (their indexes). */
 static const char v2_indexes[] = "DROP INDEX outbox_new; DROP INDEX outbox_due; DROP INDEX outbox_key;"
@@ -229,33 +237,39 @@ static void test_refusals(void)
     sqlite3_close(db);
     free(p);
 
-    /* Schemas 1, 2 and 3 are migrated to the current one in place: the same
-     * table and indexes as a new database, rows kept, and a row claimed
-     * before that went back to pending in the millisecond of its creation
-     * moves to the waiting rows. The migrating connection uses the new
-     * state CHECK at once, another connection too. */
+    /* Schemas 1 to 4 are migrated to the current one in place: the same
+     * table, indexes, cursor and trigger as a new database, rows kept, a
+     * row claimed before that went back to pending in the millisecond of its
+     * creation moves to the waiting rows, and the cursor starts at the first
+     * new row. The migrating connection uses the new state CHECK at once,
+     * another connection too. */
     {
         char *want, *got, *want_table, *got_table;
         p = th_path(dir, "current.db");
         db = raw_open(p);
         is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
         want = one_text(db, index_sql);
-        ok(want && strstr(want, "outbox_new") && strstr(want, "outbox_key"), "indexes of a new database");
+        ok(want && !strstr(want, "outbox_new") && strstr(want, "outbox_key") && strstr(want, "outbox_cursor:") &&
+               strstr(want, "outbox_cursor_after_delete:"),
+           "a new database: indexes, cursor and trigger");
         want_table = one_text(db, table_sql);
         is_int(state_write_builds_table(db), 0, "a new database: writing state builds no ephemeral table");
         sqlite3_close(db);
         free(p);
-        for (int from = 1; from <= 3; from++) {
+        for (int from = 1; from <= 4; from++) {
             char name[32];
             sqlite3 *other;
             snprintf(name, sizeof name, "v%d.db", from);
             p = th_path(dir, name);
             db = raw_open(p);
             is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
-            is_int(sqlite3_exec(db, v3_table, NULL, NULL, NULL), SQLITE_OK, "back to schema 3's table");
-            sqlite3_close(db);
-            db = raw_open(p);
-            is_int(state_write_builds_table(db), 1, "schema 3's state CHECK builds an ephemeral table");
+            is_int(sqlite3_exec(db, v4_schema, NULL, NULL, NULL), SQLITE_OK, "back to schema 4's objects");
+            if (from <= 3) {
+                is_int(sqlite3_exec(db, v3_table, NULL, NULL, NULL), SQLITE_OK, "back to schema 3's table");
+                sqlite3_close(db);
+                db = raw_open(p);
+                is_int(state_write_builds_table(db), 1, "schema 3's state CHECK builds an ephemeral table");
+            }
             if (from <= 2)
                 is_int(sqlite3_exec(db, v2_indexes, NULL, NULL, NULL), SQLITE_OK, "back to schema 2's indexes");
             if (from == 1)
@@ -271,19 +285,21 @@ static void test_refusals(void)
             is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_ENOSCHEMA,
                    "version %d: check asks for a migration", from);
             ok(strstr(err, "older") != NULL, "message: %s", err);
-            if (from == 3) /* an application's connection in defensive mode */
+            if (from == 3 || from == 4) /* an application's connection in defensive mode */
                 sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, 1, NULL);
             is_int(outbox_schema_apply(db, err, sizeof err), 0, "version %d -> %d applied (%s)", from,
                    OUTBOX_SCHEMA_VERSION, err);
-            if (from == 3) {
+            if (from == 3 || from == 4) {
                 int on = 0;
                 sqlite3_db_config(db, SQLITE_DBCONFIG_DEFENSIVE, -1, &on);
                 is_int(on, 1, "defensive mode is on again after the migration");
             }
             is_int(one_int(db, "PRAGMA user_version"), OUTBOX_SCHEMA_VERSION, "user_version is now current");
             got = one_text(db, index_sql);
-            ok(want && got && strcmp(want, got) == 0, "from %d: the indexes of a new database:\n%s", from,
-               got ? got : "(none)");
+            ok(want && got && strcmp(want, got) == 0, "from %d: the indexes, cursor and trigger of a new database:\n%s",
+               from, got ? got : "(none)");
+            is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 1, "from %d: the cursor is at the first new row",
+                   from);
             free(got);
             got_table = one_text(db, table_sql);
             ok(want_table && got_table && strcmp(want_table, got_table) == 0, "from %d: the table of a new database",
@@ -335,6 +351,16 @@ static void test_refusals(void)
     sqlite3_close(db);
     free(p);
 
+    /* Version set but the cursor table was dropped. */
+    p = th_path(dir, "nocursor.db");
+    db = raw_open(p);
+    is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
+    sqlite3_exec(db, "DROP TRIGGER outbox_cursor_after_delete; DROP TABLE outbox_cursor", NULL, NULL, NULL);
+    is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_EFOREIGN, "dropped cursor table is reported");
+    ok(strstr(err, "outbox_cursor") != NULL && strstr(err, "missing") != NULL, "message: %s", err);
+    sqlite3_close(db);
+    free(p);
+
     /* Apply inside a transaction is refused. */
     p = th_path(dir, "intx.db");
     db = raw_open(p);
@@ -347,6 +373,35 @@ static void test_refusals(void)
     /* Bad arguments. */
     is_int(outbox_db_open(NULL, 0, &db, err, sizeof err), OUTBOX_EINVAL, "NULL path: EINVAL");
     is_int(outbox_schema_apply(NULL, NULL, 0), OUTBOX_EINVAL, "NULL db: EINVAL");
+}
+
+/* A new row's seq is one more than the largest in the table, so the cursor
+ * (no new row before it) must never be past that: a delete of the rows at
+ * the end, by retention or by hand, moves it back. */
+static void test_cursor_trigger(void)
+{
+    char *p = th_path(dir, "cursor.db"), err[512] = "";
+    sqlite3 *db = raw_open(p);
+    is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
+    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 1, "a new database: the cursor at 1");
+    sqlite3_exec(db,
+                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 10) "
+                 "INSERT INTO outbox(id, topic, payload) SELECT 'm' || i, 't', x'00' FROM n;"
+                 "UPDATE outbox SET state = 2; UPDATE outbox_cursor SET new_from = 11;",
+                 NULL, NULL, NULL);
+    is_int(sqlite3_exec(db, "DELETE FROM outbox WHERE seq <= 5", NULL, NULL, NULL), SQLITE_OK, "delete old rows");
+    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 11, "deleting old rows leaves the cursor");
+    is_int(sqlite3_exec(db, "DELETE FROM outbox WHERE seq = 10", NULL, NULL, NULL), SQLITE_OK, "delete the last row");
+    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 10, "the cursor follows the end of the table back");
+    sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('n1', 't', x'00')", NULL, NULL, NULL);
+    is_int(one_int(db, "SELECT seq FROM outbox WHERE id = 'n1'"), 10, "a new row takes the freed seq");
+    is_int(sqlite3_exec(db, "DELETE FROM outbox WHERE state = 2", NULL, NULL, NULL), SQLITE_OK,
+           "delete every published row");
+    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 10, "the new row keeps the cursor where it is");
+    is_int(sqlite3_exec(db, "DELETE FROM outbox", NULL, NULL, NULL), SQLITE_OK, "delete every row");
+    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 1, "an empty table: the cursor back at 1");
+    sqlite3_close(db);
+    free(p);
 }
 
 static void test_durability(void)
@@ -368,6 +423,7 @@ int main(void)
     dir = th_tmpdir();
     test_create_and_idempotent();
     test_refusals();
+    test_cursor_trigger();
     test_durability();
     th_rmtree(dir);
     free(dir);

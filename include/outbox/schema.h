@@ -44,8 +44,8 @@ enum {
  *                      survives application crashes but not power loss.
  *                      (OUTBOX_OPEN_RELAY: NORMAL, see above.)
  *   busy_timeout       5000 ms for writers; 0 for the relay.
- *   cache_size         8 MiB (SQLite's default is 2 MiB): an outbox row is in
- *                      three B-trees, whose working pages outgrow 2 MiB.
+ *   cache_size         8 MiB (SQLite's default is 2 MiB): the working pages
+ *                      of the outbox table and its indexes outgrow 2 MiB.
  * It checks that the file is a SQLite database (OUTBOX_ENOTDB otherwise) but
  * does not look at the schema: see outbox_schema_apply() / _check().
  *

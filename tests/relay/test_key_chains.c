@@ -147,6 +147,31 @@ int main(void)
            "the row behind the other relay's lease still waits");
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "behind a failing head: the relay exits 0 on SIGTERM");
 
+    /* 5. h0 leased by another relay for a minute, 200 new rows of its key
+     *    behind it (the walk looks 4 x 8 rows ahead), then 50 rows of another
+     *    topic; later the lease expires. */
+    th_sql_exec(db,
+                "INSERT INTO outbox(id, topic, key, payload, state, lease_owner, lease_token, lease_until) "
+                "VALUES ('behind-h0', 'behind', 'h', x'01', 1, 'another-relay', 1, %lld);",
+                (long long)(rt_unix_ms() + 60000));
+    rt_insert_rows(db, "behind", 1, 200, "behind", 0);
+    th_sql_exec(db, "UPDATE outbox SET key = 'h' WHERE topic = 'behind'");
+    rt_insert_rows(db, "after", 0, 50, "after", 0);
+    t0 = rt_unix_ms();
+    pid = rt_relay_spawn(log1, dbpath, srv.url, "--batch", "8", NULL);
+    done = rt_wait_until(20000 * th_slow(), topic_done, (void *)"after");
+    took = rt_unix_ms() - t0;
+    ok(done, "behind another relay's lease: the other topic is published (%lld ms)", (long long)took);
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'behind' AND state <> 0"), 1,
+           "behind another relay's lease: its key's rows still wait");
+    th_sql_exec(db, "UPDATE outbox SET lease_until = %lld WHERE id = 'behind-h0'", (long long)rt_unix_ms());
+    done = rt_wait_until(20000 * th_slow(), topic_done, (void *)"behind");
+    ok(done, "behind another relay's lease: all published once the lease expired");
+    a = rt_audit_topic(db, c, "outbox:", "behind");
+    is_int(a.missing, 0, "behind another relay's lease: every message is in the stream");
+    is_int(a.order_violations, 0, "behind another relay's lease: stream order is commit order");
+    is_int(rt_stop(pid, SIGTERM, 15000), 0, "behind another relay's lease: the relay exits 0 on SIGTERM");
+
     free(log1);
     free(log2);
     rt_world_end(&srv, dir, dbpath, db, c);

@@ -9,11 +9,12 @@
  * (noise only adds time); the median is reported too.
  *
  * SQL path: the relay's claim statements run directly: one BEGIN IMMEDIATE,
- * the walk of the waiting rows (empty here), the walk of the new rows
- * (outbox_new) read until B rows are chosen (the relay may look up to 4 x B
- * ahead), for each keyed row the lookup of its key's newest leased or
- * waiting row before it (outbox_key), one UPDATE ... WHERE seq IN
- * (json_each) RETURNING for the B rows, COMMIT. Median of 40 claims.
+ * the read of the cursor (outbox_cursor), the walk of the waiting rows
+ * (empty here), the walk of the new rows (the table from the cursor) read
+ * until B rows are chosen (the relay may look up to 4 x B ahead), for each
+ * keyed row the lookup of its key's newest leased or waiting row before it
+ * (outbox_key), one UPDATE ... WHERE seq IN (json_each) RETURNING for the B
+ * rows, the cursor moved past them, COMMIT. Median of 40 claims.
  *
  * Both databases are built the same way: one transaction of raw prepared
  * INSERTs, synchronous=OFF, WAL, 16-byte payloads, the drain's topics and
@@ -104,16 +105,19 @@ static int relay_path(bench *b, const char *db, const char *tag, long measured, 
 static int sql_path(const char *db, double *us_per_claim, char *err, size_t errlen)
 {
     sqlite3 *h = NULL;
-    sqlite3_stmt *due = NULL, *wait = NULL, *upd = NULL, *prev = NULL;
+    sqlite3_stmt *due = NULL, *wait = NULL, *upd = NULL, *prev = NULL, *cur = NULL, *setcur = NULL;
     double t[CLAIM_SQL_ROUNDS];
     int i, e;
     e = outbox_db_open(db, OUTBOX_OPEN_RELAY, &h, err, errlen);
     if (e != 0)
         return -1;
-    /* The statements of src/relay.c (q_new, q_due, q_key_prev, q_claim). */
-    if (sqlite3_prepare_v2(h,
+    /* The statements of src/relay.c (q_cursor, q_new, q_due, q_key_prev,
+     * q_claim, q_cursor_set). */
+    if (sqlite3_prepare_v2(h, "SELECT new_from FROM outbox_cursor", -1, &cur, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(h, "UPDATE outbox_cursor SET new_from = ?1", -1, &setcur, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(h,
                            "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
-                           "WHERE state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1",
+                           "WHERE seq >= ?2 AND state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1",
                            -1, &due, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(h,
                            "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
@@ -137,17 +141,21 @@ static int sql_path(const char *db, double *us_per_claim, char *err, size_t errl
     }
     for (i = 0; i < CLAIM_SQL_ROUNDS; i++) {
         char list[CLAIM_BATCH * 21 + 2], *p = list;
-        int64_t now = outbox_now_ms();
+        int64_t now = outbox_now_ms(), from = 0, last = 0;
         int n = 0, got = 0;
         uint64_t t0 = bench_mono_ns();
         if (bench_exec(h, "BEGIN IMMEDIATE", err, errlen) != 0)
             goto fail;
+        if (sqlite3_step(cur) == SQLITE_ROW)
+            from = sqlite3_column_int64(cur, 0);
+        sqlite3_reset(cur);
         /* No waiting rows here: the relay's walk of them ends at once. */
         sqlite3_bind_int64(wait, 1, now);
         sqlite3_bind_int64(wait, 2, CLAIM_BATCH * 4);
         (void)sqlite3_step(wait);
         sqlite3_reset(wait);
         sqlite3_bind_int64(due, 1, CLAIM_BATCH * 4);
+        sqlite3_bind_int64(due, 2, from);
         *p++ = '[';
         while (n < CLAIM_BATCH && sqlite3_step(due) == SQLITE_ROW) {
             int64_t seq = sqlite3_column_int64(due, 0);
@@ -159,6 +167,7 @@ static int sql_path(const char *db, double *us_per_claim, char *err, size_t errl
                 sqlite3_reset(prev);
             }
             p += sprintf(p, "%s%lld", n ? "," : "", (long long)seq);
+            last = seq;
             n++;
         }
         *p++ = ']';
@@ -174,11 +183,13 @@ static int sql_path(const char *db, double *us_per_claim, char *err, size_t errl
             got++;
         }
         sqlite3_reset(upd);
-        if (got != n) {
+        sqlite3_bind_int64(setcur, 1, last + 1);
+        if (got != n || sqlite3_step(setcur) != SQLITE_DONE) {
             snprintf(err, errlen, "claim update: %d of %d rows: %s", got, n, sqlite3_errmsg(h));
             sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
             goto fail;
         }
+        sqlite3_reset(setcur);
         if (bench_exec(h, "COMMIT", err, errlen) != 0)
             goto fail;
         t[i] = (double)(bench_mono_ns() - t0) / 1000.0;
@@ -192,6 +203,8 @@ static int sql_path(const char *db, double *us_per_claim, char *err, size_t errl
     sqlite3_finalize(wait);
     sqlite3_finalize(prev);
     sqlite3_finalize(upd);
+    sqlite3_finalize(cur);
+    sqlite3_finalize(setcur);
     sqlite3_close_v2(h);
     return 0;
 fail:
@@ -199,6 +212,8 @@ fail:
     sqlite3_finalize(wait);
     sqlite3_finalize(prev);
     sqlite3_finalize(upd);
+    sqlite3_finalize(cur);
+    sqlite3_finalize(setcur);
     sqlite3_close_v2(h);
     return -1;
 }

@@ -1532,7 +1532,7 @@ static int cmd_change(const replay_options *o)
     rc = sqlite3_prepare_v2(db,
                             purge ? "DELETE FROM outbox WHERE seq = :seq AND state = 3"
                                   /* available_at after created_at: a waiting row, as every row
-                                   * that was claimed before (proto/schema.sql, outbox_new). */
+                                   * that was claimed before (proto/schema.sql, outbox_due). */
                                   : "UPDATE outbox SET state = 0, available_at = max(:now, created_at + 1), attempts = 0, "
                                     "last_error = NULL, lease_owner = NULL, lease_until = NULL, "
                                     "lease_token = lease_token + (state = 1), replay_count = replay_count + 1, "
