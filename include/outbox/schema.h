@@ -63,7 +63,9 @@ OUTBOX_API int outbox_db_open(const char *path, int flags, sqlite3 **out, char *
  * nothing:
  *   OUTBOX_ESCHEMANEWER  user_version is newer than this library knows;
  *   OUTBOX_EFOREIGN      a table named outbox exists that this library did not
- *                        create (user_version 0) or that lacks a column;
+ *                        create (user_version 0) or that lacks a column, or
+ *                        the version is set but table outbox or
+ *                        outbox_cursor is missing (dropped by hand);
  *   OUTBOX_ENOTDB        the file is not a database (or is corrupt).
  * Also OUTBOX_EBUSY, OUTBOX_ESQLITE. err (may be NULL) gets the details.
  * db stays owned by the caller and must not be inside a transaction. A
