@@ -100,3 +100,13 @@ BEGIN
     UPDATE outbox_cursor SET new_from = (SELECT coalesce(max(seq), 0) + 1 FROM outbox)
     WHERE new_from > (SELECT coalesce(max(seq), 0) + 1 FROM outbox);
 END;
+
+-- A waiting row whose available_at is moved back to or before its
+-- created_at (a delayed message sent at once by an UPDATE) is new again,
+-- maybe below the cursor: the cursor goes back to it. The relay's own
+-- updates of available_at always set it after created_at.
+CREATE TRIGGER outbox_cursor_after_update AFTER UPDATE OF available_at, created_at ON outbox
+WHEN new.state = 0 AND new.available_at <= new.created_at AND new.seq < (SELECT new_from FROM outbox_cursor)
+BEGIN
+    UPDATE outbox_cursor SET new_from = new.seq WHERE new_from > new.seq;
+END;

@@ -303,8 +303,10 @@ static int migrate_3_to_4(sqlite3 *db, char **msg)
  * which cost every INSERT a write to one more B-tree: in a one-row business
  * transaction, one more page to the WAL. The cursor starts at the first new
  * row (found through outbox_new while it exists, by a walk of the table
- * otherwise), or after the last row. outbox_stray finds rows made pending
- * again by hand that the walk has passed.
+ * otherwise), or after the last row. Its triggers keep it within reach of
+ * new rows when rows are deleted at the end of the table or a waiting row
+ * is made new again; outbox_stray finds rows made pending again by hand
+ * that the walk has passed.
  */
 static const char migrate_4_to_5[] =
     "CREATE TABLE outbox_cursor (one INTEGER PRIMARY KEY CONSTRAINT one_row CHECK (one = 1), "
@@ -319,6 +321,11 @@ static const char migrate_4_to_5[] =
     "BEGIN "
     "UPDATE outbox_cursor SET new_from = (SELECT coalesce(max(seq), 0) + 1 FROM outbox) "
     "WHERE new_from > (SELECT coalesce(max(seq), 0) + 1 FROM outbox); "
+    "END;"
+    "CREATE TRIGGER outbox_cursor_after_update AFTER UPDATE OF available_at, created_at ON outbox "
+    "WHEN new.state = 0 AND new.available_at <= new.created_at AND new.seq < (SELECT new_from FROM outbox_cursor) "
+    "BEGIN "
+    "UPDATE outbox_cursor SET new_from = new.seq WHERE new_from > new.seq; "
     "END;";
 
 /* migrations[v] takes a database from version v to v + 1 (as far as the

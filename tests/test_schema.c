@@ -72,7 +72,8 @@ static int state_write_builds_table(sqlite3 *db)
 
 /* Turns a current database back into schema 4 (an index of new rows, no
  * cursor). */
-static const char v4_schema[] = "DROP TRIGGER outbox_cursor_after_delete; DROP TABLE outbox_cursor;"
+static const char v4_schema[] = "DROP TRIGGER outbox_cursor_after_delete; DROP TRIGGER outbox_cursor_after_update;"
+                                "DROP TABLE outbox_cursor;"
                                 "DROP INDEX outbox_stray;"
                                 "CREATE INDEX outbox_new ON outbox(seq) WHERE state = 0 AND available_at <= created_at;";
 
@@ -250,7 +251,7 @@ static void test_refusals(void)
         is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
         want = one_text(db, index_sql);
         ok(want && !strstr(want, "outbox_new") && strstr(want, "outbox_key") && strstr(want, "outbox_cursor:") &&
-               strstr(want, "outbox_cursor_after_delete:"),
+               strstr(want, "outbox_cursor_after_delete:") && strstr(want, "outbox_cursor_after_update:"),
            "a new database: indexes, cursor and trigger");
         want_table = one_text(db, table_sql);
         is_int(state_write_builds_table(db), 0, "a new database: writing state builds no ephemeral table");
@@ -355,7 +356,8 @@ static void test_refusals(void)
     p = th_path(dir, "nocursor.db");
     db = raw_open(p);
     is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
-    sqlite3_exec(db, "DROP TRIGGER outbox_cursor_after_delete; DROP TABLE outbox_cursor", NULL, NULL, NULL);
+    sqlite3_exec(db, "DROP TRIGGER outbox_cursor_after_delete; DROP TRIGGER outbox_cursor_after_update;"
+                     "DROP TABLE outbox_cursor", NULL, NULL, NULL);
     is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_EFOREIGN, "dropped cursor table is reported");
     ok(strstr(err, "outbox_cursor") != NULL && strstr(err, "missing") != NULL, "message: %s", err);
     sqlite3_close(db);
@@ -400,6 +402,19 @@ static void test_cursor_trigger(void)
     is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 10, "the new row keeps the cursor where it is");
     is_int(sqlite3_exec(db, "DELETE FROM outbox", NULL, NULL, NULL), SQLITE_OK, "delete every row");
     is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 1, "an empty table: the cursor back at 1");
+    /* A delayed row sent at once by an UPDATE is a new row again. */
+    sqlite3_exec(db,
+                 "INSERT INTO outbox(id, topic, payload, created_at, available_at) VALUES "
+                 "('d1', 't', x'00', 1000, 99999999999999), ('d2', 't', x'00', 1000, 99999999999999), "
+                 "('d3', 't', x'00', 1000, 99999999999999);"
+                 "UPDATE outbox_cursor SET new_from = 4;",
+                 NULL, NULL, NULL);
+    sqlite3_exec(db, "UPDATE outbox SET available_at = 5000 WHERE id = 'd2'", NULL, NULL, NULL);
+    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 4, "a later available_at leaves the cursor");
+    sqlite3_exec(db, "UPDATE outbox SET available_at = 1000 WHERE id = 'd2'", NULL, NULL, NULL);
+    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 2, "available_at back to created_at: the cursor at it");
+    sqlite3_exec(db, "UPDATE outbox SET available_at = 0 WHERE id = 'd3'", NULL, NULL, NULL);
+    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 2, "a later such row leaves the cursor before it");
     sqlite3_close(db);
     free(p);
 }

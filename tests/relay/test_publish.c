@@ -5,7 +5,8 @@
  * envelope carrying the row's topic, key, payload, headers and created_at;
  * every row ends published (state 2) with its stream entry id recorded.
  * Rows written after published rows were deleted by hand from the end of
- * the table (their seqs used again) are published too.
+ * the table (their seqs used again) are published too, and so is a delayed
+ * row that an UPDATE of available_at sends at once.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -249,6 +250,24 @@ int main(void)
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'reused' AND state = 2"), 100,
            "rows written after a delete at the end of the table: all published");
     is_int(th_xlen(c, "outbox:reused"), 100, "outbox:reused has their 100 entries");
+
+    /* A delayed row that an UPDATE sends at once (available_at back to its
+     * created_at) after the relay's walk of new rows has passed it. */
+    th_sql_exec(db, "INSERT INTO outbox(id, topic, payload, available_at) VALUES ('later', 'later', x'01', %lld)",
+                (long long)(rt_unix_ms() + 3600000));
+    rt_insert_rows(db, "after-later", 0, 10, "later", 0);
+    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
+    is_int(rc, 0, "outbox-relay --drain exits 0");
+    free(err);
+    is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'later'"), 0, "the delayed row waits");
+    ok(th_sql_int(db, "SELECT new_from FROM outbox_cursor") > th_sql_int(db, "SELECT seq FROM outbox WHERE id = 'later'"),
+       "the walk of new rows has passed it");
+    th_sql_exec(db, "UPDATE outbox SET available_at = created_at WHERE id = 'later'");
+    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
+    is_int(rc, 0, "outbox-relay --drain exits 0");
+    free(err);
+    is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'later'"), 2,
+           "a delayed row made due by an UPDATE of available_at is published");
 
     rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
