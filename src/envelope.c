@@ -3,11 +3,11 @@
  * decoded with msgpack-c.
  */
 #include <msgpack.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal.h"
 #include "msgpack_check.h"
 #include "outbox/envelope.h"
 
@@ -99,18 +99,6 @@ static int key_is(const msgpack_object *k, const char *name)
     return k->type == MSGPACK_OBJECT_STR && k->via.str.size == n && memcmp(k->via.str.ptr, name, n) == 0;
 }
 
-static int set_err(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int set_err(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    va_list ap;
-    if (err && errlen) {
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static int get_int(const msgpack_object *o, int64_t *v)
 {
     if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
@@ -145,14 +133,14 @@ int outbox_envelope_decode(const void *data, size_t len, outbox_envelope **out, 
     if (!data && len)
         return OUTBOX_EINVAL;
     if (len == 0)
-        return set_err(err, errlen, OUTBOX_ETRUNCATED, "envelope is empty");
+        return outbox__errf(err, errlen, OUTBOX_ETRUNCATED, "envelope is empty");
     rc = outbox__msgpack_check(data, len, &used);
     if (rc == OUTBOX_ETRUNCATED)
-        return set_err(err, errlen, rc, "envelope is truncated (%zu bytes)", len);
+        return outbox__errf(err, errlen, rc, "envelope is truncated (%zu bytes)", len);
     if (rc != 0)
-        return set_err(err, errlen, rc, "envelope is not valid msgpack");
+        return outbox__errf(err, errlen, rc, "envelope is not valid msgpack");
     if (used != len)
-        return set_err(err, errlen, OUTBOX_EMALFORMED, "envelope has %zu trailing bytes", len - used);
+        return outbox__errf(err, errlen, OUTBOX_EMALFORMED, "envelope has %zu trailing bytes", len - used);
 
     msgpack_unpacked_init(&u);
     msgpack_sbuffer_init(&hbuf);
@@ -163,11 +151,11 @@ int outbox_envelope_decode(const void *data, size_t len, outbox_envelope **out, 
         goto done;
     }
     if (rc != MSGPACK_UNPACK_SUCCESS) {
-        rc = set_err(err, errlen, OUTBOX_EMALFORMED, "envelope is not valid msgpack");
+        rc = outbox__errf(err, errlen, OUTBOX_EMALFORMED, "envelope is not valid msgpack");
         goto done;
     }
     if (u.data.type != MSGPACK_OBJECT_MAP) {
-        rc = set_err(err, errlen, OUTBOX_EMALFORMED, "envelope is not a msgpack map");
+        rc = outbox__errf(err, errlen, OUTBOX_EMALFORMED, "envelope is not a msgpack map");
         goto done;
     }
     for (i = 0; i < u.data.via.map.size; i++) {
@@ -189,18 +177,18 @@ int outbox_envelope_decode(const void *data, size_t len, outbox_envelope **out, 
         /* Unknown keys are ignored: later minor versions may add fields. */
     }
     if (!ov || !get_int(ov, &version)) {
-        rc = set_err(err, errlen, OUTBOX_EMALFORMED, "field 'v' %s", ov ? "is not an integer" : "missing");
+        rc = outbox__errf(err, errlen, OUTBOX_EMALFORMED, "field 'v' %s", ov ? "is not an integer" : "missing");
         goto done;
     }
     if (version != OUTBOX_ENVELOPE_VERSION) {
-        rc = set_err(err, errlen, OUTBOX_EVERSION, "envelope version %lld, this library reads %d",
-                     (long long)version, OUTBOX_ENVELOPE_VERSION);
+        rc = outbox__errf(err, errlen, OUTBOX_EVERSION, "envelope version %lld, this library reads %d",
+                          (long long)version, OUTBOX_ENVELOPE_VERSION);
         goto done;
     }
-#define REQUIRE(o, name, cond, what)                                                               \
-    if (!(o) || !(cond)) {                                                                         \
-        rc = set_err(err, errlen, OUTBOX_EMALFORMED, "field '%s' %s", name, (o) ? what : "missing"); \
-        goto done;                                                                                 \
+#define REQUIRE(o, name, cond, what)                                                                                   \
+    if (!(o) || !(cond)) {                                                                                             \
+        rc = outbox__errf(err, errlen, OUTBOX_EMALFORMED, "field '%s' %s", name, (o) ? what : "missing");              \
+        goto done;                                                                                                     \
     }
     REQUIRE(oid, "id", oid->type == MSGPACK_OBJECT_STR && oid->via.str.size > 0, "is not a non-empty string");
     REQUIRE(otopic, "topic", otopic->type == MSGPACK_OBJECT_STR && otopic->via.str.size > 0,
@@ -210,13 +198,13 @@ int outbox_envelope_decode(const void *data, size_t len, outbox_envelope **out, 
     REQUIRE(ocreated, "created_at", get_int(ocreated, &created), "is not an integer");
 #undef REQUIRE
     if (okey && okey->type != MSGPACK_OBJECT_NIL && okey->type != MSGPACK_OBJECT_STR) {
-        rc = set_err(err, errlen, OUTBOX_EMALFORMED, "field 'key' is not a string or nil");
+        rc = outbox__errf(err, errlen, OUTBOX_EMALFORMED, "field 'key' is not a string or nil");
         goto done;
     }
     if (okey && okey->type == MSGPACK_OBJECT_NIL)
         okey = NULL;
     if (ohdr && ohdr->type != MSGPACK_OBJECT_NIL && ohdr->type != MSGPACK_OBJECT_MAP) {
-        rc = set_err(err, errlen, OUTBOX_EMALFORMED, "field 'headers' is not a map or nil");
+        rc = outbox__errf(err, errlen, OUTBOX_EMALFORMED, "field 'headers' is not a map or nil");
         goto done;
     }
     if (ohdr && ohdr->type == MSGPACK_OBJECT_MAP) {

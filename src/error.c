@@ -1,7 +1,21 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include <stdio.h>
+
+#include "internal.h"
 #include "outbox/common.h"
+
+int outbox__errf(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    va_list ap;
+    if (err && errlen) {
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
 
 const char *outbox_strerror(int err)
 {

@@ -36,4 +36,8 @@ size_t outbox__utf8_prefix(const unsigned char *s, size_t len);
 /* Copies at most len-1 bytes and NUL-terminates; returns src's length. */
 size_t outbox__strlcpy(char *dst, const char *src, size_t len);
 
+/* Formats a message into err (when err is not NULL and errlen > 0) and
+ * returns code: `return outbox__errf(err, errlen, OUTBOX_EINVAL, ...)`. */
+int outbox__errf(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
 #endif

@@ -21,16 +21,8 @@ static const char *const required_columns[] = {
     "replay_reason",
 };
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+/* The message only: callers return their own code. */
+#define set_err(err, errlen, ...) ((void)outbox__errf(err, errlen, 0, __VA_ARGS__))
 
 int outbox__sqlite_code(int rc)
 {

@@ -24,18 +24,6 @@ static const char insert_sql[] =
     "INSERT INTO outbox(id, topic, key, payload, headers, created_at, available_at) "
     "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    va_list ap;
-    if (err && errlen) {
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 /* A printable rendering of one byte for messages. */
 static const char *byte_name(unsigned char c, char buf[8])
 {
@@ -51,16 +39,16 @@ int outbox_validate_id(const char *id, char *err, size_t errlen)
     size_t i, n;
     char b[8];
     if (!id || !*id)
-        return fail(err, errlen, OUTBOX_EID, "message id is empty");
+        return outbox__errf(err, errlen, OUTBOX_EID, "message id is empty");
     n = strlen(id);
     if (n > OUTBOX_ID_MAX)
-        return fail(err, errlen, OUTBOX_EID, "message id is %zu bytes, the limit is %d", n, OUTBOX_ID_MAX);
+        return outbox__errf(err, errlen, OUTBOX_EID, "message id is %zu bytes, the limit is %d", n, OUTBOX_ID_MAX);
     for (i = 0; i < n; i++) {
         unsigned char c = (unsigned char)id[i];
         if (c < '!' || c > '~')
-            return fail(err, errlen, OUTBOX_EID,
-                        "message id has %s at byte %zu (allowed: printable ASCII without spaces)",
-                        byte_name(c, b), i);
+            return outbox__errf(err, errlen, OUTBOX_EID,
+                                "message id has %s at byte %zu (allowed: printable ASCII without spaces)",
+                                byte_name(c, b), i);
     }
     return 0;
 }
@@ -76,14 +64,14 @@ int outbox_validate_topic(const char *topic, char *err, size_t errlen)
     size_t i, n;
     char b[8];
     if (!topic || !*topic)
-        return fail(err, errlen, OUTBOX_ETOPIC, "topic is empty");
+        return outbox__errf(err, errlen, OUTBOX_ETOPIC, "topic is empty");
     n = strlen(topic);
     if (n > OUTBOX_TOPIC_MAX)
-        return fail(err, errlen, OUTBOX_ETOPIC, "topic is %zu bytes, the limit is %d", n, OUTBOX_TOPIC_MAX);
+        return outbox__errf(err, errlen, OUTBOX_ETOPIC, "topic is %zu bytes, the limit is %d", n, OUTBOX_TOPIC_MAX);
     for (i = 0; i < n; i++)
         if (!topic_char_ok((unsigned char)topic[i]))
-            return fail(err, errlen, OUTBOX_ETOPIC, "topic has %s at byte %zu (allowed: A-Z a-z 0-9 . _ - : /)",
-                        byte_name((unsigned char)topic[i], b), i);
+            return outbox__errf(err, errlen, OUTBOX_ETOPIC, "topic has %s at byte %zu (allowed: A-Z a-z 0-9 . _ - : /)",
+                                byte_name((unsigned char)topic[i], b), i);
     return 0;
 }
 
@@ -128,12 +116,12 @@ int outbox_validate_key(const char *key, size_t len, char *err, size_t errlen)
     if (!key || len == 0)
         return 0;
     if (len > OUTBOX_KEY_MAX)
-        return fail(err, errlen, OUTBOX_EKEY, "key is %zu bytes, the limit is %d", len, OUTBOX_KEY_MAX);
+        return outbox__errf(err, errlen, OUTBOX_EKEY, "key is %zu bytes, the limit is %d", len, OUTBOX_KEY_MAX);
     if (memchr(key, '\0', len))
-        return fail(err, errlen, OUTBOX_EKEY, "key contains a NUL byte");
+        return outbox__errf(err, errlen, OUTBOX_EKEY, "key contains a NUL byte");
     bad = outbox__utf8_prefix((const unsigned char *)key, len);
     if (bad != len)
-        return fail(err, errlen, OUTBOX_EKEY, "key is not valid UTF-8 at byte %zu", bad);
+        return outbox__errf(err, errlen, OUTBOX_EKEY, "key is not valid UTF-8 at byte %zu", bad);
     return 0;
 }
 
@@ -145,32 +133,32 @@ int outbox_validate_headers(const void *headers, size_t len, char *err, size_t e
     uint32_t i;
 
     if (!headers)
-        return len ? fail(err, errlen, OUTBOX_EINVAL, "headers pointer is NULL with a length of %zu", len) : 0;
+        return len ? outbox__errf(err, errlen, OUTBOX_EINVAL, "headers pointer is NULL with a length of %zu", len) : 0;
     if (len == 0)
-        return fail(err, errlen, OUTBOX_EHEADERS, "headers are empty (pass NULL for no headers)");
+        return outbox__errf(err, errlen, OUTBOX_EHEADERS, "headers are empty (pass NULL for no headers)");
     /* Bounds first: msgpack-c would allocate declared container sizes. */
     rc = outbox__msgpack_check(headers, len, &off);
     if (rc == OUTBOX_ETRUNCATED)
-        return fail(err, errlen, OUTBOX_EHEADERS, "headers are truncated msgpack (%zu bytes)", len);
+        return outbox__errf(err, errlen, OUTBOX_EHEADERS, "headers are truncated msgpack (%zu bytes)", len);
     if (rc != 0)
-        return fail(err, errlen, OUTBOX_EHEADERS, "headers are not valid msgpack");
+        return outbox__errf(err, errlen, OUTBOX_EHEADERS, "headers are not valid msgpack");
     off = 0;
     msgpack_unpacked_init(&u);
     rc = msgpack_unpack_next(&u, headers, len, &off);
     if (rc == MSGPACK_UNPACK_CONTINUE)
-        e = fail(err, errlen, OUTBOX_EHEADERS, "headers are truncated msgpack (%zu bytes)", len);
+        e = outbox__errf(err, errlen, OUTBOX_EHEADERS, "headers are truncated msgpack (%zu bytes)", len);
     else if (rc == MSGPACK_UNPACK_NOMEM_ERROR)
-        e = fail(err, errlen, OUTBOX_ENOMEM, "out of memory decoding headers");
+        e = outbox__errf(err, errlen, OUTBOX_ENOMEM, "out of memory decoding headers");
     else if (rc != MSGPACK_UNPACK_SUCCESS)
-        e = fail(err, errlen, OUTBOX_EHEADERS, "headers are not valid msgpack");
+        e = outbox__errf(err, errlen, OUTBOX_EHEADERS, "headers are not valid msgpack");
     else if (u.data.type != MSGPACK_OBJECT_MAP)
-        e = fail(err, errlen, OUTBOX_EHEADERS, "headers are msgpack but not a map (type %d)", (int)u.data.type);
+        e = outbox__errf(err, errlen, OUTBOX_EHEADERS, "headers are msgpack but not a map (type %d)", (int)u.data.type);
     else if (off != len)
-        e = fail(err, errlen, OUTBOX_EHEADERS, "headers have %zu trailing bytes after the map", len - off);
+        e = outbox__errf(err, errlen, OUTBOX_EHEADERS, "headers have %zu trailing bytes after the map", len - off);
     else
         for (i = 0; i < u.data.via.map.size; i++)
             if (u.data.via.map.ptr[i].key.type != MSGPACK_OBJECT_STR) {
-                e = fail(err, errlen, OUTBOX_EHEADERS, "header key %u is not a string", i);
+                e = outbox__errf(err, errlen, OUTBOX_EHEADERS, "header key %u is not a string", i);
                 break;
             }
     msgpack_unpacked_destroy(&u);
@@ -247,18 +235,18 @@ int outbox_enqueue(outbox_writer *w, const outbox_message *m, char *id_out)
         return OUTBOX_EINVAL;
     w->errmsg[0] = '\0';
     if (!m)
-        return fail(w->errmsg, sizeof w->errmsg, OUTBOX_EINVAL, "message is NULL");
+        return outbox__errf(w->errmsg, sizeof w->errmsg, OUTBOX_EINVAL, "message is NULL");
     if (!m->payload && m->payload_len)
-        return fail(w->errmsg, sizeof w->errmsg, OUTBOX_EINVAL, "payload is NULL with a length of %zu",
-                    m->payload_len);
+        return outbox__errf(w->errmsg, sizeof w->errmsg, OUTBOX_EINVAL, "payload is NULL with a length of %zu",
+                            m->payload_len);
     if ((e = outbox_validate_topic(m->topic, w->errmsg, sizeof w->errmsg)) != 0)
         return e;
     key_len = m->key ? strlen(m->key) : 0;
     if ((e = outbox_validate_key(m->key, key_len, w->errmsg, sizeof w->errmsg)) != 0)
         return e;
     if (m->payload_len > w->s.max_payload)
-        return fail(w->errmsg, sizeof w->errmsg, OUTBOX_ETOOBIG, "payload is %zu bytes, the limit is %zu",
-                    m->payload_len, w->s.max_payload);
+        return outbox__errf(w->errmsg, sizeof w->errmsg, OUTBOX_ETOOBIG, "payload is %zu bytes, the limit is %zu",
+                            m->payload_len, w->s.max_payload);
     if (m->headers || m->headers_len)
         if ((e = outbox_validate_headers(m->headers, m->headers_len, w->errmsg, sizeof w->errmsg)) != 0)
             return e;
@@ -295,16 +283,17 @@ int outbox_enqueue(outbox_writer *w, const outbox_message *m, char *id_out)
     } else {
         int xrc = sqlite3_extended_errcode(w->db);
         if (xrc == SQLITE_CONSTRAINT_UNIQUE || xrc == SQLITE_CONSTRAINT_PRIMARYKEY) {
-            e = fail(w->errmsg, sizeof w->errmsg, OUTBOX_EDUPLICATE, "a message with id '%s' already exists", id);
+            e = outbox__errf(w->errmsg, sizeof w->errmsg, OUTBOX_EDUPLICATE, "a message with id '%s' already exists",
+                             id);
         } else if ((xrc & 0xff) == SQLITE_CONSTRAINT) {
-            e = fail(w->errmsg, sizeof w->errmsg, OUTBOX_ESQLITE, "outbox constraint failed: %s",
-                     sqlite3_errmsg(w->db));
+            e = outbox__errf(w->errmsg, sizeof w->errmsg, OUTBOX_ESQLITE, "outbox constraint failed: %s",
+                             sqlite3_errmsg(w->db));
         } else {
             if (strstr(sqlite3_errmsg(w->db), "no such table"))
                 e = OUTBOX_ENOSCHEMA;
             else if ((e = outbox__sqlite_code(rc)) == 0)
                 e = OUTBOX_ESQLITE;
-            fail(w->errmsg, sizeof w->errmsg, e, "insert failed: %s", sqlite3_errmsg(w->db));
+            outbox__errf(w->errmsg, sizeof w->errmsg, e, "insert failed: %s", sqlite3_errmsg(w->db));
         }
     }
     sqlite3_reset(w->insert);
