@@ -2594,7 +2594,10 @@ static const struct {
     STMT(q_new, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
                 "WHERE seq >= ?2 AND state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1"),
     STMT(q_cursor, "SELECT new_from FROM outbox_cursor"),
-    STMT(q_cursor_set, "UPDATE outbox_cursor SET new_from = ?1"),
+    /* An upsert: a cursor row deleted by hand comes back (the walk that
+     * follows its loss starts at the first row). */
+    STMT(q_cursor_set, "INSERT INTO outbox_cursor(one, new_from) VALUES (1, ?1) "
+                       "ON CONFLICT(one) DO UPDATE SET new_from = excluded.new_from"),
     STMT(q_top, "SELECT max(seq) FROM outbox"),
     /* Rows made pending again by hand (outbox_stray) become waiting rows. */
     STMT(q_stray, "UPDATE outbox SET available_at = created_at + 1 "

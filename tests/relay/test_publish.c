@@ -269,6 +269,18 @@ int main(void)
     is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'later'"), 2,
            "a delayed row made due by an UPDATE of available_at is published");
 
+    /* The cursor's row deleted by hand: the walk starts at the first row and
+     * the claim writes the row again. */
+    th_sql_exec(db, "DELETE FROM outbox_cursor");
+    rt_insert_rows(db, "nocursor", 0, 10, "nocursor", 0);
+    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
+    is_int(rc, 0, "outbox-relay --drain exits 0");
+    free(err);
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'nocursor' AND state = 2"), 10,
+           "without the cursor's row: every row published");
+    is_int(th_sql_int(db, "SELECT new_from FROM outbox_cursor"), th_sql_int(db, "SELECT max(seq) + 1 FROM outbox"),
+           "the cursor's row is back, after the last row");
+
     rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }
