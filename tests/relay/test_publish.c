@@ -187,6 +187,17 @@ static void check_topic(sqlite3 *db, redisContext *c, const char *topic, check *
     rt_stream_free(&s);
 }
 
+/* One outbox-relay --drain run, checked to exit 0. */
+static void drain(const char *dbpath, const char *url)
+{
+    char *err = NULL;
+    int rc = rt_relay_run(60000 * th_slow(), &err, dbpath, url, "--drain", NULL);
+    is_int(rc, 0, "outbox-relay --drain exits 0");
+    if (rc != 0)
+        rt_diag_tail("relay", err, 20);
+    free(err);
+}
+
 int main(void)
 {
     th_redis srv;
@@ -242,11 +253,7 @@ int main(void)
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'reused' AND seq <= "
                           "(SELECT max(seq) FROM outbox WHERE topic <> 'reused') + 100"),
            100, "the new rows took the seqs of the deleted ones");
-    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
-    is_int(rc, 0, "outbox-relay --drain exits 0");
-    if (rc != 0)
-        rt_diag_tail("relay", err, 20);
-    free(err);
+    drain(dbpath, srv.url);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'reused' AND state = 2"), 100,
            "rows written after a delete at the end of the table: all published");
     is_int(th_xlen(c, "outbox:reused"), 100, "outbox:reused has their 100 entries");
@@ -256,16 +263,12 @@ int main(void)
     th_sql_exec(db, "INSERT INTO outbox(id, topic, payload, available_at) VALUES ('later', 'later', x'01', %lld)",
                 (long long)(rt_unix_ms() + 3600000));
     rt_insert_rows(db, "after-later", 0, 10, "later", 0);
-    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
-    is_int(rc, 0, "outbox-relay --drain exits 0");
-    free(err);
+    drain(dbpath, srv.url);
     is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'later'"), 0, "the delayed row waits");
     ok(th_sql_int(db, "SELECT new_from FROM outbox_cursor") > th_sql_int(db, "SELECT seq FROM outbox WHERE id = 'later'"),
        "the walk of new rows has passed it");
     th_sql_exec(db, "UPDATE outbox SET available_at = created_at WHERE id = 'later'");
-    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
-    is_int(rc, 0, "outbox-relay --drain exits 0");
-    free(err);
+    drain(dbpath, srv.url);
     is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'later'"), 2,
            "a delayed row made due by an UPDATE of available_at is published");
 
@@ -273,9 +276,7 @@ int main(void)
      * the claim writes the row again. */
     th_sql_exec(db, "DELETE FROM outbox_cursor");
     rt_insert_rows(db, "nocursor", 0, 10, "nocursor", 0);
-    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
-    is_int(rc, 0, "outbox-relay --drain exits 0");
-    free(err);
+    drain(dbpath, srv.url);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'nocursor' AND state = 2"), 10,
            "without the cursor's row: every row published");
     is_int(th_sql_int(db, "SELECT new_from FROM outbox_cursor"), th_sql_int(db, "SELECT max(seq) + 1 FROM outbox"),
