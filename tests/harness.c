@@ -874,3 +874,42 @@ char *th_slurp(const char *path)
     buf[len] = '\0';
     return buf;
 }
+
+int th_wait_until(int timeout_ms, int (*fn)(void *arg), void *arg)
+{
+    int64_t deadline = th_now_ms() + timeout_ms;
+    int v;
+    while (!(v = fn(arg)) && th_now_ms() < deadline)
+        th_sleep_ms(5);
+    return v;
+}
+
+int th_count_lines(const char *text)
+{
+    int n = 0;
+    for (; *text; text++)
+        n += *text == '\n';
+    return n;
+}
+
+void th_diag_tail(const char *what, const char *text, int max_lines)
+{
+    const char *p;
+    int lines = 0;
+    if (!text)
+        return;
+    p = text + strlen(text);
+    while (p > text && lines <= max_lines) {
+        p--;
+        if (*p == '\n' && p[1])
+            lines++;
+    }
+    if (lines > max_lines)
+        p++;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        int n = nl ? (int)(nl - p) : (int)strlen(p);
+        diag("%s: %.*s", what, n, p);
+        p += n + (nl ? 1 : 0);
+    }
+}

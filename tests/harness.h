@@ -8,6 +8,7 @@
 #ifndef OUTBOX_TESTS_HARNESS_H
 #define OUTBOX_TESTS_HARNESS_H
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -108,5 +109,14 @@ int64_t th_now_ms(void);
 int th_slow(void);
 /* Sleeps ms milliseconds. */
 void th_sleep_ms(int ms);
+
+/* Polls fn(arg) every 5 ms until it returns non-zero or timeout_ms pass;
+ * returns the last result. */
+int th_wait_until(int timeout_ms, int (*fn)(void *arg), void *arg);
+/* Lines in text (newlines). */
+int th_count_lines(const char *text);
+/* Prints the last max_lines lines of text (may be NULL) as diagnostics,
+ * each prefixed by what (INT_MAX: all of them). */
+void th_diag_tail(const char *what, const char *text, int max_lines);
 
 #endif

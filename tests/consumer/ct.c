@@ -155,15 +155,6 @@ long long ct_int(redisContext *c, const char *fmt, ...)
     return n;
 }
 
-int ct_lines(const char *s)
-{
-    int n = 0;
-    for (; *s; s++)
-        if (*s == '\n')
-            n++;
-    return n;
-}
-
 int ct_line_count(const char *s, const char *line)
 {
     size_t ll = strlen(line);
@@ -176,28 +167,6 @@ int ct_line_count(const char *s, const char *line)
         s += len + (nl ? 1 : 0);
     }
     return n;
-}
-
-void ct_diag_text(const char *label, const char *text)
-{
-    while (text && *text) {
-        const char *nl = strchr(text, '\n');
-        int len = nl ? (int)(nl - text) : (int)strlen(text);
-        diag("%s: %.*s", label, len, text);
-        text += len + (nl ? 1 : 0);
-    }
-}
-
-int ct_wait_for(int (*cond)(void *arg), void *arg, int timeout_ms)
-{
-    int64_t deadline = th_now_ms() + timeout_ms;
-    for (;;) {
-        if (cond(arg))
-            return 1;
-        if (th_now_ms() >= deadline)
-            return 0;
-        th_sleep_ms(20);
-    }
 }
 
 const char *ct_consume_bin(void)

@@ -45,15 +45,8 @@ char *ct_get(redisContext *c, const char *key);
 /* An integer reply of a command (printf-style); bails on another reply. */
 long long ct_int(redisContext *c, const char *fmt, ...);
 
-/* Lines in s; the count of lines equal to line. */
-int ct_lines(const char *s);
+/* The count of lines of s equal to line (th_count_lines counts them all). */
 int ct_line_count(const char *s, const char *line);
-
-/* Prints text line by line as TAP diagnostics, each prefixed with label. */
-void ct_diag_text(const char *label, const char *text);
-
-/* Polls cond(arg) every 20 ms for up to timeout_ms; returns 1 once it holds. */
-int ct_wait_for(int (*cond)(void *arg), void *arg, int timeout_ms);
 
 /* The outbox-consume binary (malloc'd once, kept). */
 const char *ct_consume_bin(void);

@@ -134,7 +134,7 @@ static void test_usage_errors(void)
         res r = RUN("--redis", u, "--stream", "outbox:long", "--group", group, "--print", "--drain");
         is_int(r.code, 0, "a 200-byte group name with the default namespace works");
         if (r.code != 0)
-            ct_diag_text("consume", r.err);
+            th_diag_tail("consume", r.err, INT_MAX);
         res_free(&r);
     }
 }
@@ -185,7 +185,7 @@ static void test_print(void)
     ct_xadd_msg(rc, stream, "m-empty", "cli", "", 0, NULL);
     r = RUN("--redis", srv.url, "--stream", stream, "--group", "p", "--print", "--drain");
     is_int(r.code, 0, "--print --drain exits 0");
-    is_int(ct_lines(r.out), 6, "six JSON lines");
+    is_int(th_count_lines(r.out), 6, "six JSON lines");
     f = fopen(jsonf, "w");
     if (!f)
         bail("write %s", jsonf);
@@ -206,7 +206,7 @@ static void test_print(void)
     }
     is_int(st, 0, "every line parses as JSON (python3 json.loads)");
     if (st != 0)
-        ct_diag_text("python", pyerr);
+        th_diag_tail("python", pyerr, INT_MAX);
     {
         char want[1024], hex[512] = "";
         for (size_t i = 0; i < strlen(text); i++)
@@ -221,7 +221,7 @@ static void test_print(void)
                  eid_hdr);
         ok(strstr(pyout, want) != NULL, "key, headers as an object, created_at");
         if (!strstr(pyout, want))
-            ct_diag_text("python", pyout);
+            th_diag_tail("python", pyout, INT_MAX);
         ok(strstr(pyout, "m-b1 cli None base64 fe null") && strstr(pyout, "m-b3 cli None base64 fffefd null"),
            "base64 padding right for 1 and 3 bytes");
         ok(strstr(pyout, "m-empty cli None utf-8  null") != NULL, "an empty payload is an empty string");
@@ -307,7 +307,7 @@ static void test_sigterm(void)
     int st;
     if (pid < 0)
         bail("spawn");
-    ok(ct_wait_for(stream_exists, "outbox:idle", 10000 * th_slow()), "the group is created with MKSTREAM");
+    ok(th_wait_until(10000 * th_slow(), stream_exists, "outbox:idle"), "the group is created with MKSTREAM");
     th_sleep_ms(100);
     st = ct_stop(pid, 10000);
     is_int(st, 0, "SIGTERM on an idle consumer: exit 0");

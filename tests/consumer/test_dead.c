@@ -88,7 +88,7 @@ static void test_poison(void)
     t = th_slurp(attempts);
     is_int(ct_line_count(t, "m-poison 1") + ct_line_count(t, "m-poison 2"), 2,
            "the failing command ran max_deliveries (2) times, deliveries 1 and 2");
-    is_int(ct_lines(t), 3, "and no more: 2 failures + 1 good message");
+    is_int(th_count_lines(t), 3, "and no more: 2 failures + 1 good message");
     is_int(ct_line_count(t, "m-good 1"), 1, "the good message was applied once");
     free(t);
     is_int(ct_pending(rc, stream, "g"), 0, "the poison entry is acknowledged in the group");
@@ -113,7 +113,7 @@ static void test_poison(void)
         free(v2);
     }
     if (st != 0)
-        ct_diag_text("consume", err);
+        th_diag_tail("consume", err, INT_MAX);
     free(out);
     free(err);
     free(attempts);
@@ -156,7 +156,7 @@ static void test_malformed(void)
     st = ct_consume_run(args, env, &out, &err, 30000 * th_slow());
     is_int(st, 0, "--drain exits 0");
     t = th_slurp(effects);
-    is_int(ct_lines(t), 2, "only the two good messages ran the command");
+    is_int(th_count_lines(t), 2, "only the two good messages ran the command");
     ok(ct_line_count(t, "m-good1") == 1 && ct_line_count(t, "m-good2") == 1, "each once");
     free(t);
     is_int(ct_pending(rc, stream, "g"), 0, "every entry acknowledged");
@@ -180,7 +180,7 @@ static void test_malformed(void)
     }
     freeReplyObject(d.r);
     if (st != 0)
-        ct_diag_text("consume", err);
+        th_diag_tail("consume", err, INT_MAX);
     free(out);
     free(err);
     free(effects);

@@ -47,7 +47,7 @@ static void test_print_once(void)
 
     st = ct_consume_run(args, NULL, &out, &err, 20000 * th_slow());
     is_int(st, 0, "--print --drain exits 0");
-    is_int(ct_lines(out), 2, "two JSON lines for three entries (m-dup once)");
+    is_int(th_count_lines(out), 2, "two JSON lines for three entries (m-dup once)");
     ok(strstr(out, "\"id\":\"m-dup\"") && strstr(out, "\"id\":\"m-other\""), "both ids printed");
     {
         const char *p = strstr(out, "\"id\":\"m-dup\"");
@@ -89,7 +89,7 @@ static void test_print_once(void)
                                "dedup:g1", "--print", "--drain", NULL};
         st = ct_consume_run(again, NULL, &out, &err, 20000 * th_slow());
         is_int(st, 0, "another group sharing the namespace: exits 0");
-        is_int(ct_lines(out), 0, "another group sharing the namespace: prints nothing (all DONE)");
+        is_int(th_count_lines(out), 0, "another group sharing the namespace: prints nothing (all DONE)");
         is_int(ct_pending(rc, stream, "g2"), 0, "and acknowledges all three entries");
         free(out);
         free(err);
@@ -100,7 +100,7 @@ static void test_print_once(void)
                               "--drain", NULL};
         st = ct_consume_run(none, NULL, &out, &err, 20000 * th_slow());
         is_int(st, 0, "--dedup none: exits 0");
-        is_int(ct_lines(out), 3, "--dedup none: all three entries printed, m-dup twice");
+        is_int(th_count_lines(out), 3, "--dedup none: all three entries printed, m-dup twice");
         is_int(ct_int(rc, "EXISTS dedup:g3:{outbox:dup}:m-dup"), 0, "--dedup none: no dedup key written");
         is_int(ct_pending(rc, stream, "g3"), 0, "--dedup none: all acknowledged");
         free(out);
@@ -148,7 +148,7 @@ static void test_two_consumers(void)
     is_int(s1, 0, "consumer 1 drained and exited 0");
     is_int(s2, 0, "consumer 2 drained and exited 0");
     text = th_slurp(effects);
-    lines = ct_lines(text);
+    lines = th_count_lines(text);
     is_int(lines, NDUP, "%d effects for %d ids in %d entries", lines, NDUP, 2 * NDUP);
     for (int i = 0; i < NDUP; i++) {
         char id[32];

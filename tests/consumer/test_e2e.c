@@ -30,7 +30,7 @@ static int cmp_str(const void *a, const void *b)
 /* The "id" values of JSON lines, sorted; *n gets their count. */
 static char **ids_of(const char *out, size_t *n)
 {
-    size_t cap = (size_t)ct_lines(out) + 1, k = 0;
+    size_t cap = (size_t)th_count_lines(out) + 1, k = 0;
     char **ids = calloc(cap, sizeof *ids);
     const char *p = out;
     if (!ids)
@@ -76,7 +76,7 @@ int main(void)
         code = th_run(argv, NULL, NULL, &err, 60000 * th_slow());
         is_int(code, 0, "outbox-demo wrote %d orders", ORDERS);
         if (code != 0)
-            ct_diag_text("demo", err);
+            th_diag_tail("demo", err, INT_MAX);
         free(err);
     }
     if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK)
@@ -96,7 +96,7 @@ int main(void)
         code = th_run(argv, NULL, NULL, &err, 60000 * th_slow());
         is_int(code, 0, "outbox-relay --drain published and exited 0");
         if (code != 0)
-            ct_diag_text("relay", err);
+            th_diag_tail("relay", err, INT_MAX);
         free(err);
     }
     ok(th_xlen(rc, "outbox:orders") >= ORDERS, "outbox:orders holds at least %d entries (%lld)", ORDERS,
@@ -108,7 +108,7 @@ int main(void)
                               NULL};
         code = ct_consume_run(args, NULL, &out, &err, 60000 * th_slow());
         is_int(code, 0, "%s: outbox-consume --print --drain exited 0", group);
-        is_int(ct_lines(out), ORDERS, "%s: %d lines", group, ORDERS);
+        is_int(th_count_lines(out), ORDERS, "%s: %d lines", group, ORDERS);
         got = ids_of(out, &ngot);
         dups = 0;
         for (size_t i = 1; i < ngot; i++)
@@ -122,7 +122,7 @@ int main(void)
            group);
         is_int(ct_pending(rc, "outbox:orders", group), 0, "%s: everything acknowledged", group);
         if (code != 0)
-            ct_diag_text(group, err);
+            th_diag_tail(group, err, INT_MAX);
         free_ids(got, ngot);
         free(out);
         free(err);

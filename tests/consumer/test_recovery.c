@@ -33,7 +33,7 @@ static int has_lines(void *arg)
 {
     lines_arg *a = arg;
     char *t = th_slurp(a->path);
-    int n = ct_lines(t);
+    int n = th_count_lines(t);
     free(t);
     return n >= a->want;
 }
@@ -78,7 +78,7 @@ static void test_killed_mid_effect(void)
     a = ct_consume_spawn(aa, enva, NULL, loga);
     if (a < 0)
         bail("cannot start consumer A");
-    ok(ct_wait_for(has_lines, &la, 10000 * th_slow()), "consumer A started the command");
+    ok(th_wait_until(10000 * th_slow(), has_lines, &la), "consumer A started the command");
     t = th_slurp(pidfile);
     sleep_pid = atol(t);
     free(t);
@@ -97,15 +97,15 @@ static void test_killed_mid_effect(void)
     b = ct_consume_spawn(ab, envb, NULL, logb);
     if (b < 0)
         bail("cannot start consumer B");
-    ok(ct_wait_for(has_lines, &le, 15000 * th_slow()), "consumer B applied the message");
+    ok(th_wait_until(15000 * th_slow(), has_lines, &le), "consumer B applied the message");
     applied_at = th_now_ms();
     ok(applied_at >= expires_at - 50, "not before A's lease ended (%lld ms after its end)",
        (long long)(applied_at - expires_at));
-    ok(ct_wait_for(nothing_pending, &pa, 5000 * th_slow()), "the entry is acknowledged");
+    ok(th_wait_until(5000 * th_slow(), nothing_pending, &pa), "the entry is acknowledged");
     th_sleep_ms(300); /* time for a wrong second application */
     is_int(ct_stop(b, 10000), 0, "consumer B stops on SIGTERM with status 0");
     t = th_slurp(effects);
-    is_int(ct_lines(t), 1, "applied exactly once");
+    is_int(th_count_lines(t), 1, "applied exactly once");
     ok(strncmp(t, "m-crash ", 8) == 0, "the effect is m-crash's (%.*s)", (int)strcspn(t, "\n"), t);
     free(t);
     v = ct_get(rc, key);
@@ -115,7 +115,7 @@ static void test_killed_mid_effect(void)
     log = th_slurp(logb);
     ok(strstr(log, "recovered an idle pending entry") != NULL, "B says it recovered an idle entry");
     if (th_xlen(rc, "outbox:crash:dead") != 0)
-        ct_diag_text("B", log);
+        th_diag_tail("B", log, INT_MAX);
     free(log);
     free(pidfile);
     free(effects);
@@ -147,7 +147,7 @@ static void test_killed_before_ack(void)
     c = ct_consume_spawn(args, env, NULL, logc);
     if (c < 0)
         bail("cannot start consumer C");
-    ok(ct_wait_for(nothing_pending, &pa, 10000 * th_slow()), "both entries acknowledged");
+    ok(th_wait_until(10000 * th_slow(), nothing_pending, &pa), "both entries acknowledged");
     th_sleep_ms(200);
     is_int(ct_stop(c, 10000), 0, "consumer C stops with status 0");
     t = th_slurp(effects);
@@ -191,12 +191,12 @@ static void test_autoclaim(void)
     d = ct_consume_spawn(args, env, NULL, logd);
     if (d < 0)
         bail("cannot start consumer D");
-    ok(ct_wait_for(has_lines, &le, 15000 * th_slow()), "all %d messages applied", NREC);
-    ok(ct_wait_for(nothing_pending, &pa, 5000 * th_slow()), "nothing pending in the group");
+    ok(th_wait_until(15000 * th_slow(), has_lines, &le), "all %d messages applied", NREC);
+    ok(th_wait_until(5000 * th_slow(), nothing_pending, &pa), "nothing pending in the group");
     th_sleep_ms(300);
     is_int(ct_stop(d, 10000), 0, "consumer D stops with status 0");
     t = th_slurp(effects);
-    is_int(ct_lines(t), NREC, "exactly %d effects", NREC);
+    is_int(th_count_lines(t), NREC, "exactly %d effects", NREC);
     for (int i = 0; i < NREC; i++) {
         char line[32];
         /* The ghost's entries come back as second deliveries. */
@@ -250,15 +250,15 @@ static void test_read_errors(void)
     p = ct_consume_spawn(args, NULL, out, log);
     if (p < 0)
         bail("cannot start outbox-consume");
-    ok(ct_wait_for(log_has, no_group, 5000 * th_slow()), "XGROUP CREATE refused (NOPERM) and logged");
+    ok(th_wait_until(5000 * th_slow(), log_has, no_group), "XGROUP CREATE refused (NOPERM) and logged");
     acl("+xgroup");
     ct_xadd_msg(rc, stream, "m-acl-1", "acl", "1", 1, NULL);
-    ok(ct_wait_for(has_lines, &one, 5000 * th_slow()), "once allowed, the group is created and the message printed");
+    ok(th_wait_until(5000 * th_slow(), has_lines, &one), "once allowed, the group is created and the message printed");
     acl("-xreadgroup");
-    ok(ct_wait_for(log_has, no_read, 5000 * th_slow()), "XREADGROUP refused (NOPERM) and logged");
+    ok(th_wait_until(5000 * th_slow(), log_has, no_read), "XREADGROUP refused (NOPERM) and logged");
     acl("+xreadgroup");
     ct_xadd_msg(rc, stream, "m-acl-2", "acl", "2", 1, NULL);
-    ok(ct_wait_for(has_lines, &two, 5000 * th_slow()), "once allowed again, reading resumes");
+    ok(th_wait_until(5000 * th_slow(), has_lines, &two), "once allowed again, reading resumes");
     is_int(ct_stop(p, 10000), 0, "stops with status 0");
     free(out);
     free(log);

@@ -126,7 +126,7 @@ static void kill_loop(void)
         int st = rt_relay_run(20000, &err, dbpath, redis.url, IDEM_FLAGS, "--drain", NULL);
         is_int(st, 0, "the final --drain run exits 0");
         if (st != 0)
-            rt_diag_tail("drain", err, 10);
+            th_diag_tail("drain", err, 10);
         /* The rows appended but not marked at the last kill are the only
          * ones in the stream and not published: each is sent again and
          * suppressed, once. */

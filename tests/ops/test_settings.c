@@ -38,7 +38,7 @@ static void refused(const char *what, const char *needle, ...)
     is_int(st, 2, "%s: exit 2", what);
     ok(err && strstr(err, needle), "%s: the message names %s", what, needle);
     if (st != 2 || !err || !strstr(err, needle))
-        rt_diag_tail(what, err ? err : "", 5);
+        th_diag_tail(what, err ? err : "", 5);
     free(err);
 }
 
@@ -91,7 +91,7 @@ static void port_in_use(void)
     is_int(st, 2, "a metrics port in use: exit 2");
     ok(err && strstr(err, "cannot listen"), "the message says cannot listen");
     if (!err || !strstr(err, "cannot listen"))
-        rt_diag_tail("port in use", err ? err : "", 5);
+        th_diag_tail("port in use", err ? err : "", 5);
     ok(th_now_ms() - t0 < 3000, "at once (%lld ms)", (long long)(th_now_ms() - t0));
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state <> 0 OR attempts <> 0"), 0,
            "nothing was claimed");

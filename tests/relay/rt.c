@@ -495,14 +495,6 @@ int rt_stop(pid_t pid, int sig, int timeout_ms)
 
 /* ---- text ------------------------------------------------------------- */
 
-int rt_count_lines(const char *text)
-{
-    int n = 0;
-    for (; *text; text++)
-        n += *text == '\n';
-    return n;
-}
-
 int rt_count_substr(const char *text, const char *needle)
 {
     int n = 0;
@@ -515,30 +507,3 @@ int rt_count_substr(const char *text, const char *needle)
     return n;
 }
 
-void rt_diag_tail(const char *what, const char *text, int max_lines)
-{
-    const char *p = text + strlen(text);
-    int lines = 0;
-    while (p > text && lines <= max_lines) {
-        p--;
-        if (*p == '\n' && p[1])
-            lines++;
-    }
-    if (lines > max_lines)
-        p++;
-    while (*p) {
-        const char *nl = strchr(p, '\n');
-        int n = nl ? (int)(nl - p) : (int)strlen(p);
-        diag("%s: %.*s", what, n, p);
-        p += n + (nl ? 1 : 0);
-    }
-}
-
-int rt_wait_until(int timeout_ms, int (*fn)(void *arg), void *arg)
-{
-    int64_t deadline = th_now_ms() + timeout_ms;
-    int v;
-    while (!(v = fn(arg)) && th_now_ms() < deadline)
-        th_sleep_ms(5);
-    return v;
-}

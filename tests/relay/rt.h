@@ -110,14 +110,7 @@ int rt_relay_run(int timeout_ms, char **err, const char *db, const char *url, ..
  * as th_wait (-2 on timeout, then the process was SIGKILLed and reaped). */
 int rt_stop(pid_t pid, int sig, int timeout_ms);
 
-/* Lines in text, and occurrences of needle. */
-int rt_count_lines(const char *text);
+/* Occurrences of needle in text. */
 int rt_count_substr(const char *text, const char *needle);
-/* Prints the last max_lines lines of text as diagnostics. */
-void rt_diag_tail(const char *what, const char *text, int max_lines);
-
-/* Polls fn(arg) every 5 ms until it returns non-zero or timeout_ms pass;
- * returns the last result. */
-int rt_wait_until(int timeout_ms, int (*fn)(void *arg), void *arg);
 
 #endif

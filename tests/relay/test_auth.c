@@ -60,7 +60,7 @@ int main(void)
     rc = rt_relay_run(30000 * th_slow(), &err, db_a, url, "--drain", NULL);
     is_int(rc, 0, "requirepass: --drain exits 0");
     if (rc != 0)
-        rt_diag_tail("relay", err, 10);
+        th_diag_tail("relay", err, 10);
     ok(strstr(err, "pass@") == NULL && strstr(err, ":pass") == NULL, "requirepass: the password is not logged");
     free(err);
     is_int(xlen_in(c, 0, "outbox:auth.a"), N, "requirepass: %d entries in db 0", N);
@@ -70,7 +70,7 @@ int main(void)
     rc = rt_relay_run(30000 * th_slow(), &err, db_b, url, "--drain", NULL);
     is_int(rc, 0, "acl user: --drain exits 0");
     if (rc != 0)
-        rt_diag_tail("relay", err, 10);
+        th_diag_tail("relay", err, 10);
     ok(strstr(err, ":pw@") == NULL, "acl user: the password is not logged");
     free(err);
     is_int(xlen_in(c, 2, "outbox:auth.b"), N, "acl user: %d entries in db 2", N);
@@ -91,7 +91,7 @@ int main(void)
     ok(strstr(text, "redis refused the credentials") != NULL && strstr(text, "unreachable") == NULL,
        "wrong password: logged as refused credentials, not as an outage");
     ok(strstr(text, "N0tTheOne") == NULL, "wrong password: the password itself is not logged");
-    rt_diag_tail("relay", text, 4);
+    th_diag_tail("relay", text, 4);
     free(text);
     for (int dbn = 0; dbn < 3; dbn++)
         is_int(xlen_in(c, dbn, "outbox:auth.c"), 0, "wrong password: nothing published in db %d", dbn);

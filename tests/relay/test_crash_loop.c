@@ -88,7 +88,7 @@ int main(void)
             early_exits++;
             diag("relay ended with %d before the kill", rc);
             text = th_slurp(rlog);
-            rt_diag_tail("relay", text, 2);
+            th_diag_tail("relay", text, 2);
             free(text);
         }
         relay = start_relay(rlog, dbpath, srv.url);
@@ -113,7 +113,7 @@ int main(void)
                       "--reply-timeout-ms", "500", NULL);
     is_int(rc, 0, "the final --drain run exits 0");
     if (rc != 0)
-        rt_diag_tail("relay", err, 20);
+        th_diag_tail("relay", err, 20);
     free(err);
     diag("%d kills and %d writer runs in %lld ms", kills, writer_runs, (long long)(th_now_ms() - t0));
 

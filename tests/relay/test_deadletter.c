@@ -50,7 +50,7 @@ int main(void)
 
     pid = rt_relay_spawn(log, dbpath, srv.url, "--max-attempts", "3", "--backoff-min-ms", "20",
                          "--backoff-max-ms", "50", NULL);
-    done = rt_wait_until(30000 * th_slow(), settled, NULL);
+    done = th_wait_until(30000 * th_slow(), settled, NULL);
     ok(done, "every row settles (published or dead)");
 
     a = rt_audit_topic(db, c, "outbox:", "good");
@@ -87,7 +87,7 @@ int main(void)
         ok(strstr(text, line) != NULL, "the stop line counts %d dead", N_BAD + N_BAD_KEYED);
     }
     if (!done)
-        rt_diag_tail("relay", text, 20);
+        th_diag_tail("relay", text, 20);
     free(text);
 
     free(log);

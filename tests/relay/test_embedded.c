@@ -47,8 +47,8 @@ int main(void)
         is_int(rc, 0, "run %d: outbox-demo --embedded exits 0", run);
         diag("run %d: %lld ms", run, (long long)(th_now_ms() - t0));
         if (rc != 0) {
-            rt_diag_tail("demo stdout", out, 5);
-            rt_diag_tail("demo stderr", err, 15);
+            th_diag_tail("demo stdout", out, 5);
+            th_diag_tail("demo stderr", err, 15);
         }
         free(out);
         free(err);

@@ -59,7 +59,7 @@ int main(void)
     rc = rt_relay_run(30000 * th_slow(), &err, dbpath, srv.url, "--drain", "--max-payload", "100", NULL);
     is_int(rc, 0, "--drain exits 0");
     if (rc != 0)
-        rt_diag_tail("relay", err, 20);
+        th_diag_tail("relay", err, 20);
     is_int(rt_count_substr(err, "msg=\"dead-lettered\""), N_BAD, "each invalid row is logged as dead-lettered");
     ok(strstr(err, "publish failed") == NULL, "no publish was attempted for them");
     free(err);

@@ -50,7 +50,7 @@ int main(void)
     /* 1. One key across hundreds of small batches. */
     rt_insert_rows(db, "one", 0, 3000, "one", 1);
     pid = rt_relay_spawn(log1, dbpath, srv.url, "--batch", "8", "--inflight", "1024", NULL);
-    done = rt_wait_until(60000 * th_slow(), topic_done, (void *)"one");
+    done = th_wait_until(60000 * th_slow(), topic_done, (void *)"one");
     ok(done, "one key: all 3000 published");
     a = rt_audit_topic(db, c, "outbox:", "one");
     is_int(a.missing, 0, "one key: every message is in the stream");
@@ -67,7 +67,7 @@ int main(void)
     t0 = rt_unix_ms();
     pid = rt_relay_spawn(log2, dbpath, srv.url, "--batch", "8", "--backoff-min-ms", "3000", "--backoff-max-ms",
                          "3000", "--max-attempts", "1000", NULL);
-    done = rt_wait_until(20000 * th_slow(), topic_done, (void *)"free");
+    done = th_wait_until(20000 * th_slow(), topic_done, (void *)"free");
     took = rt_unix_ms() - t0;
     ok(done, "failing key: the other topic is published");
     ok(took < 2500 * th_slow(), "failing key: the other topic did not wait for the retry (%lld ms)",
@@ -77,7 +77,7 @@ int main(void)
     rep = th_cmd(c, "DEL outbox:stuck");
     is_int(rep->integer, 1, "failing key: the string was still in place");
     freeReplyObject(rep);
-    done = rt_wait_until(60000 * th_slow(), topic_done, (void *)"stuck");
+    done = th_wait_until(60000 * th_slow(), topic_done, (void *)"stuck");
     ok(done, "failing key: everything published after the DEL");
     a = rt_audit_topic(db, c, "outbox:", "stuck");
     is_int(a.missing, 0, "failing key: every message is in the stream");
@@ -85,7 +85,7 @@ int main(void)
     text = th_slurp(log2);
     ok(rt_count_substr(text, "publish failed, will retry") >= 1, "failing key: the relay saw the failure");
     if (!done)
-        rt_diag_tail("relay", text, 15);
+        th_diag_tail("relay", text, 15);
     free(text);
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "failing key: the relay exits 0 on SIGTERM");
 
@@ -100,7 +100,7 @@ int main(void)
                     "INSERT INTO outbox(id, topic, key, payload) VALUES ('dl-d', 'delayed', 'j', x'64');",
                     (long long)due);
         pid = rt_relay_spawn(log1, dbpath, srv.url, NULL);
-        done = rt_wait_until(20000 * th_slow(), topic_done, (void *)"delayed");
+        done = th_wait_until(20000 * th_slow(), topic_done, (void *)"delayed");
         ok(done, "delayed row: everything published");
         ok(th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-a'") < due,
            "delayed row: the row of its key before it did not wait");
@@ -136,7 +136,7 @@ int main(void)
     is_int(rep->integer, 1, "behind a failing head: the string was still in place");
     freeReplyObject(rep);
     t0 = rt_unix_ms();
-    done = rt_wait_until(20000 * th_slow(), topic_done, (void *)"waitk");
+    done = th_wait_until(20000 * th_slow(), topic_done, (void *)"waitk");
     took = rt_unix_ms() - t0;
     ok(done, "behind a failing head: all published after the DEL, in %lld ms (a lease of 60 s is held elsewhere)",
        (long long)took);
@@ -159,13 +159,13 @@ int main(void)
     rt_insert_rows(db, "after", 0, 50, "after", 0);
     t0 = rt_unix_ms();
     pid = rt_relay_spawn(log1, dbpath, srv.url, "--batch", "8", NULL);
-    done = rt_wait_until(20000 * th_slow(), topic_done, (void *)"after");
+    done = th_wait_until(20000 * th_slow(), topic_done, (void *)"after");
     took = rt_unix_ms() - t0;
     ok(done, "behind another relay's lease: the other topic is published (%lld ms)", (long long)took);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'behind' AND state <> 0"), 1,
            "behind another relay's lease: its key's rows still wait");
     th_sql_exec(db, "UPDATE outbox SET lease_until = %lld WHERE id = 'behind-h0'", (long long)rt_unix_ms());
-    done = rt_wait_until(20000 * th_slow(), topic_done, (void *)"behind");
+    done = th_wait_until(20000 * th_slow(), topic_done, (void *)"behind");
     ok(done, "behind another relay's lease: all published once the lease expired");
     a = rt_audit_topic(db, c, "outbox:", "behind");
     is_int(a.missing, 0, "behind another relay's lease: every message is in the stream");

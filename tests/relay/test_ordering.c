@@ -83,14 +83,14 @@ int main(void)
     rep = th_cmd(c, "DEL outbox:wt");
     is_int(rep->integer, 1, "wrongtype: the string was still in place after a second");
     freeReplyObject(rep);
-    done = rt_wait_until(30000 * th_slow(), all_published, NULL);
+    done = th_wait_until(30000 * th_slow(), all_published, NULL);
     ok(done, "wrongtype: everything published after the DEL");
     a = rt_audit_topic(db, c, "outbox:", topic);
     report("wrongtype", &a, log1, 1);
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "wrongtype: the relay exits 0 on SIGTERM");
     if (!done) {
         char *text = th_slurp(log1);
-        rt_diag_tail("relay", text, 15);
+        th_diag_tail("relay", text, 15);
         free(text);
     }
 
@@ -99,7 +99,7 @@ int main(void)
     write_rows("oom", topic);
     pid = rt_relay_spawn(log2, dbpath, srv.url, "--backoff-min-ms", "50", "--backoff-max-ms", "200",
                          "--max-attempts", "1000", NULL);
-    ok(rt_wait_until(10000 * th_slow(), some_published, NULL), "oom: publishing started");
+    ok(th_wait_until(10000 * th_slow(), some_published, NULL), "oom: publishing started");
     rep = th_cmd(c, "CONFIG SET maxmemory 1");
     ok(rep->type == REDIS_REPLY_STATUS, "oom: maxmemory 1");
     freeReplyObject(rep);
@@ -107,7 +107,7 @@ int main(void)
          (long long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'oom' AND state = 2"), N);
     th_sleep_ms(1000);
     freeReplyObject(th_cmd(c, "CONFIG SET maxmemory 0"));
-    done = rt_wait_until(30000 * th_slow(), all_published, NULL);
+    done = th_wait_until(30000 * th_slow(), all_published, NULL);
     ok(done, "oom: everything published after maxmemory 0");
     a = rt_audit_topic(db, c, "outbox:", topic);
     report("oom", &a, log2, 1);
@@ -115,7 +115,7 @@ int main(void)
         char *text = th_slurp(log2);
         ok(strstr(text, "OOM") != NULL, "oom: the relay logged Redis' OOM error");
         if (!done)
-            rt_diag_tail("relay", text, 15);
+            th_diag_tail("relay", text, 15);
         free(text);
     }
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "oom: the relay exits 0 on SIGTERM");

@@ -194,7 +194,7 @@ static void drain(const char *dbpath, const char *url)
     int rc = rt_relay_run(60000 * th_slow(), &err, dbpath, url, "--drain", NULL);
     is_int(rc, 0, "outbox-relay --drain exits 0");
     if (rc != 0)
-        rt_diag_tail("relay", err, 20);
+        th_diag_tail("relay", err, 20);
     free(err);
 }
 
@@ -219,7 +219,7 @@ int main(void)
     rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
     is_int(rc, 0, "outbox-relay --drain exits 0");
     if (rc != 0)
-        rt_diag_tail("relay", err, 20);
+        th_diag_tail("relay", err, 20);
     diag("%d messages published in %lld ms", N_PLAIN + N_API, (long long)(th_now_ms() - t0));
     ok(strstr(err, "msg=drained") != NULL, "the relay reports it drained");
     free(err);

@@ -49,19 +49,19 @@ int main(void)
     th_sleep_ms(DOWN_MS);
     is_int(rt_wait(pid, 0), -2, "the relay is still running after %d ms without Redis", DOWN_MS);
     text = th_slurp(log);
-    lines_down = rt_count_lines(text);
+    lines_down = th_count_lines(text);
     diag("%d log lines during the outage", lines_down);
     ok(lines_down <= 5, "no flood of log lines while Redis is down (%d lines in %d ms)", lines_down, DOWN_MS);
     ok(strstr(text, "redis unreachable") != NULL, "the outage is logged");
     if (lines_down > 5)
-        rt_diag_tail("relay", text, 10);
+        th_diag_tail("relay", text, 10);
     free(text);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 0 AND attempts = 0"), N,
            "nothing was claimed while Redis was down");
 
     is_int(th_redis_restart(&srv), 0, "redis-server started");
     up_at = th_now_ms();
-    done = rt_wait_until(20000 * th_slow(), all_published, NULL);
+    done = th_wait_until(20000 * th_slow(), all_published, NULL);
     ok(done, "everything is published once Redis is up");
     diag("published %lld ms after Redis came up", (long long)(th_now_ms() - up_at));
     c = th_redis_client(&srv);
@@ -71,9 +71,9 @@ int main(void)
     is_int(rt_stop(pid, SIGTERM, 15000), 0, "SIGTERM: the relay exits 0");
     text = th_slurp(log);
     ok(strstr(text, "redis reachable again") != NULL, "the recovery is logged");
-    ok(rt_count_lines(text) <= 10, "%d log lines in all", rt_count_lines(text));
+    ok(th_count_lines(text) <= 10, "%d log lines in all", th_count_lines(text));
     if (!done)
-        rt_diag_tail("relay", text, 20);
+        th_diag_tail("relay", text, 20);
     free(text);
 
     redisFree(c);

@@ -63,7 +63,7 @@ int main(void)
     text = th_slurp(log);
     ok(strstr(text, "redis connection lost") != NULL, "the relay noticed the lost connection");
     if (rc != 0)
-        rt_diag_tail("relay", text, 20);
+        th_diag_tail("relay", text, 20);
     free(text);
 
     c = th_redis_client(&srv);

@@ -45,7 +45,7 @@ static int run_and_term(const char *log, const char *dbpath, const char *url, re
     pid_t pid = rt_relay_spawn(log, dbpath, url, "--shutdown-timeout-ms", shutdown_ms, NULL);
     int64_t paused, termed;
     int rc;
-    if (!rt_wait_until(20000 * th_slow(), stream_has, &w))
+    if (!th_wait_until(20000 * th_slow(), stream_has, &w))
         diag("the relay did not start publishing");
     paused = th_now_ms();
     freeReplyObject(th_cmd(c, "CLIENT PAUSE %d WRITE", pause_ms));
@@ -89,7 +89,7 @@ int main(void)
        (long long)ms);
     text = th_slurp(log1);
     if (rc != 0 || getenv("SIGTERM_DEBUG"))
-        rt_diag_tail("relay", text, 40);
+        th_diag_tail("relay", text, 40);
     ok(strstr(text, "msg=stopping") != NULL && strstr(text, "msg=stopped") != NULL, "held replies: a graceful stop");
     ok(strstr(text, "shutdown timeout") == NULL, "held replies: no shutdown timeout");
     free(text);
@@ -107,7 +107,7 @@ int main(void)
     ok(ms >= 450 && since_pause < 2500, "it gave up waiting at the 500 ms timeout (%lld ms)", (long long)ms);
     text = th_slurp(log2);
     if (rc != 0 || getenv("SIGTERM_DEBUG"))
-        rt_diag_tail("relay", text, 40);
+        th_diag_tail("relay", text, 40);
     ok(strstr(text, "shutdown timeout") != NULL, "shutdown timeout: logged");
     free(text);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "shutdown timeout: no row left in state 1");
@@ -117,7 +117,7 @@ int main(void)
     rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);
     is_int(rc, 0, "second run: --drain exits 0");
     if (rc != 0)
-        rt_diag_tail("relay", err, 20);
+        th_diag_tail("relay", err, 20);
     free(err);
     a = rt_audit_topic(db, c, "outbox:", "term");
     is_int(a.rows, N, "%d rows", N);

@@ -74,13 +74,13 @@ int main(void)
 
     pid = rt_relay_spawn(log, dbpath, srv.url, "--inflight", "64", "--batch", "64", "--worker-id", "relay-t",
                          NULL);
-    ok(rt_wait_until(10000 * th_slow(), dead_done, NULL), "rows with an expired lease are published");
+    ok(th_wait_until(10000 * th_slow(), dead_done, NULL), "rows with an expired lease are published");
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND lease_token = 6"), N_DEAD,
            "each taken-over row got lease_token 6 (one new claim)");
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND attempts = 2"), N_DEAD,
            "the takeover counts as an attempt");
 
-    ok(rt_wait_until(30000 * th_slow(), normal_done, NULL), "the %d ordinary rows are published", N_NORMAL);
+    ok(th_wait_until(30000 * th_slow(), normal_done, NULL), "the %d ordinary rows are published", N_NORMAL);
     is_int(th_sql_int(db,
                   "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND state = 1 AND "
                   "lease_owner = 'live-relay' AND lease_token = 7 AND lease_until = %lld AND attempts = 1",
@@ -112,7 +112,7 @@ int main(void)
     rt_stream_free(&s);
     is_int(in_stream, 0, "none of them was sent");
 
-    ok(rt_wait_until((LIVE_MS + 10000) * th_slow(), live_done, NULL),
+    ok(th_wait_until((LIVE_MS + 10000) * th_slow(), live_done, NULL),
        "after the lease expired, they are taken over and published");
     diag("taken over %lld ms after expiry", (long long)(rt_unix_ms() - live_until));
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND lease_token = 8"), N_LIVE,
@@ -128,7 +128,7 @@ int main(void)
     text = th_slurp(log);
     is_int(rt_count_substr(text, "took over an expired lease"), N_DEAD + N_LIVE, "each takeover is logged");
     if (rc != 0)
-        rt_diag_tail("relay", text, 20);
+        th_diag_tail("relay", text, 20);
     free(text);
 
     free(log);

@@ -65,9 +65,9 @@ int main(void)
     is_int(n1 + n2, N, "their published counts add up to %d (each row marked by one of them)", N);
     is_int(rt_count_substr(t1, "mark refused") + rt_count_substr(t2, "mark refused"), 0, "no mark was fenced");
     if (rc1 != 0)
-        rt_diag_tail("w1", t1, 10);
+        th_diag_tail("w1", t1, 10);
     if (rc2 != 0)
-        rt_diag_tail("w2", t2, 10);
+        th_diag_tail("w2", t2, 10);
     free(t1);
     free(t2);
 

@@ -108,13 +108,13 @@ int main(void)
         if (!vg)
             diag("valgrind not found: the daemon runs without it");
         pid = rt_spawn(vg ? argv : argv + 3, log1);
-        ok(rt_wait_until(120000, settled, NULL), "replica up: every row settles");
+        ok(th_wait_until(120000, settled, NULL), "replica up: every row settles");
         rc = rt_stop(pid, SIGTERM, 30000);
     }
     is_int(rc, 0, "replica up: SIGTERM exits 0%s", vg ? " (valgrind: no memory errors)" : "");
     text = th_slurp(log1);
     if (rc != 0)
-        rt_diag_tail("relay", text, 30);
+        th_diag_tail("relay", text, 30);
     free(text);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'good' AND state = 2"), N_GOOD,
            "replica up: every good row published");
@@ -150,7 +150,7 @@ int main(void)
            50, "replica down: rows pending again, last_error names WAIT");
     text = th_slurp(log);
     if (th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'lonely' AND state = 0") != 50)
-        rt_diag_tail("relay", text, 20);
+        th_diag_tail("relay", text, 20);
     free(text);
 
     redisFree(c);

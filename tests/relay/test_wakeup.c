@@ -58,7 +58,7 @@ int main(void)
     is_int(rc, 0, "SIGTERM: the relay exits 0");
     text = th_slurp(log);
     if (rc != 0 || late)
-        rt_diag_tail("relay", text, 10);
+        th_diag_tail("relay", text, 10);
     free(text);
 
     free(log);

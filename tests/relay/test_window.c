@@ -77,7 +77,7 @@ int main(void)
     is_int(rc, 0, "SIGTERM: the relay exits 0");
     text = th_slurp(log);
     if (rc != 0 || published != N)
-        rt_diag_tail("relay", text, 20);
+        th_diag_tail("relay", text, 20);
     free(text);
 
     free(log);
