@@ -1796,31 +1796,17 @@ static void arm_scan(outbox_relay *r, uint64_t delay)
     uv_timer_start(&r->scan_timer, on_scan, delay, 0);
 }
 
-static int64_t query_min(sqlite3_stmt *st, int64_t now, int *found)
-{
-    int64_t v = 0;
-    *found = 0;
-    sqlite3_bind_int64(st, 1, now);
-    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
-        v = sqlite3_column_int64(st, 0);
-        *found = 1;
-    }
-    sqlite3_reset(st);
-    return v;
-}
-
 /* After a claim that found less than it wanted: sleep until the next row
  * becomes due or the next foreign lease expires, at most scan_interval. */
 static void arm_next_due(outbox_relay *r, int64_t now)
 {
-    int f1, f2;
-    int64_t due = query_min(r->q_next_due, now, &f1);
-    int64_t lease = query_min(r->q_next_lease, now, &f2);
-    int64_t next = INT64_MAX;
-    if (f1)
-        next = due;
-    if (f2 && lease < next)
-        next = lease;
+    int64_t due, lease, next;
+    sqlite3_bind_int64(r->q_next_due, 1, now);
+    sqlite3_bind_int64(r->q_next_lease, 1, now);
+    /* INT64_MAX: none. */
+    step_int(r->q_next_due, INT64_MAX, &due);
+    step_int(r->q_next_lease, INT64_MAX, &lease);
+    next = due < lease ? due : lease;
     if (next == INT64_MAX || next - now > (int64_t)r->s.scan_interval_ms)
         arm_scan(r, r->s.scan_interval_ms);
     else
@@ -2407,10 +2393,7 @@ static int data_version_changed(outbox_relay *r)
         r->dv_pending = 1;
         return 0;
     }
-    sqlite3_reset(r->q_data_version);
-    if (sqlite3_step(r->q_data_version) == SQLITE_ROW)
-        v = sqlite3_column_int64(r->q_data_version, 0);
-    sqlite3_reset(r->q_data_version);
+    step_int(r->q_data_version, 0, &v);
     if (v == r->data_version)
         return 0;
     r->data_version = v;
@@ -2843,9 +2826,7 @@ int outbox_relay_start(outbox_relay *r)
     } else {
         LOG(r, OUTBOX_LOG_DEBUG, "msg=\"cannot watch the WAL file; timer scans only\" path=%s", walpath);
     }
-    sqlite3_step(r->q_data_version);
-    r->data_version = sqlite3_column_int64(r->q_data_version, 0);
-    sqlite3_reset(r->q_data_version);
+    step_int(r->q_data_version, 0, &r->data_version);
     start_ops_handles(r);
     r->down_since_wall = uv_now(r->loop);
     r->state = R_RUNNING;
