@@ -5,6 +5,7 @@
  * util.c      clocks, growable strings, percentiles, child processes, /proc
  * env.c       the private redis-server, hiredis helpers, redis-benchmark
  * dataset.c   the message shape and the databases the scenarios start from
+ * sqlpath.c   the relay's SQL without Redis (claim scenario, drain's floor)
  * sc_*.c      one file per group of scenarios
  *
  * Non-static functions are prefixed bench_; scenario entry points sc_.
@@ -221,6 +222,26 @@ int bench_db_fresh(const char *path, int flags, sqlite3 **db, char *err, size_t 
 int bench_exec(sqlite3 *db, const char *sql, char *err, size_t errlen);
 /* SELECT count(*) FROM outbox WHERE state = st, -1. */
 long long bench_count_state(const char *path, int st);
+
+/* ------------------------------------------------------------------ */
+/* sqlpath.c: the relay's per-message statements (src/relay.c) run directly
+ * on one connection opened like the relay's, without Redis. */
+
+typedef struct bench_sql bench_sql;
+int bench_sql_open(const char *db, bench_sql **out, char *err, size_t errlen);
+void bench_sql_close(bench_sql *s);
+int bench_sql_exec(bench_sql *s, const char *sql, char *err, size_t errlen);
+/* Inside a transaction: the relay's claim of up to batch new rows (the
+ * stray update, the walk of waiting rows, the cursor, the walk of new rows
+ * with each keyed row's key lookup, the UPDATE ... RETURNING, the cursor
+ * moved); their seqs and lease tokens in seq/token, how many in *n. */
+int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t *token, int *n, char *err,
+                    size_t errlen);
+/* Drains n rows with one transaction per unit (the previous batch's marks,
+ * then the next claim of batch rows) until nothing is left; bare uses the
+ * least a per-row lifecycle writes (a range lease with RETURNING, a plain
+ * UPDATE per mark) instead of the relay's statements. No checkpoint runs. */
+int bench_sql_drain(bench_sql *s, int bare, int batch, long n, double *secs, char *err, size_t errlen);
 
 /* ------------------------------------------------------------------ */
 /* scenarios */

@@ -8,9 +8,10 @@
  * watched through XLEN, divided by the batches it took. Best of 5 runs
  * (noise only adds time); the median is reported too.
  *
- * SQL path: the relay's claim statements run directly: one BEGIN IMMEDIATE,
- * the read of the cursor (outbox_cursor), the walk of the waiting rows
- * (empty here), the walk of the new rows (the table from the cursor) read
+ * SQL path: the relay's claim statements run directly (bench_sql_claim in
+ * sqlpath.c): one BEGIN IMMEDIATE, the update of stray rows (outbox_stray,
+ * empty), the walk of the waiting rows (empty here), the read of the cursor
+ * (outbox_cursor), the walk of the new rows (the table from the cursor) read
  * until B rows are chosen (the relay may look up to 4 x B ahead), for each
  * keyed row the lookup of its key's newest leased or waiting row before it
  * (outbox_key), one UPDATE ... WHERE seq IN (json_each) RETURNING for the B
@@ -104,93 +105,21 @@ static int relay_path(bench *b, const char *db, const char *tag, long measured, 
 
 static int sql_path(const char *db, double *us_per_claim, char *err, size_t errlen)
 {
-    sqlite3 *h = NULL;
-    sqlite3_stmt *due = NULL, *wait = NULL, *upd = NULL, *prev = NULL, *cur = NULL, *setcur = NULL;
+    bench_sql *s = NULL;
     double t[CLAIM_SQL_ROUNDS];
-    int i, e;
-    e = outbox_db_open(db, OUTBOX_OPEN_RELAY, &h, err, errlen);
-    if (e != 0)
+    int64_t seq[CLAIM_BATCH], token[CLAIM_BATCH];
+    int i, n;
+    if (bench_sql_open(db, &s, err, errlen) != 0)
         return -1;
-    /* The statements of src/relay.c (q_cursor, q_new, q_due, q_key_prev,
-     * q_claim, q_cursor_set). */
-    if (sqlite3_prepare_v2(h, "SELECT new_from FROM outbox_cursor", -1, &cur, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(h, "UPDATE outbox_cursor SET new_from = ?1", -1, &setcur, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(h,
-                           "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
-                           "WHERE seq >= ?2 AND state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1",
-                           -1, &due, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(h,
-                           "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
-                           "WHERE state = 0 AND available_at > created_at AND available_at <= ?1 "
-                           "ORDER BY available_at, seq LIMIT ?2",
-                           -1, &wait, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(h,
-                           "SELECT seq, state, lease_owner, lease_token, available_at FROM outbox "
-                           "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL "
-                           "AND (state = 1 OR (state = 0 AND available_at > created_at)) AND seq < ?3 "
-                           "ORDER BY seq DESC LIMIT 1",
-                           -1, &prev, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(h,
-                           "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, "
-                           "lease_until = ?2, attempts = attempts + 1 "
-                           "WHERE seq IN (SELECT value FROM json_each(?3)) AND state = 0 "
-                           "RETURNING seq, id, topic, key, payload, headers, created_at, lease_token, attempts",
-                           -1, &upd, NULL) != SQLITE_OK) {
-        snprintf(err, errlen, "prepare: %s", sqlite3_errmsg(h));
-        goto fail;
-    }
     for (i = 0; i < CLAIM_SQL_ROUNDS; i++) {
-        char list[CLAIM_BATCH * 21 + 2], *p = list;
-        int64_t now = outbox_now_ms(), from = 0, last = 0;
-        int n = 0, got = 0;
         uint64_t t0 = bench_mono_ns();
-        if (bench_exec(h, "BEGIN IMMEDIATE", err, errlen) != 0)
+        if (bench_sql_exec(s, "BEGIN IMMEDIATE", err, errlen) != 0)
             goto fail;
-        if (sqlite3_step(cur) == SQLITE_ROW)
-            from = sqlite3_column_int64(cur, 0);
-        sqlite3_reset(cur);
-        /* No waiting rows here: the relay's walk of them ends at once. */
-        sqlite3_bind_int64(wait, 1, now);
-        sqlite3_bind_int64(wait, 2, CLAIM_BATCH * 4);
-        (void)sqlite3_step(wait);
-        sqlite3_reset(wait);
-        sqlite3_bind_int64(due, 1, CLAIM_BATCH * 4);
-        sqlite3_bind_int64(due, 2, from);
-        *p++ = '[';
-        while (n < CLAIM_BATCH && sqlite3_step(due) == SQLITE_ROW) {
-            int64_t seq = sqlite3_column_int64(due, 0);
-            if (sqlite3_column_type(due, 2) != SQLITE_NULL) {
-                sqlite3_bind_text(prev, 1, (const char *)sqlite3_column_text(due, 1), -1, SQLITE_TRANSIENT);
-                sqlite3_bind_text(prev, 2, (const char *)sqlite3_column_text(due, 2), -1, SQLITE_TRANSIENT);
-                sqlite3_bind_int64(prev, 3, seq);
-                (void)sqlite3_step(prev);
-                sqlite3_reset(prev);
-            }
-            p += sprintf(p, "%s%lld", n ? "," : "", (long long)seq);
-            last = seq;
-            n++;
-        }
-        *p++ = ']';
-        sqlite3_reset(due);
-        sqlite3_bind_text(upd, 1, "bench-claim", -1, SQLITE_STATIC);
-        sqlite3_bind_int64(upd, 2, now + 86400000);
-        sqlite3_bind_text(upd, 3, list, (int)(p - list), SQLITE_STATIC);
-        while (sqlite3_step(upd) == SQLITE_ROW) {
-            /* read the columns as the relay does */
-            (void)sqlite3_column_blob(upd, 4);
-            (void)sqlite3_column_bytes(upd, 4);
-            (void)sqlite3_column_text(upd, 1);
-            got++;
-        }
-        sqlite3_reset(upd);
-        sqlite3_bind_int64(setcur, 1, last + 1);
-        if (got != n || sqlite3_step(setcur) != SQLITE_DONE) {
-            snprintf(err, errlen, "claim update: %d of %d rows: %s", got, n, sqlite3_errmsg(h));
-            sqlite3_exec(h, "ROLLBACK", NULL, NULL, NULL);
+        if (bench_sql_claim(s, CLAIM_BATCH, outbox_now_ms(), seq, token, &n, err, errlen) != 0) {
+            bench_sql_exec(s, "ROLLBACK", NULL, 0);
             goto fail;
         }
-        sqlite3_reset(setcur);
-        if (bench_exec(h, "COMMIT", err, errlen) != 0)
+        if (bench_sql_exec(s, "COMMIT", err, errlen) != 0)
             goto fail;
         t[i] = (double)(bench_mono_ns() - t0) / 1000.0;
         if (n < CLAIM_BATCH) {
@@ -199,22 +128,10 @@ static int sql_path(const char *db, double *us_per_claim, char *err, size_t errl
         }
     }
     *us_per_claim = bench_median(t, CLAIM_SQL_ROUNDS);
-    sqlite3_finalize(due);
-    sqlite3_finalize(wait);
-    sqlite3_finalize(prev);
-    sqlite3_finalize(upd);
-    sqlite3_finalize(cur);
-    sqlite3_finalize(setcur);
-    sqlite3_close_v2(h);
+    bench_sql_close(s);
     return 0;
 fail:
-    sqlite3_finalize(due);
-    sqlite3_finalize(wait);
-    sqlite3_finalize(prev);
-    sqlite3_finalize(upd);
-    sqlite3_finalize(cur);
-    sqlite3_finalize(setcur);
-    sqlite3_close_v2(h);
+    bench_sql_close(s);
     return -1;
 }
 

@@ -1,6 +1,7 @@
 /*
- * Scenarios around the relay daemon: drain (vs redis-benchmark), idle CPU,
- * peak memory, idempotent mode, and the consumer tool.
+ * Scenarios around the relay daemon: drain (vs redis-benchmark, and the
+ * SQL floor under it: sqlpath.c), idle CPU, peak memory, idempotent mode,
+ * and the consumer tool.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -10,6 +11,9 @@
 #include <unistd.h>
 
 #include "bench.h"
+
+/* The relay's default --batch: rows per claim. */
+#define FLOOR_BATCH 512
 
 int bench_relay_drain(bench *b, const char *db, const char *tag, const char *const *extra, double *secs,
                       struct rusage *ru, bench_rss *peak, char *err, size_t errlen)
@@ -68,12 +72,38 @@ static double ru_cpu_s(const struct rusage *ru)
 /* ------------------------------------------------------------------ */
 /* drain */
 
+/* The drain's SQL floor: the same backlog drained by the relay's
+ * statements alone on one connection (bare: the least a per-row lifecycle
+ * writes), no Redis; seconds per message. */
+static int sql_floor(bench *b, long n, int bare, double *us_per_msg, char *err, size_t errlen)
+{
+    const bench_shape sh = {BENCH_PAYLOAD, b->keys};
+    char db[PATH_MAX + 32];
+    bench_sql *s = NULL;
+    double secs;
+    int rc;
+
+    bench_path(b, db, sizeof db, bare ? "floor-bare.db" : "floor.db");
+    bench_progress(b, "SQL floor (%s): building the backlog", bare ? "bare lifecycle" : "relay statements");
+    if (bench_dataset_build(db, (uint64_t)n, &sh, 1000, err, errlen) != 0)
+        return -1;
+    bench_progress(b, "SQL floor (%s): draining", bare ? "bare lifecycle" : "relay statements");
+    rc = bench_sql_open(db, &s, err, errlen);
+    if (rc == 0)
+        rc = bench_sql_drain(s, bare, FLOOR_BATCH, n, &secs, err, errlen);
+    bench_sql_close(s);
+    bench_unlink_db(db);
+    if (rc == 0)
+        *us_per_msg = secs * 1e6 / (double)n;
+    return rc;
+}
+
 int sc_drain(bench *b, bench_report *r)
 {
     bench_shape sh = {BENCH_PAYLOAD, b->keys};
     size_t envlen = bench_shape_envelope_len(&sh);
     char db[PATH_MAX + 32], wal[PATH_MAX + 40], err[512], n1[32], n2[32], n3[32], n4[32];
-    double c50[2], c1[2], p50, secs, rate, ceil50, ceil1, ratio, cpu;
+    double c50[2], c1[2], p50, secs, rate, ceil50, ceil1, ratio, cpu, floor_relay, floor_bare, budget;
     struct rusage ru;
     bench_rss peak;
     long long seen;
@@ -113,6 +143,11 @@ int sc_drain(bench *b, bench_report *r)
         bench_fail(r, "%s", err);
         return -1;
     }
+    if (sql_floor(b, n, 0, &floor_relay, err, sizeof err) != 0 ||
+        sql_floor(b, n, 1, &floor_bare, err, sizeof err) != 0) {
+        bench_fail(r, "SQL floor: %s", err);
+        return -1;
+    }
     rate = (double)n / secs;
     ceil50 = (c50[0] + c50[1]) / 2;
     ceil1 = (c1[0] + c1[1]) / 2;
@@ -133,11 +168,27 @@ int sc_drain(bench *b, bench_report *r)
     bench_row_add(r, "relay peak RSS / WAL file", NULL, V_NONE, "%.1f MiB / %.0f MiB", (double)peak.hwm_kb / 1024.0,
                   (double)peak.file_bytes / 1048576.0);
     bench_row_add(r, "stream entries", NULL, V_NONE, "%lld (%lld duplicates)", seen, seen - n);
+    /* SQLite lets one connection write at a time: a drain cannot go faster
+     * than its SQL alone, whatever overlaps it. */
+    budget = 1e6 / (0.6 * ceil50);
+    bench_row_add(r, "SQL budget at 0.60 x ceiling", NULL, V_NONE, "%.2f us/msg", budget);
+    bench_row_add(r, "SQL floor: relay's statements", NULL, V_NONE, "%.2f us/msg: at most %s msg/s = %.2f x ceiling",
+                  floor_relay, bench_thousands(n2, sizeof n2, 1e6 / floor_relay), 1e6 / floor_relay / ceil50);
+    bench_row_add(r, "SQL floor: bare per-row lease+mark", NULL, V_NONE,
+                  "%.2f us/msg: at most %s msg/s = %.2f x ceiling", floor_bare,
+                  bench_thousands(n3, sizeof n3, 1e6 / floor_bare), 1e6 / floor_bare / ceil50);
     bench_note(r, "XADD entries: id (36 chars) + envelope of ~%zu bytes; redis-benchmark sends %ld XADDs of the "
                   "same sizes to one stream, before and after the drain.",
                envlen, rbn);
     bench_note(r, "Drain time is from spawning outbox-relay --drain to its exit (includes start-up and the "
                   "final marks).");
+    bench_note(r, "SQL floor: the same backlog drained by SQL alone on one connection opened like the relay's, no "
+                  "Redis, no checkpoint, one transaction per %d rows (the previous batch's marks, then the next "
+                  "claim). Relay's statements: the relay's claim (walk, key lookups, UPDATE ... RETURNING, cursor) "
+                  "and fenced marks. Bare: the least a per-row lease and mark write (a range UPDATE ... RETURNING "
+                  "setting owner, token and expiry; one UPDATE per row setting state, time and entry id). SQLite "
+                  "has one writer at a time, so the drain cannot beat either.",
+               FLOOR_BATCH);
 
     bench_json_int(r, "messages", n);
     bench_json_num(r, "msgs_per_s", rate, 0);
@@ -153,6 +204,11 @@ int sc_drain(bench *b, bench_report *r)
     bench_json_int(r, "envelope_bytes", (long long)envlen);
     bench_json_int(r, "keys", b->keys);
     bench_json_int(r, "duplicates", seen - n);
+    bench_json_num(r, "sql_budget_us_per_msg", budget, 2);
+    bench_json_num(r, "sql_floor_us_per_msg", floor_relay, 2);
+    bench_json_num(r, "sql_floor_ratio", 1e6 / floor_relay / ceil50, 3);
+    bench_json_num(r, "sql_floor_bare_us_per_msg", floor_bare, 2);
+    bench_json_num(r, "sql_floor_bare_ratio", 1e6 / floor_bare / ceil50, 3);
     bench_unlink_db(db);
     return 0;
 }

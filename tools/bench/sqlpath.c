@@ -1,0 +1,323 @@
+/*
+ * The relay's per-message SQL run directly on one connection, without
+ * Redis: what the claim scenario's SQL path times, and the floor under the
+ * drain (what the SQL alone allows, since SQLite lets one connection write
+ * at a time).
+ *
+ * Two sets of statements:
+ * - the relay's own (src/relay.c: q_stray, q_due, q_cursor, q_new,
+ *   q_key_prev, q_claim, q_cursor_set, q_published), run in the order a unit
+ *   runs them;
+ * - the least any per-row lifecycle of DESIGN.md writes: one UPDATE ...
+ *   RETURNING that leases a range of rows (owner, token, expiry) and reads
+ *   what is to be sent, then one UPDATE per row that marks it published
+ *   with its stream entry id. No walk, no key lookups, no fencing terms.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+struct bench_sql {
+    sqlite3 *h;
+    sqlite3_stmt *stray, *wait, *cur, *walk, *prev, *claim, *setcur, *mark;
+    sqlite3_stmt *bare_claim, *bare_mark;
+    char *list; /* the claim's seqs as a JSON array */
+    int64_t bare_next;
+};
+
+static const char owner[] = "bench-sql";
+
+int bench_sql_open(const char *db, bench_sql **out, char *err, size_t errlen)
+{
+    static const struct {
+        size_t off;
+        const char *sql;
+    } stmts[] = {
+#define S(f, q) {offsetof(bench_sql, f), q}
+        S(stray, "UPDATE outbox SET available_at = created_at + 1 "
+                 "WHERE state = 0 AND available_at <= created_at AND lease_token > 0"),
+        S(wait, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
+                "WHERE state = 0 AND available_at > created_at AND available_at <= ?1 "
+                "ORDER BY available_at, seq LIMIT ?2"),
+        S(cur, "SELECT new_from FROM outbox_cursor"),
+        S(walk, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
+                "WHERE seq >= ?2 AND state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1"),
+        S(prev, "SELECT seq, state, lease_owner, lease_token, available_at FROM outbox "
+                "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL "
+                "AND (state = 1 OR (state = 0 AND available_at > created_at)) AND seq < ?3 "
+                "ORDER BY seq DESC LIMIT 1"),
+        S(claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, "
+                 "lease_until = ?2, attempts = attempts + 1 "
+                 "WHERE seq IN (SELECT value FROM json_each(?3)) AND (state = 0 OR (state = 1 AND lease_until <= ?4)) "
+                 "RETURNING seq, id, topic, key, payload, headers, created_at, lease_token, attempts, replay_count"),
+        S(setcur, "INSERT INTO outbox_cursor(one, new_from) VALUES (1, ?1) "
+                  "ON CONFLICT(one) DO UPDATE SET new_from = excluded.new_from"),
+        S(mark, "UPDATE outbox SET state = 2, published_at = ?4, stream_id = ?5, lease_owner = NULL, "
+                "lease_until = NULL, last_error = NULL "
+                "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"),
+        S(bare_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, lease_until = ?2 "
+                      "WHERE seq BETWEEN ?3 AND ?4 RETURNING seq, id, topic, key, payload, headers, lease_token"),
+        S(bare_mark, "UPDATE outbox SET state = 2, published_at = ?2, stream_id = ?3 WHERE seq = ?1"),
+#undef S
+    };
+    bench_sql *s = calloc(1, sizeof *s);
+    size_t i;
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    s->bare_next = 1;
+    if (outbox_db_open(db, OUTBOX_OPEN_RELAY, &s->h, err, errlen) != 0) {
+        free(s);
+        return -1;
+    }
+    /* As the relay: a 16 MiB page cache, no checkpoint inside a commit (the
+     * relay checkpoints on another thread; the floor leaves it out). */
+    if (bench_exec(s->h, "PRAGMA cache_size=-16384", err, errlen) != 0 ||
+        bench_exec(s->h, "PRAGMA wal_autocheckpoint=0", err, errlen) != 0)
+        goto fail;
+    for (i = 0; i < sizeof stmts / sizeof stmts[0]; i++) {
+        sqlite3_stmt **st = (sqlite3_stmt **)((char *)s + stmts[i].off);
+        if (sqlite3_prepare_v3(s->h, stmts[i].sql, -1, SQLITE_PREPARE_PERSISTENT, st, NULL) != SQLITE_OK) {
+            snprintf(err, errlen, "prepare: %s", sqlite3_errmsg(s->h));
+            goto fail;
+        }
+    }
+    *out = s;
+    return 0;
+fail:
+    bench_sql_close(s);
+    return -1;
+}
+
+void bench_sql_close(bench_sql *s)
+{
+    sqlite3_stmt *all[10];
+    size_t i;
+    if (!s)
+        return;
+    all[0] = s->stray, all[1] = s->wait, all[2] = s->cur, all[3] = s->walk, all[4] = s->prev;
+    all[5] = s->claim, all[6] = s->setcur, all[7] = s->mark, all[8] = s->bare_claim, all[9] = s->bare_mark;
+    for (i = 0; i < 10; i++)
+        sqlite3_finalize(all[i]);
+    sqlite3_close_v2(s->h);
+    free(s->list);
+    free(s);
+}
+
+int bench_sql_exec(bench_sql *s, const char *sql, char *err, size_t errlen)
+{
+    return bench_exec(s->h, sql, err, errlen);
+}
+
+/* Reads a claimed row's columns as the relay's take_row does. */
+static void read_claimed(sqlite3_stmt *st, int64_t *seq, int64_t *token, int token_col)
+{
+    *seq = sqlite3_column_int64(st, 0);
+    (void)sqlite3_column_text(st, 1);
+    (void)sqlite3_column_bytes(st, 1);
+    (void)sqlite3_column_text(st, 2);
+    (void)sqlite3_column_bytes(st, 2);
+    if (sqlite3_column_type(st, 3) != SQLITE_NULL)
+        (void)sqlite3_column_text(st, 3);
+    (void)sqlite3_column_blob(st, 4);
+    (void)sqlite3_column_bytes(st, 4);
+    if (sqlite3_column_type(st, 5) != SQLITE_NULL)
+        (void)sqlite3_column_blob(st, 5);
+    *token = sqlite3_column_int64(st, token_col);
+}
+
+int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t *token, int *n, char *err,
+                    size_t errlen)
+{
+    int64_t from = 0, last = -1;
+    int chosen = 0, got = 0, rc;
+    char *p;
+
+    *n = 0;
+    if (!s->list && !(s->list = malloc((size_t)batch * 21 + 2))) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (sqlite3_step(s->stray) != SQLITE_DONE)
+        goto sqlerr;
+    sqlite3_reset(s->stray);
+    sqlite3_bind_int64(s->wait, 1, now);
+    sqlite3_bind_int64(s->wait, 2, (int64_t)batch * 4);
+    while ((rc = sqlite3_step(s->wait)) == SQLITE_ROW)
+        ; /* none wait here; the relay walks them first */
+    sqlite3_reset(s->wait);
+    if (sqlite3_step(s->cur) == SQLITE_ROW)
+        from = sqlite3_column_int64(s->cur, 0);
+    sqlite3_reset(s->cur);
+    /* The new rows from the cursor (the relay looks up to 4 x batch ahead),
+     * and for each keyed one its key's newest leased or waiting row. */
+    sqlite3_bind_int64(s->walk, 1, (int64_t)batch * 4);
+    sqlite3_bind_int64(s->walk, 2, from);
+    p = s->list;
+    *p++ = '[';
+    while (chosen < batch && sqlite3_step(s->walk) == SQLITE_ROW) {
+        int64_t q = sqlite3_column_int64(s->walk, 0);
+        if (sqlite3_column_type(s->walk, 2) != SQLITE_NULL) {
+            sqlite3_bind_text(s->prev, 1, (const char *)sqlite3_column_text(s->walk, 1), -1, SQLITE_TRANSIENT);
+            sqlite3_bind_text(s->prev, 2, (const char *)sqlite3_column_text(s->walk, 2), -1, SQLITE_TRANSIENT);
+            sqlite3_bind_int64(s->prev, 3, q);
+            while (sqlite3_step(s->prev) == SQLITE_ROW)
+                ;
+            sqlite3_reset(s->prev);
+        }
+        p += sprintf(p, "%s%lld", chosen ? "," : "", (long long)q);
+        last = q;
+        chosen++;
+    }
+    *p++ = ']';
+    sqlite3_reset(s->walk);
+    if (!chosen)
+        return 0;
+    sqlite3_bind_text(s->claim, 1, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s->claim, 2, now + 30000);
+    sqlite3_bind_text(s->claim, 3, s->list, (int)(p - s->list), SQLITE_STATIC);
+    sqlite3_bind_int64(s->claim, 4, now);
+    while (got < batch && sqlite3_step(s->claim) == SQLITE_ROW) {
+        read_claimed(s->claim, &seq[got], &token[got], 7);
+        got++;
+    }
+    sqlite3_reset(s->claim);
+    if (got != chosen) {
+        snprintf(err, errlen, "claim: %d of %d rows: %s", got, chosen, sqlite3_errmsg(s->h));
+        return -1;
+    }
+    sqlite3_bind_int64(s->setcur, 1, last + 1);
+    if (sqlite3_step(s->setcur) != SQLITE_DONE)
+        goto sqlerr;
+    sqlite3_reset(s->setcur);
+    *n = got;
+    return 0;
+sqlerr:
+    snprintf(err, errlen, "claim: %s", sqlite3_errmsg(s->h));
+    return -1;
+}
+
+/* A stream entry id of the shape Redis gives (ms-seq). */
+static int entry_id(char *buf, size_t len, int64_t now, int64_t seq)
+{
+    return snprintf(buf, len, "%lld-%lld", (long long)now, (long long)(seq & 1023));
+}
+
+static int mark_relay(bench_sql *s, const int64_t *seq, const int64_t *token, int n, int64_t now, char *err,
+                      size_t errlen)
+{
+    char sid[48];
+    int i, l;
+    for (i = 0; i < n; i++) {
+        l = entry_id(sid, sizeof sid, now, seq[i]);
+        sqlite3_bind_int64(s->mark, 1, seq[i]);
+        sqlite3_bind_text(s->mark, 2, owner, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(s->mark, 3, token[i]);
+        sqlite3_bind_int64(s->mark, 4, now);
+        sqlite3_bind_text(s->mark, 5, sid, l, SQLITE_STATIC);
+        if (sqlite3_step(s->mark) != SQLITE_DONE || sqlite3_changes(s->h) != 1) {
+            snprintf(err, errlen, "mark of seq %lld: %s", (long long)seq[i], sqlite3_errmsg(s->h));
+            sqlite3_reset(s->mark);
+            return -1;
+        }
+        sqlite3_reset(s->mark);
+    }
+    return 0;
+}
+
+static int claim_bare(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t *token, int *n, char *err,
+                      size_t errlen)
+{
+    int got = 0;
+    sqlite3_bind_text(s->bare_claim, 1, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s->bare_claim, 2, now + 30000);
+    sqlite3_bind_int64(s->bare_claim, 3, s->bare_next);
+    sqlite3_bind_int64(s->bare_claim, 4, s->bare_next + batch - 1);
+    while (got < batch && sqlite3_step(s->bare_claim) == SQLITE_ROW) {
+        read_claimed(s->bare_claim, &seq[got], &token[got], 6);
+        got++;
+    }
+    if (sqlite3_reset(s->bare_claim) != SQLITE_OK) {
+        snprintf(err, errlen, "bare claim: %s", sqlite3_errmsg(s->h));
+        return -1;
+    }
+    s->bare_next += batch;
+    *n = got;
+    return 0;
+}
+
+static int mark_bare(bench_sql *s, const int64_t *seq, int n, int64_t now, char *err, size_t errlen)
+{
+    char sid[48];
+    int i, l;
+    for (i = 0; i < n; i++) {
+        l = entry_id(sid, sizeof sid, now, seq[i]);
+        sqlite3_bind_int64(s->bare_mark, 1, seq[i]);
+        sqlite3_bind_int64(s->bare_mark, 2, now);
+        sqlite3_bind_text(s->bare_mark, 3, sid, l, SQLITE_STATIC);
+        if (sqlite3_step(s->bare_mark) != SQLITE_DONE) {
+            snprintf(err, errlen, "bare mark of seq %lld: %s", (long long)seq[i], sqlite3_errmsg(s->h));
+            sqlite3_reset(s->bare_mark);
+            return -1;
+        }
+        sqlite3_reset(s->bare_mark);
+    }
+    return 0;
+}
+
+int bench_sql_drain(bench_sql *s, int bare, int batch, long n, double *secs, char *err, size_t errlen)
+{
+    int64_t *seq = malloc(2 * (size_t)batch * sizeof *seq), *prev_seq, *tok, *prev_tok, *t;
+    int got = 0, nprev = 0, rc = -1;
+    long done = 0;
+    uint64_t t0;
+
+    if (!seq) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    tok = malloc(2 * (size_t)batch * sizeof *tok);
+    if (!tok) {
+        free(seq);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    prev_seq = seq + batch;
+    prev_tok = tok + batch;
+    t0 = bench_mono_ns();
+    /* One transaction per unit, as the relay: the marks of the batch
+     * before, then the next claim. */
+    for (;;) {
+        int64_t now = outbox_now_ms();
+        if (bench_exec(s->h, "BEGIN IMMEDIATE", err, errlen) != 0)
+            goto out;
+        if ((bare ? mark_bare(s, prev_seq, nprev, now, err, errlen)
+                  : mark_relay(s, prev_seq, prev_tok, nprev, now, err, errlen)) != 0 ||
+            (bare ? claim_bare(s, batch, now, seq, tok, &got, err, errlen)
+                  : bench_sql_claim(s, batch, now, seq, tok, &got, err, errlen)) != 0) {
+            sqlite3_exec(s->h, "ROLLBACK", NULL, NULL, NULL);
+            goto out;
+        }
+        if (bench_exec(s->h, "COMMIT", err, errlen) != 0)
+            goto out;
+        done += nprev;
+        if (!got && !nprev)
+            break;
+        t = prev_seq, prev_seq = seq, seq = t;
+        t = prev_tok, prev_tok = tok, tok = t;
+        nprev = got;
+    }
+    *secs = (double)(bench_mono_ns() - t0) / 1e9;
+    if (done != n) {
+        snprintf(err, errlen, "%s SQL drain marked %ld of %ld rows", bare ? "bare" : "relay", done, n);
+        goto out;
+    }
+    rc = 0;
+out:
+    free(seq < prev_seq ? seq : prev_seq);
+    free(tok < prev_tok ? tok : prev_tok);
+    return rc;
+}
