@@ -4,6 +4,7 @@
  * and the consumer tool.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,29 +73,66 @@ static double ru_cpu_s(const struct rusage *ru)
 /* ------------------------------------------------------------------ */
 /* drain */
 
+/* Copies a closed database file (no WAL) to a fresh path. */
+static int copy_db(const char *from, const char *to, char *err, size_t errlen)
+{
+    static char buf[1 << 20];
+    ssize_t n = 0;
+    int in, out, rc = -1;
+    bench_unlink_db(to);
+    in = open(from, O_RDONLY | O_CLOEXEC);
+    out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (in >= 0 && out >= 0) {
+        while ((n = read(in, buf, sizeof buf)) > 0)
+            if (write(out, buf, (size_t)n) != n) {
+                n = -1;
+                break;
+            }
+        rc = n == 0 ? 0 : -1;
+    }
+    if (rc != 0)
+        snprintf(err, errlen, "cannot copy the backlog to %.200s: %s", to, strerror(errno));
+    if (in >= 0)
+        close(in);
+    if (out >= 0)
+        close(out);
+    return rc;
+}
+
 /* The drain's SQL floor: the same backlog drained by the relay's
- * statements alone on one connection (bare: the least a per-row lifecycle
- * writes), no Redis; seconds per message. */
-static int sql_floor(bench *b, long n, int bare, double *us_per_msg, char *err, size_t errlen)
+ * statements alone on one connection, and by the least a per-row lifecycle
+ * writes (bare), no Redis; microseconds per message, the better of two runs
+ * of each, alternating (noise only adds time). */
+static int sql_floors(bench *b, long n, double *relay_us, double *bare_us, char *err, size_t errlen)
 {
     const bench_shape sh = {BENCH_PAYLOAD, b->keys};
-    char db[PATH_MAX + 32];
-    bench_sql *s = NULL;
-    double secs;
-    int rc;
+    char src[PATH_MAX + 32], db[PATH_MAX + 32];
+    double best[2] = {1e300, 1e300};
+    int round, bare, rc = 0;
 
-    bench_path(b, db, sizeof db, bare ? "floor-bare.db" : "floor.db");
-    bench_progress(b, "SQL floor (%s): building the backlog", bare ? "bare lifecycle" : "relay statements");
-    if (bench_dataset_build(db, (uint64_t)n, &sh, 1000, err, errlen) != 0)
+    bench_path(b, src, sizeof src, "floor-src.db");
+    bench_path(b, db, sizeof db, "floor.db");
+    bench_progress(b, "SQL floor: building the backlog");
+    if (bench_dataset_build(src, (uint64_t)n, &sh, 1000, err, errlen) != 0)
         return -1;
-    bench_progress(b, "SQL floor (%s): draining", bare ? "bare lifecycle" : "relay statements");
-    rc = bench_sql_open(db, &s, err, errlen);
-    if (rc == 0)
-        rc = bench_sql_drain(s, bare, FLOOR_BATCH, n, &secs, err, errlen);
-    bench_sql_close(s);
-    bench_unlink_db(db);
-    if (rc == 0)
-        *us_per_msg = secs * 1e6 / (double)n;
+    for (round = 0; round < 2 && rc == 0; round++)
+        for (bare = 0; bare < 2 && rc == 0; bare++) {
+            bench_sql *s = NULL;
+            double secs = 0;
+            bench_progress(b, "SQL floor: %s, run %d", bare ? "bare lifecycle" : "relay statements", round + 1);
+            rc = copy_db(src, db, err, errlen);
+            if (rc == 0)
+                rc = bench_sql_open(db, &s, err, errlen);
+            if (rc == 0)
+                rc = bench_sql_drain(s, bare, FLOOR_BATCH, n, &secs, err, errlen);
+            bench_sql_close(s);
+            bench_unlink_db(db);
+            if (rc == 0 && secs * 1e6 / (double)n < best[bare])
+                best[bare] = secs * 1e6 / (double)n;
+        }
+    bench_unlink_db(src);
+    *relay_us = best[0];
+    *bare_us = best[1];
     return rc;
 }
 
@@ -143,8 +181,7 @@ int sc_drain(bench *b, bench_report *r)
         bench_fail(r, "%s", err);
         return -1;
     }
-    if (sql_floor(b, n, 0, &floor_relay, err, sizeof err) != 0 ||
-        sql_floor(b, n, 1, &floor_bare, err, sizeof err) != 0) {
+    if (sql_floors(b, n, &floor_relay, &floor_bare, err, sizeof err) != 0) {
         bench_fail(r, "SQL floor: %s", err);
         return -1;
     }
@@ -183,8 +220,8 @@ int sc_drain(bench *b, bench_report *r)
     bench_note(r, "Drain time is from spawning outbox-relay --drain to its exit (includes start-up and the "
                   "final marks).");
     bench_note(r, "SQL floor: the same backlog drained by SQL alone on one connection opened like the relay's, no "
-                  "Redis, no checkpoint, one transaction per %d rows (the previous batch's marks, then the next "
-                  "claim). Relay's statements: the relay's claim (walk, key lookups, UPDATE ... RETURNING, cursor) "
+                  "Redis, one transaction per %d rows (the previous batch's marks, then the next "
+                  "claim), better of 2 runs each, checkpoints between units from 8000 WAL pages as in the relay but not timed. Relay's statements: the relay's claim (walk, key lookups, UPDATE ... RETURNING, cursor) "
                   "and fenced marks. Bare: the least a per-row lease and mark write (a range UPDATE ... RETURNING "
                   "setting owner, token and expiry; one UPDATE per row setting state, time and entry id). SQLite "
                   "has one writer at a time, so the drain cannot beat either.",
