@@ -18,8 +18,14 @@
  * handshake (AUTH, SELECT, CLIENT SETNAME) goes through the same queue with
  * internal entries.
  *
- * Output: commands are appended to `obuf`; an idle handle flushes it once
- * per loop turn, so everything queued in one turn goes out in one uv_write.
+ * Output: commands are appended to `obuf` and go out in one uv_write per
+ * loop turn. A check handle writes what the turn's I/O callbacks queued
+ * (replies, a unit of work that ended) right after them, in the same turn;
+ * an idle handle writes what timer callbacks queued, and keeps poll from
+ * blocking until it has. With the idle handle alone, commands queued by
+ * I/O callbacks waited for the next turn's timers to run first, and an
+ * application's timer may commit with an fsync on the loop (0.5 ms and
+ * more here).
  * At most one write is in flight; while it is, new commands accumulate in
  * `obuf` and are written as soon as the write completes.
  *
@@ -96,6 +102,7 @@ struct outbox__redis {
     int deferred_status; /* a failure to report from the timer, see fail_soon() */
 
     uv_idle_t idle; /* flushes output once per loop turn; resumes paused reads */
+    uv_check_t check; /* flushes what I/O callbacks queued, in the same turn */
     unsigned turn_budget; /* replies still to hand out in this loop turn */
     int more_replies;     /* parsed input waits for the next turn */
 
@@ -127,6 +134,7 @@ struct outbox__redis {
 
 static void on_timer(uv_timer_t *t);
 static void on_idle(uv_idle_t *h);
+static void on_check(uv_check_t *h);
 static void on_write(uv_write_t *req, int status);
 static void on_connect(uv_connect_t *req, int status);
 static int try_next_address(outbox__redis *r);
@@ -275,8 +283,12 @@ static int obuf_reserve(outbox__redis *r, size_t extra)
 
 static void schedule_flush(outbox__redis *r)
 {
-    if (!r->write_active && !uv_is_active((uv_handle_t *)&r->idle))
+    if (r->write_active)
+        return;
+    if (!uv_is_active((uv_handle_t *)&r->idle))
         uv_idle_start(&r->idle, on_idle);
+    if (!uv_is_active((uv_handle_t *)&r->check))
+        uv_check_start(&r->check, on_check);
 }
 
 static void fail_conn(outbox__redis *r, int status);
@@ -313,6 +325,15 @@ static void flush(outbox__redis *r)
 }
 
 static void process_replies(outbox__redis *r);
+
+static void on_check(uv_check_t *h)
+{
+    outbox__redis *r = h->data;
+    enter(r);
+    uv_check_stop(&r->check);
+    flush(r);
+    leave(r);
+}
 
 static void on_idle(uv_idle_t *h)
 {
@@ -390,6 +411,7 @@ static void drop_transport(outbox__redis *r)
 {
     stop_timer(r);
     uv_idle_stop(&r->idle);
+    uv_check_stop(&r->check);
     close_stream(r);
     if (r->gai_active)
         uv_cancel((uv_req_t *)&r->gai);
@@ -447,6 +469,7 @@ static void teardown(outbox__redis *r)
     r->in_callback--;
     uv_close((uv_handle_t *)&r->timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->idle, on_handle_closed);
+    uv_close((uv_handle_t *)&r->check, on_handle_closed);
 }
 
 /* ---- commands ------------------------------------------------------------ */
@@ -909,10 +932,12 @@ int outbox__redis_create(outbox__redis **out, uv_loop_t *loop, const outbox__red
     uv_timer_init(loop, &r->timer);
     r->timer.data = r;
     uv_idle_init(loop, &r->idle);
+    uv_check_init(loop, &r->check);
     r->turn_budget = REPLIES_PER_TURN;
     r->idle.data = r;
+    r->check.data = r;
     r->wreq.data = r;
-    r->refs = 2;
+    r->refs = 3;
     r->state = ST_NEW;
     *out = r;
     return 0;

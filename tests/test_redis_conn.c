@@ -702,6 +702,86 @@ static void test_pipeline(const th_redis *srv)
     t_finish(&t, "pipeline");
 }
 
+/*
+ * A command queued by an I/O callback (here a reply callback) is written in
+ * the same loop turn, before the next turn's timers run: an application's
+ * timer may block the loop for a while (its own commit and fsync), and the
+ * command must not wait for it. The timer below is due at once and blocks;
+ * while it does, another connection looks for the command's effect.
+ */
+typedef struct same_turn {
+    T *t;
+    const th_redis *srv;
+    uv_timer_t timer;
+    int issue_rc;
+    int seen_while_blocked; /* 1: the SET reached Redis while the loop was blocked */
+    int set_answered;
+} same_turn;
+
+static void st_on_set(outbox__redis *r, int status, redisReply *reply, void *data)
+{
+    same_turn *st = data;
+    (void)r;
+    (void)reply;
+    st->set_answered = status == 0 ? 1 : -1;
+    st->t->done = 1;
+}
+
+static void st_on_timer(uv_timer_t *h)
+{
+    same_turn *st = h->data;
+    redisContext *c = th_redis_client(st->srv);
+    int64_t deadline = th_now_ms() + 200 * slow;
+    /* The loop is blocked here: only what was written before can arrive. */
+    while (c && th_now_ms() < deadline && !st->seen_while_blocked) {
+        redisReply *rep = th_cmd(c, "EXISTS sameturn:key");
+        st->seen_while_blocked = rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 1;
+        freeReplyObject(rep);
+        if (!st->seen_while_blocked)
+            usleep(1000);
+    }
+    if (c)
+        redisFree(c);
+}
+
+static void st_on_ping(outbox__redis *r, int status, redisReply *reply, void *data)
+{
+    same_turn *st = data;
+    const char *argv[] = {"SET", "sameturn:key", "1"};
+    (void)status;
+    (void)reply;
+    st->issue_rc = outbox__redis_command_argv(r, 3, argv, NULL, 0, st_on_set, st);
+    uv_timer_start(&st->timer, st_on_timer, 0, 0);
+}
+
+static void test_same_turn_flush(const th_redis *srv)
+{
+    T t;
+    same_turn st;
+    redisContext *c;
+    const char *argv[] = {"PING"};
+
+    t_init(&t);
+    memset(&st, 0, sizeof st);
+    st.t = &t;
+    st.srv = srv;
+    uv_timer_init(&t.loop, &st.timer);
+    st.timer.data = &st;
+    if ((c = th_redis_client(srv)) != NULL) {
+        freeReplyObject(th_cmd(c, "DEL sameturn:key"));
+        redisFree(c);
+    }
+    is_int(t_connect(&t, srv->url, NULL), 0, "same turn: connected");
+    is_int(outbox__redis_command_argv(t.r, 1, argv, NULL, 0, st_on_ping, &st), 0, "  PING queued");
+    run_until(&t, &t.done, 5000);
+    is_int(st.issue_rc, 0, "  SET queued from the PING's reply callback");
+    is_int(st.set_answered, 1, "  SET answered");
+    ok(st.seen_while_blocked, "  SET reached Redis before the next turn's timer (which blocked the loop) ended");
+    uv_close((uv_handle_t *)&st.timer, NULL);
+    t_close(&t);
+    t_finish(&t, "same turn");
+}
+
 static void test_reentrancy(const th_redis *srv)
 {
     T t;
@@ -1112,6 +1192,7 @@ int main(void)
     test_refused();
     test_select_and_name(&srv);
     test_pipeline(&srv);
+    test_same_turn_flush(&srv);
     test_reentrancy(&srv);
     test_real_timeout(&srv);
     test_auth();
