@@ -51,6 +51,9 @@ enum outcome {
 enum msg_state { MSG_HELD, MSG_SENT, MSG_WAITING, MSG_DONE };
 
 typedef struct wait_group wait_group;
+typedef struct cand cand;
+typedef struct bslot bslot;
+typedef struct chunk chunk;
 
 typedef struct msg {
     struct msg *next;     /* mark queue */
@@ -173,6 +176,18 @@ struct outbox_relay {
     int wake_ready;     /* wake_async is initialised (atomic: read by attached connections' threads) */
     int dv_pending;     /* a data_version check waits for the running unit */
     uint64_t claim_row_ns; /* recent cost of one claimed row (worker thread only) */
+    /* The claim's working arrays (see claim), kept from one claim to the
+     * next and grown to the largest so far; used by one unit at a time. */
+    struct {
+        cand *cs;
+        int *chosen;
+        int64_t *defer;
+        size_t cap;
+        bslot *slots;
+        size_t scap;
+        unsigned gen; /* a slot is in use in this claim iff its gen is this */
+        chunk *arena;
+    } cw;
     sqlite3 *stats_db;  /* outbox_relay_stats_get's own connection */
 
     /* Checkpointing on a worker thread. */
@@ -734,7 +749,7 @@ typedef struct rowview {
 } rowview;
 
 /* A row the claim looked at. */
-typedef struct cand {
+struct cand {
     int64_t seq;
     const char *topic, *key; /* in the claim's arena */
     size_t klen;
@@ -748,14 +763,14 @@ typedef struct cand {
     int eff_in_batch; /* eff_after was claimed in this batch */
     int deferred;     /* defer gave it a later available_at */
     enum { C_SEEN, C_CHOSEN, C_DEAD, C_RELEASED } fate;
-} cand;
+};
 
 /* Strings copied for the length of one claim. */
-typedef struct chunk {
+struct chunk {
     struct chunk *next;
     size_t used, cap;
     char data[];
-} chunk;
+};
 
 static const char *arena_dup(chunk **a, const char *s, size_t len)
 {
@@ -786,13 +801,24 @@ static void arena_free(chunk *a)
     }
 }
 
+/* Empties an arena for the next claim, keeping its first chunk. */
+static void arena_reset(chunk **a)
+{
+    if (*a) {
+        arena_free((*a)->next);
+        (*a)->next = NULL;
+        (*a)->used = 0;
+    }
+}
+
 /* Per key, in one claim: its newest row chosen and its held rows. */
-typedef struct bslot {
-    int first;        /* index of the key's first row seen; -1 = empty slot */
+struct bslot {
+    unsigned gen;     /* the claim that uses it (claim_ctx.gen); any other: an empty slot */
+    int first;        /* index of the key's first row seen */
     int last_chosen;  /* index of its newest row chosen, or -1 */
     int64_t held_min; /* the lowest seq of its rows held back, INT64_MAX if none */
     int64_t wait_until; /* its held rows were made due no earlier than this (see defer), or 0 */
-} bslot;
+};
 
 typedef struct claim_ctx {
     outbox_relay *r;
@@ -808,13 +834,14 @@ typedef struct claim_ctx {
     size_t ndefer;
     bslot *slots;
     size_t scap;
+    unsigned gen;
     chunk *arena;
 } claim_ctx;
 
 static bslot *bslot_find(claim_ctx *x, const char *topic, const char *key, size_t klen)
 {
     size_t i = (size_t)key_hash(topic, key, klen) & (x->scap - 1);
-    while (x->slots[i].first >= 0) {
+    while (x->slots[i].gen == x->gen) {
         const cand *o = &x->cs[x->slots[i].first];
         if (same_key(o->topic, o->key, o->klen, topic, key, klen))
             return &x->slots[i];
@@ -983,7 +1010,8 @@ static int consider(claim_ctx *x, int idx)
 
     if (c->klen) {
         bs = bslot_find(x, c->topic, c->key, c->klen);
-        if (bs->first < 0) {
+        if (bs->gen != x->gen) {
+            bs->gen = x->gen;
             bs->first = idx;
             bs->last_chosen = -1;
             bs->held_min = INT64_MAX;
@@ -1352,6 +1380,52 @@ static int claim_chosen(claim_ctx *x)
  * published are dead-lettered here (*ndead; the messages go to *settled).
  * Returns SQLITE_OK or an error.
  */
+/*
+ * Makes the claim's working arrays hold cap candidates, and starts a new
+ * generation of key slots (a slot of an older one reads as empty, so they
+ * are not cleared per claim). The arrays outlive the claim: allocated and
+ * freed per claim, their hundreds of KiB went back to the kernel under
+ * glibc's default heap trimming and were faulted in again each time, which
+ * made one claim in six or seven take 1 to 3 ms in an application's process.
+ */
+static int claim_arrays(outbox_relay *r, size_t cap)
+{
+    size_t scap = 16;
+    if (cap > r->cw.cap) {
+        cand *cs = realloc(r->cw.cs, cap * sizeof *cs);
+        int *chosen;
+        int64_t *defer;
+        if (!cs)
+            return -1;
+        r->cw.cs = cs;
+        chosen = realloc(r->cw.chosen, cap * sizeof *chosen);
+        if (!chosen)
+            return -1;
+        r->cw.chosen = chosen;
+        defer = realloc(r->cw.defer, cap * 2 * sizeof *defer);
+        if (!defer)
+            return -1;
+        r->cw.defer = defer;
+        r->cw.cap = cap;
+    }
+    while (scap < cap * 2)
+        scap *= 2;
+    if (scap > r->cw.scap) {
+        bslot *slots = calloc(scap, sizeof *slots);
+        if (!slots)
+            return -1;
+        free(r->cw.slots);
+        r->cw.slots = slots;
+        r->cw.scap = scap;
+        r->cw.gen = 0;
+    }
+    if (++r->cw.gen == 0) {
+        memset(r->cw.slots, 0, r->cw.scap * sizeof *r->cw.slots);
+        r->cw.gen = 1;
+    }
+    return 0;
+}
+
 static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead,
                  msg **settled, size_t *ndeferred)
 {
@@ -1368,18 +1442,16 @@ static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t
     x.r = r;
     x.now = now;
     x.want = want;
-    x.cap = (size_t)want * 9 + 1; /* expired (want) + waiting (4 want) + new (4 want) */
-    x.scap = 16;
-    while (x.scap < x.cap * 2)
-        x.scap *= 2;
-    x.cs = malloc(x.cap * sizeof *x.cs);
-    x.chosen = malloc(x.cap * sizeof *x.chosen);
-    x.defer = malloc(x.cap * 2 * sizeof *x.defer);
-    x.slots = malloc(x.scap * sizeof *x.slots);
-    if (!x.cs || !x.chosen || !x.defer || !x.slots)
+    if (claim_arrays(r, (size_t)want * 9 + 1) != 0) /* expired (want) + waiting (4 want) + new (4 want) */
         goto done;
-    for (i = 0; i < x.scap; i++)
-        x.slots[i].first = -1;
+    x.cap = r->cw.cap;
+    x.cs = r->cw.cs;
+    x.chosen = r->cw.chosen;
+    x.defer = r->cw.defer;
+    x.slots = r->cw.slots;
+    x.scap = r->cw.scap;
+    x.gen = r->cw.gen;
+    x.arena = r->cw.arena;
 
     /* Expired leases first: they are the oldest work. */
     rc = scan_expired(&x);
@@ -1459,11 +1531,8 @@ done:
         ms = NULL;
         nm = 0;
     }
-    arena_free(x.arena);
-    free(x.cs);
-    free(x.chosen);
-    free(x.defer);
-    free(x.slots);
+    r->cw.arena = x.arena;
+    arena_reset(&r->cw.arena);
     *out = ms;
     *nout = nm;
     return rc;
@@ -2657,6 +2726,11 @@ static void free_fields(outbox_relay *r)
     free(r->stream_prefix);
     free(r->seqset);
     free(r->keymap);
+    free(r->cw.cs);
+    free(r->cw.chosen);
+    free(r->cw.defer);
+    free(r->cw.slots);
+    arena_free(r->cw.arena);
     free(r->envbuf);
     free(r);
 }
