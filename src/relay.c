@@ -27,6 +27,7 @@
 #include "outbox/writer.h"
 #include "rconn.h"
 #include "redis.h"
+#include "relay_sql.h"
 #include "sqlite_util.h"
 
 enum { ROW_PENDING = 0, ROW_SENDING = 1, ROW_PUBLISHED = 2, ROW_DEAD = 3 };
@@ -2643,35 +2644,18 @@ static const struct {
 } statements[] = {
 #define STMT(field, sql) {offsetof(outbox_relay, field), sql}
     /* The claim's walks (see scan_pending): columns as add_cand reads them. */
-    STMT(q_new, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
-                "WHERE seq >= ?2 AND state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1"),
-    STMT(q_cursor, "SELECT new_from FROM outbox_cursor"),
-    /* An upsert: a cursor row deleted by hand comes back (the walk that
-     * follows its loss starts at the first row). */
-    STMT(q_cursor_set, "INSERT INTO outbox_cursor(one, new_from) VALUES (1, ?1) "
-                       "ON CONFLICT(one) DO UPDATE SET new_from = excluded.new_from"),
+    STMT(q_new, OUTBOX__SQL_NEW),
+    STMT(q_cursor, OUTBOX__SQL_CURSOR),
+    STMT(q_cursor_set, OUTBOX__SQL_CURSOR_SET),
     STMT(q_top, "SELECT max(seq) FROM outbox"),
-    /* Rows made pending again by hand (outbox_stray) become waiting rows. */
-    STMT(q_stray, "UPDATE outbox SET available_at = created_at + 1 "
-                  "WHERE state = 0 AND available_at <= created_at AND lease_token > 0"),
-    STMT(q_due, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
-                "WHERE state = 0 AND available_at > created_at AND available_at <= ?1 "
-                "ORDER BY available_at, seq LIMIT ?2"),
+    STMT(q_stray, OUTBOX__SQL_STRAY),
+    STMT(q_due, OUTBOX__SQL_DUE),
     STMT(q_expired, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
                     "WHERE state = 1 AND lease_until <= ?1 ORDER BY lease_until LIMIT ?2"),
-    /* The newest leased or waiting row of a key before ?3 (outbox_key). */
-    STMT(q_key_prev, "SELECT seq, state, lease_owner, lease_token, available_at FROM outbox "
-                     "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL "
-                     "AND (state = 1 OR (state = 0 AND available_at > created_at)) AND seq < ?3 "
-                     "ORDER BY seq DESC LIMIT 1"),
+    STMT(q_key_prev, OUTBOX__SQL_KEY_PREV),
     STMT(q_defer, "UPDATE outbox SET available_at = ?2 WHERE seq = ?1 AND state = 0 AND available_at < ?2"),
-    STMT(q_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, "
-                  "lease_until = ?2, attempts = attempts + 1 "
-                  "WHERE seq IN (SELECT value FROM json_each(?3)) AND (state = 0 OR (state = 1 AND lease_until <= ?4)) "
-                  "RETURNING seq, id, topic, key, payload, headers, created_at, lease_token, attempts, replay_count"),
-    STMT(q_published, "UPDATE outbox SET state = 2, published_at = ?4, stream_id = ?5, lease_owner = NULL, "
-                      "lease_until = NULL, last_error = NULL "
-                      "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"),
+    STMT(q_claim, OUTBOX__SQL_CLAIM),
+    STMT(q_published, OUTBOX__SQL_PUBLISHED),
     /* A row that goes back to pending is a waiting row: available_at after created_at. */
     STMT(q_failed, "UPDATE outbox SET state = ?4, available_at = max(?5, created_at + 1), last_error = ?6, lease_owner = NULL, "
                    "lease_until = NULL WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"),

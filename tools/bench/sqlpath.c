@@ -5,9 +5,8 @@
  * at a time).
  *
  * Two sets of statements:
- * - the relay's own (src/relay.c: q_stray, q_due, q_cursor, q_new,
- *   q_key_prev, q_claim, q_cursor_set, q_published), run in the order a unit
- *   runs them;
+ * - the relay's own (src/relay_sql.h, the text src/relay.c runs), in the
+ *   order a unit runs them;
  * - the least any per-row lifecycle of DESIGN.md writes: one UPDATE ...
  *   RETURNING that leases a range of rows (owner, token, expiry) and reads
  *   what is to be sent, then one UPDATE per row that marks it published
@@ -18,6 +17,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "relay_sql.h"
 
 struct bench_sql {
     sqlite3 *h;
@@ -51,27 +51,14 @@ int bench_sql_open(const char *db, bench_sql **out, char *err, size_t errlen)
         const char *sql;
     } stmts[] = {
 #define S(f, q) {offsetof(bench_sql, f), q}
-        S(stray, "UPDATE outbox SET available_at = created_at + 1 "
-                 "WHERE state = 0 AND available_at <= created_at AND lease_token > 0"),
-        S(wait, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
-                "WHERE state = 0 AND available_at > created_at AND available_at <= ?1 "
-                "ORDER BY available_at, seq LIMIT ?2"),
-        S(cur, "SELECT new_from FROM outbox_cursor"),
-        S(walk, "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "
-                "WHERE seq >= ?2 AND state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1"),
-        S(prev, "SELECT seq, state, lease_owner, lease_token, available_at FROM outbox "
-                "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL "
-                "AND (state = 1 OR (state = 0 AND available_at > created_at)) AND seq < ?3 "
-                "ORDER BY seq DESC LIMIT 1"),
-        S(claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, "
-                 "lease_until = ?2, attempts = attempts + 1 "
-                 "WHERE seq IN (SELECT value FROM json_each(?3)) AND (state = 0 OR (state = 1 AND lease_until <= ?4)) "
-                 "RETURNING seq, id, topic, key, payload, headers, created_at, lease_token, attempts, replay_count"),
-        S(setcur, "INSERT INTO outbox_cursor(one, new_from) VALUES (1, ?1) "
-                  "ON CONFLICT(one) DO UPDATE SET new_from = excluded.new_from"),
-        S(mark, "UPDATE outbox SET state = 2, published_at = ?4, stream_id = ?5, lease_owner = NULL, "
-                "lease_until = NULL, last_error = NULL "
-                "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"),
+        S(stray, OUTBOX__SQL_STRAY),
+        S(wait, OUTBOX__SQL_DUE),
+        S(cur, OUTBOX__SQL_CURSOR),
+        S(walk, OUTBOX__SQL_NEW),
+        S(prev, OUTBOX__SQL_KEY_PREV),
+        S(claim, OUTBOX__SQL_CLAIM),
+        S(setcur, OUTBOX__SQL_CURSOR_SET),
+        S(mark, OUTBOX__SQL_PUBLISHED),
         S(bare_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, lease_until = ?2 "
                       "WHERE seq BETWEEN ?3 AND ?4 RETURNING seq, id, topic, key, payload, headers, lease_token"),
         S(bare_mark, "UPDATE outbox SET state = 2, published_at = ?2, stream_id = ?3 WHERE seq = ?1"),
