@@ -112,8 +112,9 @@ int outbox__redis_connect(outbox__redis *r, outbox__redis_connect_cb connect_cb,
 /* Queues one command. Only allowed once connect_cb reported success and
  * before failure/close; otherwise OUTBOX_ECLOSED (or OUTBOX_ESTATE before the
  * connection is up). timeout_ms 0 means the default reply timeout. Bytes are
- * copied; output is coalesced and written once per loop turn. Returns 0,
- * OUTBOX_ENOMEM, OUTBOX_ECLOSED, OUTBOX_ESTATE. */
+ * copied; output is coalesced and written once per loop turn: in the same
+ * turn when queued from a timer or an I/O callback, else in the next.
+ * Returns 0, OUTBOX_ENOMEM, OUTBOX_ECLOSED, OUTBOX_ESTATE. */
 int outbox__redis_command_argv(outbox__redis *r, int argc, const char **argv, const size_t *argvlen,
                                uint64_t timeout_ms, outbox__redis_reply_cb cb, void *data);
 /* The same with an already RESP-formatted command (copied). */
