@@ -1374,14 +1374,6 @@ static int claim_chosen(claim_ctx *x)
 }
 
 /*
- * Claims up to `want` rows inside the open transaction. *out gets the new
- * messages in the order they were chosen; a key's successors are linked
- * behind their predecessor (key_next, or chain_after for one of an earlier
- * batch, linked after the commit) and flagged `behind`. Rows that cannot be
- * published are dead-lettered here (*ndead; the messages go to *settled).
- * Returns SQLITE_OK or an error.
- */
-/*
  * Makes the claim's working arrays hold cap candidates, and starts a new
  * generation of key slots (a slot of an older one reads as empty, so they
  * are not cleared per claim). The arrays outlive the claim: allocated and
@@ -1427,6 +1419,14 @@ static int claim_arrays(outbox_relay *r, size_t cap)
     return 0;
 }
 
+/*
+ * Claims up to `want` rows inside the open transaction. *out gets the new
+ * messages in the order they were chosen; a key's successors are linked
+ * behind their predecessor (key_next, or chain_after for one of an earlier
+ * batch, linked after the commit) and flagged `behind`. Rows that cannot be
+ * published are dead-lettered here (*ndead; the messages go to *settled).
+ * Returns SQLITE_OK or an error.
+ */
 static int claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead,
                  msg **settled, size_t *ndeferred)
 {
