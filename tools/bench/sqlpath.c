@@ -44,26 +44,28 @@ static int wal_hook(void *arg, sqlite3 *db, const char *name, int pages)
 
 static const char owner[] = "bench-sql";
 
+/* Every statement, by its field. */
+static const struct {
+    size_t off;
+    const char *sql;
+} stmts[] = {
+#define S(f, q) {offsetof(bench_sql, f), q}
+    S(stray, OUTBOX__SQL_STRAY),
+    S(wait, OUTBOX__SQL_DUE),
+    S(cur, OUTBOX__SQL_CURSOR),
+    S(walk, OUTBOX__SQL_NEW),
+    S(prev, OUTBOX__SQL_KEY_PREV),
+    S(claim, OUTBOX__SQL_CLAIM),
+    S(setcur, OUTBOX__SQL_CURSOR_SET),
+    S(mark, OUTBOX__SQL_PUBLISHED),
+    S(bare_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, lease_until = ?2 "
+                  "WHERE seq BETWEEN ?3 AND ?4 RETURNING seq, id, topic, key, payload, headers, lease_token"),
+    S(bare_mark, "UPDATE outbox SET state = 2, published_at = ?2, stream_id = ?3 WHERE seq = ?1"),
+#undef S
+};
+
 int bench_sql_open(const char *db, bench_sql **out, char *err, size_t errlen)
 {
-    static const struct {
-        size_t off;
-        const char *sql;
-    } stmts[] = {
-#define S(f, q) {offsetof(bench_sql, f), q}
-        S(stray, OUTBOX__SQL_STRAY),
-        S(wait, OUTBOX__SQL_DUE),
-        S(cur, OUTBOX__SQL_CURSOR),
-        S(walk, OUTBOX__SQL_NEW),
-        S(prev, OUTBOX__SQL_KEY_PREV),
-        S(claim, OUTBOX__SQL_CLAIM),
-        S(setcur, OUTBOX__SQL_CURSOR_SET),
-        S(mark, OUTBOX__SQL_PUBLISHED),
-        S(bare_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, lease_until = ?2 "
-                      "WHERE seq BETWEEN ?3 AND ?4 RETURNING seq, id, topic, key, payload, headers, lease_token"),
-        S(bare_mark, "UPDATE outbox SET state = 2, published_at = ?2, stream_id = ?3 WHERE seq = ?1"),
-#undef S
-    };
     bench_sql *s = calloc(1, sizeof *s);
     size_t i;
     if (!s) {
@@ -97,14 +99,11 @@ fail:
 
 void bench_sql_close(bench_sql *s)
 {
-    sqlite3_stmt *all[10];
     size_t i;
     if (!s)
         return;
-    all[0] = s->stray, all[1] = s->wait, all[2] = s->cur, all[3] = s->walk, all[4] = s->prev;
-    all[5] = s->claim, all[6] = s->setcur, all[7] = s->mark, all[8] = s->bare_claim, all[9] = s->bare_mark;
-    for (i = 0; i < 10; i++)
-        sqlite3_finalize(all[i]);
+    for (i = 0; i < sizeof stmts / sizeof stmts[0]; i++)
+        sqlite3_finalize(*(sqlite3_stmt **)((char *)s + stmts[i].off));
     sqlite3_close_v2(s->h);
     free(s->list);
     free(s);
