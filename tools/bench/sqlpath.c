@@ -208,24 +208,32 @@ static int entry_id(char *buf, size_t len, int64_t now, int64_t seq)
     return snprintf(buf, len, "%lld-%lld", (long long)now, (long long)(seq & 1023));
 }
 
-static int mark_relay(bench_sql *s, const int64_t *seq, const int64_t *token, int n, int64_t now, char *err,
-                      size_t errlen)
+/* Marks n rows published: the relay's fenced mark, or the bare one. */
+static int mark_rows(bench_sql *s, int bare, const int64_t *seq, const int64_t *token, int n, int64_t now,
+                     char *err, size_t errlen)
 {
+    sqlite3_stmt *st = bare ? s->bare_mark : s->mark;
     char sid[48];
     int i, l;
     for (i = 0; i < n; i++) {
         l = entry_id(sid, sizeof sid, now, seq[i]);
-        sqlite3_bind_int64(s->mark, 1, seq[i]);
-        sqlite3_bind_text(s->mark, 2, owner, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(s->mark, 3, token[i]);
-        sqlite3_bind_int64(s->mark, 4, now);
-        sqlite3_bind_text(s->mark, 5, sid, l, SQLITE_STATIC);
-        if (sqlite3_step(s->mark) != SQLITE_DONE || sqlite3_changes(s->h) != 1) {
-            snprintf(err, errlen, "mark of seq %lld: %s", (long long)seq[i], sqlite3_errmsg(s->h));
-            sqlite3_reset(s->mark);
+        sqlite3_bind_int64(st, 1, seq[i]);
+        if (bare) {
+            sqlite3_bind_int64(st, 2, now);
+            sqlite3_bind_text(st, 3, sid, l, SQLITE_STATIC);
+        } else {
+            sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+            sqlite3_bind_int64(st, 3, token[i]);
+            sqlite3_bind_int64(st, 4, now);
+            sqlite3_bind_text(st, 5, sid, l, SQLITE_STATIC);
+        }
+        if (sqlite3_step(st) != SQLITE_DONE || sqlite3_changes(s->h) != 1) {
+            snprintf(err, errlen, "%smark of seq %lld: %s", bare ? "bare " : "", (long long)seq[i],
+                     sqlite3_errmsg(s->h));
+            sqlite3_reset(st);
             return -1;
         }
-        sqlite3_reset(s->mark);
+        sqlite3_reset(st);
     }
     return 0;
 }
@@ -251,44 +259,23 @@ static int claim_bare(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_
     return 0;
 }
 
-static int mark_bare(bench_sql *s, const int64_t *seq, int n, int64_t now, char *err, size_t errlen)
-{
-    char sid[48];
-    int i, l;
-    for (i = 0; i < n; i++) {
-        l = entry_id(sid, sizeof sid, now, seq[i]);
-        sqlite3_bind_int64(s->bare_mark, 1, seq[i]);
-        sqlite3_bind_int64(s->bare_mark, 2, now);
-        sqlite3_bind_text(s->bare_mark, 3, sid, l, SQLITE_STATIC);
-        if (sqlite3_step(s->bare_mark) != SQLITE_DONE) {
-            snprintf(err, errlen, "bare mark of seq %lld: %s", (long long)seq[i], sqlite3_errmsg(s->h));
-            sqlite3_reset(s->bare_mark);
-            return -1;
-        }
-        sqlite3_reset(s->bare_mark);
-    }
-    return 0;
-}
-
 int bench_sql_drain(bench_sql *s, int bare, int batch, long n, double *secs, char *err, size_t errlen)
 {
-    int64_t *seq = malloc(2 * (size_t)batch * sizeof *seq), *prev_seq, *tok, *prev_tok, *t;
+    /* Two batches of seqs and tokens: the one claimed now and the one
+     * marked now (claimed by the unit before); they swap each unit. */
+    int64_t *buf = malloc(4 * (size_t)batch * sizeof *buf), *seq, *tok, *prev_seq, *prev_tok, *t;
     int got = 0, nprev = 0, rc = -1;
     long done = 0;
     uint64_t t0, ckpt_ns = 0;
 
-    if (!seq) {
+    if (!buf) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    tok = malloc(2 * (size_t)batch * sizeof *tok);
-    if (!tok) {
-        free(seq);
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    prev_seq = seq + batch;
-    prev_tok = tok + batch;
+    seq = buf;
+    prev_seq = buf + batch;
+    tok = buf + 2 * (size_t)batch;
+    prev_tok = buf + 3 * (size_t)batch;
     t0 = bench_mono_ns();
     /* One transaction per unit, as the relay: the marks of the batch
      * before, then the next claim. */
@@ -296,8 +283,7 @@ int bench_sql_drain(bench_sql *s, int bare, int batch, long n, double *secs, cha
         int64_t now = outbox_now_ms();
         if (bench_exec(s->h, "BEGIN IMMEDIATE", err, errlen) != 0)
             goto out;
-        if ((bare ? mark_bare(s, prev_seq, nprev, now, err, errlen)
-                  : mark_relay(s, prev_seq, prev_tok, nprev, now, err, errlen)) != 0 ||
+        if (mark_rows(s, bare, prev_seq, prev_tok, nprev, now, err, errlen) != 0 ||
             (bare ? claim_bare(s, batch, now, seq, tok, &got, err, errlen)
                   : bench_sql_claim(s, batch, now, seq, tok, &got, err, errlen)) != 0) {
             sqlite3_exec(s->h, "ROLLBACK", NULL, NULL, NULL);
@@ -328,7 +314,6 @@ int bench_sql_drain(bench_sql *s, int bare, int batch, long n, double *secs, cha
     }
     rc = 0;
 out:
-    free(seq < prev_seq ? seq : prev_seq);
-    free(tok < prev_tok ? tok : prev_tok);
+    free(buf);
     return rc;
 }
