@@ -6,6 +6,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "outbox/common.h"
 
@@ -39,5 +40,14 @@ size_t outbox__strlcpy(char *dst, const char *src, size_t len);
 /* Formats a message into err (when err is not NULL and errlen > 0) and
  * returns code: `return outbox__errf(err, errlen, OUTBOX_EINVAL, ...)`. */
 int outbox__errf(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* A pseudo-random number from a per-thread xorshift generator seeded from
+ * the clock and the pid; not for anything secret. */
+uint64_t outbox__rand64(void);
+
+/* Exponential backoff with jitter: attempt 1 waits about min_ms, each
+ * further attempt doubles it, capped at max_ms; the wait is drawn from
+ * [d/2, d]. attempt < 1 counts as 1. */
+uint64_t outbox__backoff_ms(uint64_t min_ms, uint64_t max_ms, int64_t attempt);
 
 #endif

@@ -58,13 +58,8 @@ static void rc_retry(outbox__rconn *rc, int status, const char *detail)
                     outbox__redis_failure_text(status), rc->what, rc->desc,
                     (unsigned long long)(now - rc->down_since), rc->failures, outbox_err_name(status), detail);
     }
-    rc->delay_ms = rc->delay_ms ? rc->delay_ms * 2 : 100;
-    if (rc->delay_ms > 5000)
-        rc->delay_ms = 5000;
-    /* The jitter must differ between processes, so that clients that lost
-     * Redis together do not come back in step: rand() is never seeded here,
-     * so it would give every process the same sequence. */
-    d = rc->delay_ms / 2 + (uv_hrtime() ^ (uint64_t)getpid() << 20) % (rc->delay_ms / 2 + 1);
+    /* 100 ms doubling to 5 s; failures counts this one already. */
+    d = outbox__backoff_ms(100, 5000, rc->failures);
     uv_timer_start(&rc->timer, rc_on_timer, d, 0);
 }
 
@@ -94,7 +89,6 @@ static void rc_connected(outbox__redis *c, int status, void *data)
     else
         outbox__log(rc->log, OUTBOX_LOG_INFO, "msg=\"connected to redis\" conn=%s redis=%s", rc->what, rc->desc);
     rc->failures = 0;
-    rc->delay_ms = 0;
     if (rc->on_up)
         rc->on_up(rc, rc->data);
 }

@@ -24,7 +24,7 @@ struct outbox__rconn {
     outbox__redis *conn;
     int up, running, closing, handles, started;
     unsigned failures;
-    uint64_t delay_ms, down_since, last_log;
+    uint64_t down_since, last_log;
     uv_timer_t timer;
     /* on_up: usable now; on_down: an established connection was lost (its
      * pending callbacks already ran with errors). */

@@ -18,6 +18,18 @@
 extern "C" {
 #endif
 
+/*
+ * The states of an outbox row (column `state`, proto/schema.md). SQL text
+ * spells them as literals (a partial index is used only by a query that
+ * repeats its WHERE term literally); test_schema checks these against
+ * proto/schema.sql.
+ */
+#define OUTBOX_STATE_PENDING 0   /* waiting to be claimed (due at available_at) */
+#define OUTBOX_STATE_SENDING 1   /* claimed under a lease, being published */
+#define OUTBOX_STATE_PUBLISHED 2 /* Redis accepted it */
+#define OUTBOX_STATE_DEAD 3      /* gave up after max attempts, or unpublishable: replayable */
+#define OUTBOX_STATE_COUNT 4
+
 /* Flags for outbox_db_open(). */
 enum {
     /* Create the file if it does not exist (otherwise OUTBOX_ENOTDB names the

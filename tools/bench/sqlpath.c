@@ -5,7 +5,7 @@
  * at a time).
  *
  * Two sets of statements:
- * - the relay's own (src/relay_sql.h, the text src/relay.c runs), in the
+ * - the relay's own (src/relay/sql.h, the text the relay runs), in the
  *   order a unit runs them;
  * - the least any per-row lifecycle of DESIGN.md writes: one UPDATE ...
  *   RETURNING that leases a range of rows (owner, token, expiry) and reads
@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "bench.h"
-#include "relay_sql.h"
+#include "relay/sql.h"
 
 struct bench_sql {
     sqlite3 *h;

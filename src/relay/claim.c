@@ -1,0 +1,621 @@
+/*
+ * claim.c: choosing rows and claiming them under a lease, inside a unit's
+ * transaction (the unit's worker thread). Cost depends on the batch, not on
+ * the backlog: the walks read indexes in order and stop at a bound.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "claim.h"
+
+static const char *arena_dup(chunk **a, const char *s, size_t len)
+{
+    char *p;
+    if (!*a || (*a)->cap - (*a)->used < len + 1) {
+        size_t cap = len + 1 > 16384 ? len + 1 : 16384;
+        chunk *c = malloc(sizeof *c + cap);
+        if (!c)
+            return NULL;
+        c->next = *a;
+        c->used = 0;
+        c->cap = cap;
+        *a = c;
+    }
+    p = (*a)->data + (*a)->used;
+    memcpy(p, s, len);
+    p[len] = '\0';
+    (*a)->used += len + 1;
+    return p;
+}
+
+static void arena_free(chunk *a)
+{
+    while (a) {
+        chunk *n = a->next;
+        free(a);
+        a = n;
+    }
+}
+
+/* Empties an arena for the next claim, keeping its first chunk. */
+static void arena_reset(chunk **a)
+{
+    if (*a) {
+        arena_free((*a)->next);
+        (*a)->next = NULL;
+        (*a)->used = 0;
+    }
+}
+
+
+static bslot *bslot_find(claim_ctx *x, const char *topic, const char *key, size_t klen)
+{
+    size_t i = (size_t)outbox__key_hash(topic, key, klen) & (x->scap - 1);
+    while (x->slots[i].gen == x->gen) {
+        const cand *o = &x->cs[x->slots[i].first];
+        if (outbox__same_key(o->topic, o->key, o->klen, topic, key, klen))
+            return &x->slots[i];
+        i = (i + 1) & (x->scap - 1);
+    }
+    return &x->slots[i];
+}
+
+/* Adds the current row of st (seq, topic, key, lease_token, available_at,
+ * created_at) as a candidate. */
+static int add_cand(claim_ctx *x, sqlite3_stmt *st, enum cand_source source)
+{
+    const char *topic = (const char *)sqlite3_column_text(st, 1);
+    const char *key = sqlite3_column_type(st, 2) == SQLITE_NULL ? NULL : (const char *)sqlite3_column_text(st, 2);
+    size_t klen = key ? (size_t)sqlite3_column_bytes(st, 2) : 0;
+    cand *c;
+    if (x->n == x->cap || !topic)
+        return OUTBOX_ENOMEM; /* sized for the most a claim looks at; a NULL topic: a failed conversion */
+    c = &x->cs[x->n];
+    memset(c, 0, sizeof *c);
+    c->seq = sqlite3_column_int64(st, 0);
+    c->topic = arena_dup(&x->r->cw.arena, topic, strlen(topic));
+    c->key = key ? arena_dup(&x->r->cw.arena, key, klen) : NULL;
+    c->klen = klen;
+    c->token = sqlite3_column_int64(st, 3);
+    c->available_at = sqlite3_column_int64(st, 4);
+    c->created_at = sqlite3_column_int64(st, 5);
+    c->source = source;
+    c->prev = -1;
+    if (!c->topic || (key && !c->key))
+        return OUTBOX_ENOMEM;
+    x->n++;
+    return 0;
+}
+
+static void choose(claim_ctx *x, int idx, int prev, msg *after)
+{
+    cand *c = &x->cs[idx];
+    c->prev = prev;
+    c->after = after;
+    c->fate = C_CHOSEN;
+    x->chosen[x->nchosen++] = idx;
+    if (c->klen)
+        bslot_find(x, c->topic, c->key, c->klen)->last_chosen = idx;
+}
+
+/* A pending row held back by a row made to wait becomes due no earlier than
+ * it (`at`): a new row leaves the new rows for the waiting rows (available_at
+ * after its created_at), and a waiting row moves behind it in outbox_due.
+ * Otherwise the walks would meet such rows again and again, and a long run
+ * of them would keep the walk of outbox_due from ever reaching the row they
+ * wait for. A new row held back for another reason is made a waiting row
+ * due at once (`at` 0): the walk of new rows never comes back to a row it
+ * has seen (see scan_pending). Written after the walks (see claim). */
+static void defer(claim_ctx *x, cand *c, bslot *bs, int64_t at)
+{
+    if (c->source == S_EXPIRED)
+        return;
+    if (c->source == S_NEW && at <= c->created_at)
+        at = c->created_at + 1;
+    if (bs && at > bs->wait_until)
+        bs->wait_until = at; /* its later rows wait as long */
+    if (at <= c->available_at)
+        return;
+    c->deferred = 1;
+    x->defer[2 * x->ndefer] = c->seq;
+    x->defer[2 * x->ndefer + 1] = at;
+    x->ndefer++;
+}
+
+/* What decide says of a keyed row. */
+enum decision {
+    D_FREE,      /* no unfinished earlier row of its key: it may go */
+    D_IN_BATCH,  /* behind its key's row chosen earlier in this batch: sent after it */
+    D_AFTER,     /* behind this relay's own message still on its way: chained to it */
+    D_HELD_OURS, /* behind this relay's own message, which it cannot chain to: waits */
+    D_HELD,      /* behind another relay's lease, a failing or waiting row: waits */
+};
+
+/*
+ * Per-key order: a keyed row may go when every earlier row of its key is
+ * published or dead, or was chosen earlier in this batch (it is sent after
+ * it), or is this relay's own message still on its way (it is chained
+ * behind it). Otherwise it waits. The earlier unfinished rows of a key are
+ * found in two places:
+ * - New rows are walked in seq order, so those before a new
+ *   row were seen earlier in this claim (its bslot). A row claimed before
+ *   (lease_token > 0) has no new row before it: it was claimed after them,
+ *   and every row that goes back to pending becomes a waiting row. A waiting
+ *   row never claimed (written with a later available_at, or a new row made
+ *   to wait by defer) goes only when the walk of new rows has already seen
+ *   every new row older than it, so its bslot knows those of its key.
+ * - Leased and waiting rows are in outbox_key; the newest one before the row
+ *   is looked up.
+ * Unfinished rows of a key always form its tail, because a row is never
+ * sent before its predecessor is appended, so the newest unfinished
+ * predecessor decides. A row requeued by outbox-replay is the exception: it
+ * goes before its key's rows still pending, after those already published.
+ */
+static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **after, int *rc)
+{
+    outbox_relay *r = x->r;
+    sqlite3_stmt *st = r->db.q_key_prev;
+    int64_t pseq, pstate, ptoken, pavail;
+    int mine, lc = bs->last_chosen;
+    enum decision d = D_HELD;
+    int step;
+
+    *prev = -1;
+    *after = NULL;
+
+    *rc = 0;
+    if (bs->held_min < c->seq) {
+        if (bs->wait_until)
+            defer(x, c, bs, bs->wait_until);
+        return D_HELD;
+    }
+    if (c->source == S_WAITING && c->token == 0 && x->new_pos <= c->seq)
+        return D_HELD;
+    if (lc >= 0 && x->cs[lc].seq > c->seq)
+        return D_HELD; /* cannot happen: a key's rows are chosen in seq order */
+    sqlite3_bind_text(st, 1, c->topic, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, c->key, (int)c->klen, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, c->seq);
+    step = sqlite3_step(st);
+    if (step != SQLITE_ROW) {
+        sqlite3_reset(st);
+        if (step != SQLITE_DONE) {
+            *rc = outbox__relay_sqlerr(r, step);
+            return D_HELD;
+        }
+        *prev = lc;
+        return lc >= 0 ? D_IN_BATCH : D_FREE;
+    }
+    pseq = sqlite3_column_int64(st, 0);
+    pstate = sqlite3_column_int64(st, 1);
+    mine = sqlite3_column_type(st, 2) == SQLITE_TEXT &&
+           strcmp((const char *)sqlite3_column_text(st, 2), r->cfg.worker_id) == 0;
+    ptoken = sqlite3_column_int64(st, 3);
+    pavail = sqlite3_column_int64(st, 4);
+    sqlite3_reset(st);
+    if (lc >= 0 && x->cs[lc].seq >= pseq) {
+        *prev = lc;
+        return D_IN_BATCH;
+    }
+    if (pstate == OUTBOX_STATE_SENDING && mine && outbox__win_seq_has(r, pseq)) {
+        msg *m = outbox__win_key_get(r, c->topic, c->key, c->klen);
+        d = D_HELD_OURS;
+        /* Its state changes on the loop thread meanwhile: only the chain is
+         * decided here, unit_done settles it (settle_chain). Idempotent mode
+         * sends a stream's batch in one script call that stops at the first
+         * failure: a later call could not know that an earlier one failed,
+         * so it never chains. */
+        if (m && m->seq == pseq && m->token == ptoken && !r->cfg.s.idempotent) {
+            *after = m;
+            d = D_AFTER;
+        }
+    } else if (pstate == OUTBOX_STATE_PENDING) {
+        /* Behind a row made to wait: wait as long. */
+        defer(x, c, bs, pavail);
+    }
+    return d;
+}
+
+/* Decides one candidate just added and chooses it if it may go. */
+static int consider(claim_ctx *x, int idx)
+{
+    cand *c = &x->cs[idx];
+    int prev = -1, rc = 0;
+    msg *after = NULL;
+    enum decision d = D_FREE;
+    bslot *bs = NULL;
+
+    if (c->klen) {
+        bs = bslot_find(x, c->topic, c->key, c->klen);
+        if (bs->gen != x->gen) {
+            bs->gen = x->gen;
+            bs->first = idx;
+            bs->last_chosen = -1;
+            bs->held_min = INT64_MAX;
+            bs->wait_until = 0;
+        }
+    }
+    if (c->source == S_NEW && c->available_at > x->now) {
+        /* Not due (its created_at is in the future): a waiting row. */
+        defer(x, c, bs, c->available_at);
+        d = D_HELD;
+    } else if (bs) {
+        d = decide(x, c, bs, &prev, &after, &rc);
+        if (rc != 0)
+            return rc;
+    }
+    if (d == D_HELD_OURS || d == D_HELD) {
+        if (bs && c->seq < bs->held_min)
+            bs->held_min = c->seq;
+        if (c->source == S_NEW && !c->deferred)
+            defer(x, c, NULL, 0);
+        return 0;
+    }
+    choose(x, idx, prev, after);
+    return 0;
+}
+
+/* Moves outbox_cursor past the new rows the walk saw (see scan_pending). */
+static int move_cursor(claim_ctx *x)
+{
+    outbox_relay *r = x->r;
+    int64_t to = x->new_pos, top;
+    int rc;
+    if (to == INT64_MAX) {
+        /* Every new row seen: the next one comes after the last row. */
+        rc = outbox__relay_step_int(r, r->db.q_top, 0, &top);
+        if (rc != 0)
+            return rc;
+        to = top + 1;
+    }
+    if (to <= x->new_from)
+        return 0;
+    sqlite3_bind_int64(r->db.q_cursor_set, 1, to);
+    return outbox__relay_step_done(r, r->db.q_cursor_set);
+}
+
+/* Steps q_expired and considers each row until the batch is full; our own
+ * leases (still in flight) are skipped. */
+static int scan_expired(claim_ctx *x)
+{
+    sqlite3_stmt *st = x->r->db.q_expired;
+    int step = SQLITE_DONE, e = 0;
+    sqlite3_bind_int64(st, 1, x->now);
+    sqlite3_bind_int64(st, 2, x->want);
+    while (x->nchosen < x->want && (step = sqlite3_step(st)) == SQLITE_ROW) {
+        if (outbox__win_seq_has(x->r, sqlite3_column_int64(st, 0)))
+            continue;
+        e = add_cand(x, st, S_EXPIRED);
+        if (e == 0)
+            e = consider(x, (int)x->n - 1);
+        if (e != 0)
+            break;
+    }
+    sqlite3_reset(st);
+    if (e == 0 && step != SQLITE_ROW && step != SQLITE_DONE)
+        e = outbox__relay_sqlerr(x->r, step);
+    return e;
+}
+
+/*
+ * Walks the waiting rows that are due (outbox_due) and the new rows (the
+ * table from outbox_cursor.new_from) together, oldest available_at first,
+ * and considers each row until the batch is full. Each walk looks further
+ * than `want`, so that rows held back by their key do not starve the rest.
+ * Every new row seen is claimed or made to wait (consider, defer), so the
+ * cursor moves past all of them: the next walk starts at the first new row
+ * not seen, or after the last row when there was none.
+ */
+static int scan_pending(claim_ctx *x)
+{
+    outbox_relay *r = x->r;
+    sqlite3_stmt *w = r->db.q_due, *n = r->db.q_new;
+    int64_t limit = (int64_t)x->want * 4, nread = 0, last = 0;
+    int rw, rn, rc;
+
+    rc = outbox__relay_step_done(r, r->db.q_stray);
+    if (rc == 0)
+        rc = outbox__relay_step_int(r, r->db.q_cursor, 0, &x->new_from);
+    if (rc != 0)
+        return rc;
+    sqlite3_bind_int64(w, 1, x->now);
+    sqlite3_bind_int64(w, 2, limit);
+    sqlite3_bind_int64(n, 1, limit);
+    sqlite3_bind_int64(n, 2, x->new_from);
+    rn = sqlite3_step(n);
+    rw = sqlite3_step(w);
+    x->new_pos = rn == SQLITE_ROW ? sqlite3_column_int64(n, 0) : INT64_MAX;
+    while (x->nchosen < x->want && (rw == SQLITE_ROW || rn == SQLITE_ROW)) {
+        int take_new = rw != SQLITE_ROW ||
+                       (rn == SQLITE_ROW && (sqlite3_column_int64(n, 4) < sqlite3_column_int64(w, 4) ||
+                                             (sqlite3_column_int64(n, 4) == sqlite3_column_int64(w, 4) &&
+                                              sqlite3_column_int64(n, 0) < sqlite3_column_int64(w, 0))));
+        rc = add_cand(x, take_new ? n : w, take_new ? S_NEW : S_WAITING);
+        if (rc == 0)
+            rc = consider(x, (int)x->n - 1);
+        if (rc != 0)
+            break;
+        if (take_new) {
+            last = x->cs[x->n - 1].seq;
+            nread++;
+            rn = sqlite3_step(n);
+            /* Seen so far: every new row before the next one, or all of
+             * them when the walk ended before its limit. */
+            x->new_pos = rn == SQLITE_ROW ? sqlite3_column_int64(n, 0) : nread < limit ? INT64_MAX : last + 1;
+        } else {
+            rw = sqlite3_step(w);
+        }
+    }
+    if (rc == 0 && rw != SQLITE_ROW && rw != SQLITE_DONE)
+        rc = outbox__relay_sqlerr(r, rw);
+    if (rc == 0 && rn != SQLITE_ROW && rn != SQLITE_DONE)
+        rc = outbox__relay_sqlerr(r, rn);
+    sqlite3_reset(w);
+    sqlite3_reset(n);
+    if (rc == 0)
+        rc = move_cursor(x);
+    return rc;
+}
+
+/* Writes the new due times that defer collected. */
+static int write_deferred(claim_ctx *x)
+{
+    sqlite3_stmt *st = x->r->db.q_defer;
+    size_t i;
+    int rc;
+    for (i = 0; i < x->ndefer; i++) {
+        sqlite3_bind_int64(st, 1, x->defer[2 * i]);
+        sqlite3_bind_int64(st, 2, x->defer[2 * i + 1]);
+        rc = outbox__relay_step_done(x->r, st);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+
+static int cmp_seq_idx(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* Turns the current row of q_claim into a message for its candidate. */
+static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index)
+{
+    int64_t key[2], *hit;
+    cand *c;
+    msg *m;
+    int e;
+
+    key[0] = sqlite3_column_int64(st, 0);
+    hit = bsearch(key, index, x->nchosen, 2 * sizeof(int64_t), cmp_seq_idx);
+    if (!hit)
+        return 0; /* not asked for: impossible */
+    c = &x->cs[hit[1]];
+    e = outbox__encode_row(x->r, st, &m);
+    if (m) {
+        m->took_over = c->source == S_EXPIRED;
+        c->m = m;
+    }
+    return e;
+}
+
+/* Claims the chosen rows with one UPDATE ... RETURNING. */
+static int claim_chosen(claim_ctx *x)
+{
+    outbox_relay *r = x->r;
+    int64_t *index;
+    char *list, *p;
+    size_t i;
+    int step, e = 0;
+
+    index = malloc(x->nchosen * 2 * sizeof *index);
+    list = malloc(x->nchosen * 21 + 2);
+    if (!index || !list) {
+        free(index);
+        free(list);
+        return OUTBOX_ENOMEM;
+    }
+    /* The seqs as a JSON array, for json_each() in the statement. */
+    p = list;
+    *p++ = '[';
+    for (i = 0; i < x->nchosen; i++) {
+        index[2 * i] = x->cs[x->chosen[i]].seq;
+        index[2 * i + 1] = x->chosen[i];
+        p += sprintf(p, "%s%lld", i ? "," : "", (long long)index[2 * i]);
+    }
+    *p++ = ']';
+    qsort(index, x->nchosen, 2 * sizeof *index, cmp_seq_idx);
+    sqlite3_bind_text(r->db.q_claim, 1, r->cfg.worker_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(r->db.q_claim, 2, x->now + (int64_t)r->cfg.s.lease_ms);
+    sqlite3_bind_text(r->db.q_claim, 3, list, (int)(p - list), SQLITE_STATIC);
+    sqlite3_bind_int64(r->db.q_claim, 4, x->now);
+    while ((step = sqlite3_step(r->db.q_claim)) == SQLITE_ROW) {
+        e = take_row(x, r->db.q_claim, index);
+        if (e != 0)
+            break;
+    }
+    if (e == 0 && step != SQLITE_DONE)
+        e = outbox__relay_sqlerr(r, step);
+    sqlite3_reset(r->db.q_claim);
+    sqlite3_clear_bindings(r->db.q_claim);
+    free(list);
+    free(index);
+    return e;
+}
+
+/*
+ * The arrays outlive the claim and key slots are emptied by generation (a
+ * slot of an older one reads as empty): allocated and cleared per claim,
+ * they made some claims in an application's process take milliseconds
+ * (docs/BENCHMARKS.md, item 12).
+ */
+int outbox__claim_arrays(outbox_relay *r, size_t cap)
+{
+    size_t scap = 16;
+    if (cap > r->cw.cap) {
+        cand *cs = realloc(r->cw.cs, cap * sizeof *cs);
+        int *chosen;
+        int64_t *defer;
+        if (!cs)
+            return OUTBOX_ENOMEM;
+        r->cw.cs = cs;
+        chosen = realloc(r->cw.chosen, cap * sizeof *chosen);
+        if (!chosen)
+            return OUTBOX_ENOMEM;
+        r->cw.chosen = chosen;
+        defer = realloc(r->cw.defer, cap * 2 * sizeof *defer);
+        if (!defer)
+            return OUTBOX_ENOMEM;
+        r->cw.defer = defer;
+        r->cw.cap = cap;
+    }
+    while (scap < cap * 2)
+        scap *= 2;
+    if (scap > r->cw.scap) {
+        bslot *slots = calloc(scap, sizeof *slots);
+        if (!slots)
+            return OUTBOX_ENOMEM;
+        free(r->cw.slots);
+        r->cw.slots = slots;
+        r->cw.scap = scap;
+        r->cw.gen = 0;
+    }
+    if (++r->cw.gen == 0) {
+        memset(r->cw.slots, 0, r->cw.scap * sizeof *r->cw.slots);
+        r->cw.gen = 1;
+    }
+    return 0;
+}
+
+void outbox__claim_free(outbox_relay *r)
+{
+    free(r->cw.cs);
+    free(r->cw.chosen);
+    free(r->cw.defer);
+    free(r->cw.slots);
+    arena_free(r->cw.arena);
+    free(r->cw.envbuf);
+    memset(&r->cw, 0, sizeof r->cw);
+}
+
+int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now)
+{
+    int rc;
+
+    memset(x, 0, sizeof *x);
+    x->r = r;
+    x->now = now;
+    x->want = want;
+    /* The strings of the previous claim's candidates go. */
+    arena_reset(&r->cw.arena);
+    rc = outbox__claim_arrays(r, (size_t)want * 9 + 1); /* expired (want) + waiting (4 want) + new (4 want) */
+    if (rc != 0)
+        return rc;
+    x->cap = r->cw.cap;
+    x->cs = r->cw.cs;
+    x->chosen = r->cw.chosen;
+    x->defer = r->cw.defer;
+    x->slots = r->cw.slots;
+    x->scap = r->cw.scap;
+    x->gen = r->cw.gen;
+    /* Expired leases first: they are the oldest work. */
+    rc = scan_expired(x);
+    if (rc == 0)
+        rc = scan_pending(x);
+    if (rc == 0)
+        rc = write_deferred(x);
+    return rc;
+}
+
+int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead,
+                  msg **settled, size_t *ndeferred)
+{
+    claim_ctx x;
+    msg **ms = NULL;
+    size_t nm = 0, i;
+    int rc;
+
+    *out = NULL;
+    *nout = 0;
+    *ndead = 0;
+    *ndeferred = 0;
+    rc = outbox__claim_select(&x, r, want, now);
+    if (rc == 0)
+        *ndeferred = x.ndefer;
+    if (rc != 0 || x.nchosen == 0)
+        goto done;
+    rc = claim_chosen(&x);
+    if (rc != 0)
+        goto done;
+
+    ms = malloc(x.nchosen * sizeof *ms);
+    if (!ms) {
+        rc = OUTBOX_ENOMEM;
+        goto done;
+    }
+    /* In the order chosen, so a predecessor is settled before its successor. */
+    for (i = 0; i < x.nchosen; i++) {
+        cand *c = &x.cs[x.chosen[i]];
+        msg *after = c->after;
+        int release = 0, in_batch = 0;
+        if (!c->m) {
+            c->fate = C_RELEASED; /* changed under us: impossible under the write lock */
+            continue;
+        }
+        if (c->prev >= 0) {
+            cand *p = &x.cs[c->prev];
+            if (p->fate == C_CHOSEN) {
+                after = p->m;
+                in_batch = 1;
+            } else if (p->fate == C_DEAD) {
+                after = p->eff_after; /* a dead row holds nothing back */
+                in_batch = p->eff_in_batch;
+            } else {
+                release = 1;
+            }
+        }
+        c->eff_after = after;
+        c->eff_in_batch = in_batch;
+        if (c->m->outcome == OUT_DEAD || release) {
+            if (release) {
+                c->m->outcome = OUT_RELEASE;
+                free(c->m->result);
+                c->m->result = outbox__safe_text("held back: its predecessor was not claimed", 42);
+            }
+            rc = outbox__mark_write(r, c->m, now);
+            if (c->m->outcome == OUT_DEAD)
+                (*ndead)++;
+            c->fate = release ? C_RELEASED : C_DEAD;
+            /* Counted and freed when the unit is done. */
+            c->m->next = *settled;
+            *settled = c->m;
+            c->m = NULL;
+            if (rc != 0)
+                goto done;
+            continue;
+        }
+        if (after && !r->cfg.s.idempotent) {
+            c->m->behind = 1;
+            if (in_batch)
+                after->key_next = c->m;
+            else
+                c->m->chain_after = after; /* linked after the commit */
+        }
+        ms[nm++] = c->m;
+    }
+    rc = 0;
+done:
+    if (rc != 0) {
+        for (i = 0; i < x.nchosen && x.cs; i++)
+            outbox__msg_free(x.cs[x.chosen[i]].m);
+        free(ms);
+        ms = NULL;
+        nm = 0;
+    }
+    *out = ms;
+    *nout = nm;
+    return rc;
+}

@@ -1,0 +1,85 @@
+/*
+ * claim.h: the claim's candidates and decisions (internal to the relay;
+ * claim.c, and the unit tests of its decisions).
+ */
+#ifndef OUTBOX_SRC_RELAY_CLAIM_H
+#define OUTBOX_SRC_RELAY_CLAIM_H
+
+#include "relay_int.h"
+
+/* Where a candidate came from: an expired lease (outbox_leased), a due
+ * waiting row (outbox_due) or the walk of new rows from the cursor. */
+enum cand_source { S_EXPIRED, S_WAITING, S_NEW };
+/* What the claim did with it: only looked, chose it, dead-lettered it
+ * (invalid row), or handed it back (its predecessor was not claimed). */
+enum cand_fate { C_SEEN, C_CHOSEN, C_DEAD, C_RELEASED };
+
+/* A row the claim looked at. */
+struct cand {
+    int64_t seq;
+    const char *topic, *key; /* in the claim's arena */
+    size_t klen;
+    int64_t token;      /* lease_token: 0 = never claimed */
+    int64_t available_at, created_at;
+    enum cand_source source;
+    int prev;     /* index of its key predecessor chosen in this batch, or -1 */
+    msg *after;   /* or the message of an earlier batch it goes after */
+    msg *m;       /* the claimed message */
+    msg *eff_after; /* what it ended up behind (for a successor of a dead row) */
+    int eff_in_batch; /* eff_after was claimed in this batch */
+    int deferred;     /* defer gave it a later available_at */
+    enum cand_fate fate;
+};
+
+/* Strings copied for the length of one claim. */
+struct chunk {
+    struct chunk *next;
+    size_t used, cap;
+    char data[];
+};
+
+/* Per key, in one claim: its newest row chosen and its held rows. */
+struct bslot {
+    unsigned gen;     /* the claim that uses it (claim_ctx.gen); any other: an empty slot */
+    int first;        /* index of the key's first row seen */
+    int last_chosen;  /* index of its newest row chosen, or -1 */
+    int64_t held_min; /* the lowest seq of its rows held back, INT64_MAX if none */
+    int64_t wait_until; /* its held rows were made due no earlier than this (see defer), or 0 */
+};
+
+typedef struct claim_ctx {
+    outbox_relay *r;
+    int64_t now;
+    unsigned want;
+    cand *cs;
+    size_t n, cap;
+    int *chosen;
+    size_t nchosen;
+    int64_t new_from; /* outbox_cursor: no new row before this seq */
+    int64_t new_pos;  /* every new row before this seq was seen (INT64_MAX: all of them) */
+    int64_t *defer;   /* (seq, available_at) pairs: rows to make due later (see defer) */
+    size_t ndefer;
+    bslot *slots;
+    size_t scap;
+    unsigned gen;
+} claim_ctx;
+
+/*
+ * Chooses up to `want` rows inside the open transaction, without claiming
+ * them: walks expired leases, due waiting rows and new rows (outbox_cursor),
+ * decides each one (per-key order, see decide in claim.c), writes the later
+ * due times of the rows it made wait and moves the cursor. x->chosen lists
+ * the chosen candidates' indexes in x->cs, in the order chosen. x is set up
+ * from r->cw (outbox__claim_arrays first). Worker thread. Returns 0 or an
+ * OUTBOX_E* code (the transaction must then be rolled back).
+ */
+int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now);
+
+/* Makes r->cw hold cap candidates and starts a new generation of key slots.
+ * 0 or OUTBOX_ENOMEM. */
+int outbox__claim_arrays(outbox_relay *r, size_t cap);
+
+/* Frees what r->cw holds (destroy). */
+void outbox__claim_free(outbox_relay *r);
+
+#endif

@@ -1,0 +1,139 @@
+/*
+ * db.c: the relay's own database connection: opening it (the schema checked,
+ * an older one migrated), its prepared statements (SQL in sql.h), and the
+ * step helpers that map SQLite's codes to OUTBOX_E* while keeping the raw
+ * code for the busy retry (r->db.last_rc).
+ */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "relay_int.h"
+#include "sql.h"
+#include "sqlite_util.h"
+
+static const struct {
+    size_t off;
+    const char *sql;
+} statements[] = {
+#define STMT(field, sql) {offsetof(outbox_relay, db.field), sql}
+    /* The claim's walks (claim.c): columns as add_cand reads them. */
+    STMT(q_new, OUTBOX__SQL_NEW),
+    STMT(q_cursor, OUTBOX__SQL_CURSOR),
+    STMT(q_cursor_set, OUTBOX__SQL_CURSOR_SET),
+    STMT(q_top, "SELECT max(seq) FROM outbox"),
+    STMT(q_stray, OUTBOX__SQL_STRAY),
+    STMT(q_due, OUTBOX__SQL_DUE),
+    STMT(q_expired, OUTBOX__SQL_EXPIRED),
+    STMT(q_key_prev, OUTBOX__SQL_KEY_PREV),
+    STMT(q_defer, OUTBOX__SQL_DEFER),
+    STMT(q_claim, OUTBOX__SQL_CLAIM),
+    /* Marks (marks.c). */
+    STMT(q_published, OUTBOX__SQL_PUBLISHED),
+    STMT(q_failed, OUTBOX__SQL_FAILED),
+    STMT(q_release, OUTBOX__SQL_RELEASE),
+    /* Scheduling, wake-ups, retention. */
+    STMT(q_data_version, "PRAGMA data_version"),
+    STMT(q_retention, OUTBOX__SQL_RETENTION),
+    STMT(q_next_due, OUTBOX__SQL_NEXT_DUE),
+    STMT(q_next_lease, OUTBOX__SQL_NEXT_LEASE),
+    STMT(q_drain, OUTBOX__SQL_DRAIN),
+#undef STMT
+};
+
+static sqlite3_stmt **stmt_at(outbox_relay *r, size_t i)
+{
+    return (sqlite3_stmt **)(void *)((char *)r + statements[i].off);
+}
+
+int outbox__relay_sqlerr(outbox_relay *r, int rc)
+{
+    int e = outbox__sqlite_code(rc);
+    if (e != 0)
+        r->db.last_rc = rc;
+    return e;
+}
+
+int outbox__relay_step_int(outbox_relay *r, sqlite3_stmt *st, int64_t dflt, int64_t *v)
+{
+    int rc = sqlite3_step(st);
+    *v = rc == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL ? sqlite3_column_int64(st, 0) : dflt;
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : outbox__relay_sqlerr(r, rc);
+}
+
+int outbox__relay_step_done(outbox_relay *r, sqlite3_stmt *st)
+{
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : outbox__relay_sqlerr(r, rc);
+}
+
+int outbox__relay_exec(outbox_relay *r, const char *sql)
+{
+    return outbox__relay_sqlerr(r, sqlite3_exec(r->db.conn, sql, NULL, NULL, NULL));
+}
+
+int outbox__relay_db_prepare(outbox_relay *r, char *err, size_t errlen)
+{
+    size_t i;
+    for (i = 0; i < OUTBOX_ARRAY_LEN(statements); i++)
+        if (sqlite3_prepare_v3(r->db.conn, statements[i].sql, -1, SQLITE_PREPARE_PERSISTENT, stmt_at(r, i), NULL) !=
+            SQLITE_OK)
+            return outbox__errf(err, errlen, OUTBOX_ESQLITE, "cannot prepare a relay statement: %s",
+                                sqlite3_errmsg(r->db.conn));
+    return 0;
+}
+
+int outbox__relay_db_open(outbox_relay *r, char *err, size_t errlen)
+{
+    int e, tries;
+
+    /* Reading the schema can meet a lock: another connection's migration,
+     * or its WAL recovery after a process crashed mid-commit. That is no
+     * reason to refuse to start: this waits for it, on the calling thread,
+     * for up to 2 s (relay.h says so; readers never wait for writers in WAL
+     * mode, so an ordinary writer does not make create wait). */
+    for (tries = 0;; tries++) {
+        e = outbox_db_open(r->cfg.db_path, OUTBOX_OPEN_RELAY, &r->db.conn, err, errlen);
+        if (e == 0)
+            e = outbox_schema_check(r->db.conn, err, errlen);
+        if (e == OUTBOX_ENOSCHEMA) {
+            int64_t v = 0;
+            /* An older schema is migrated; a database without one is refused,
+             * so that a mistyped path does not grow a fresh empty outbox. */
+            int ve = outbox__sqlite_int(r->db.conn, "PRAGMA user_version", &v);
+            if (ve != 0)
+                e = ve;
+            else if (v > 0)
+                e = outbox_schema_apply(r->db.conn, err, errlen);
+        }
+        if (e != OUTBOX_EBUSY || tries == 200)
+            break;
+        sqlite3_close_v2(r->db.conn);
+        r->db.conn = NULL;
+        sqlite3_sleep(10);
+    }
+    if (e != 0)
+        return e;
+    e = outbox__relay_db_prepare(r, err, errlen);
+    if (e != 0)
+        return e;
+    /* A drain touches more pages than the default cache holds (the due and
+     * key indexes, the rows being claimed and those being marked). */
+    sqlite3_exec(r->db.conn, "PRAGMA cache_size=-16384", NULL, NULL, NULL);
+    return 0;
+}
+
+void outbox__relay_db_close(outbox_relay *r)
+{
+    size_t i;
+    for (i = 0; i < OUTBOX_ARRAY_LEN(statements); i++) {
+        sqlite3_finalize(*stmt_at(r, i));
+        *stmt_at(r, i) = NULL;
+    }
+    if (r->db.conn) {
+        sqlite3_wal_hook(r->db.conn, NULL, NULL);
+        sqlite3_close_v2(r->db.conn);
+        r->db.conn = NULL;
+    }
+}

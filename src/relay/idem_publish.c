@@ -1,0 +1,152 @@
+/*
+ * idem_publish.c: idempotent publishing (--idempotent): one script call per
+ * stream per batch appends each message only if its publish marker does not
+ * exist (src/idem.c has the script and its reply format). Loop thread.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem.h"
+#include "relay_int.h"
+
+
+typedef struct idem_call {
+    outbox_relay *r;
+    size_t n;
+    msg *msgs[]; /* in seq order */
+} idem_call;
+
+static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
+{
+    idem_call *call = data;
+    outbox_relay *r = call->r;
+    size_t i;
+    (void)conn;
+    r->win.awaiting -= call->n;
+    if (status != 0 || !reply) {
+        const char *why = status ? outbox_strerror(status) : "no reply";
+        for (i = 0; i < call->n; i++)
+            outbox__win_queue_mark(r, call->msgs[i], OUT_RELEASE, why, strlen(why));
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+        /* The whole call failed before appending anything (a script error
+         * aborts at once; OOM refuses the call). NOSCRIPT is not the
+         * messages' fault: load the script again and release them. */
+        int noscript = reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0;
+        /* Only the first NOSCRIPT reloads: the calls sent before it fail
+         * too, but their replies all come before the reload's, while the
+         * sha is empty (calls sent meanwhile carry the whole script). */
+        if (noscript && r->redis.idem_sha[0] && redis_conn(r))
+            outbox__pub_idem_load(r);
+        else if (noscript)
+            r->redis.idem_sha[0] = '\0';
+        for (i = 0; i < call->n; i++)
+            outbox__win_queue_mark(r, call->msgs[i], noscript ? OUT_RELEASE : OUT_RETRY, reply->str, reply->len);
+    } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != call->n) {
+        static const char bad[] = "unexpected reply from the publish script";
+        for (i = 0; i < call->n; i++)
+            outbox__win_queue_mark(r, call->msgs[i], OUT_RETRY, bad, sizeof bad - 1);
+    } else {
+        for (i = 0; i < call->n; i++) {
+            const char *text;
+            size_t len;
+            msg *m = call->msgs[i];
+            switch (outbox__idem_element(reply->element[i], &text, &len)) {
+            case OUTBOX_IDEM_DUPLICATE:
+                r->stats.duplicates_total++;
+                LOG(r, OUTBOX_LOG_INFO, "msg=\"duplicate publish suppressed\" id=%s entry=%.*s", m->id, (int)len,
+                    text);
+                /* It is in the stream. */
+                outbox__win_queue_mark(r, m, OUT_PUBLISHED, text, len);
+                break;
+            case OUTBOX_IDEM_APPENDED:
+                outbox__win_queue_mark(r, m, OUT_PUBLISHED, text, len);
+                break;
+            default:
+                if (len >= 8 && memcmp(text, "HELDBACK", 8) == 0) {
+                    r->stats.held_back_total++;
+                    outbox__win_queue_mark(r, m, OUT_RELEASE, text, len);
+                } else {
+                    outbox__win_queue_mark(r, m, OUT_RETRY, text, len);
+                }
+                break;
+            }
+        }
+    }
+    free(call);
+    r->hooks.stop_check(r);
+}
+
+void outbox__pub_idem_send(outbox_relay *r, msg **ms, size_t n)
+{
+    unsigned char *done = calloc(n ? n : 1, 1);
+    outbox__idem_msg *im = malloc((n ? n : 1) * sizeof *im);
+    size_t i, j;
+
+    for (i = 0; i < n; i++) {
+        idem_call *call;
+        size_t cnt = 0;
+        char stream[400], *cmd = NULL;
+        long len;
+        int e;
+        if (done && done[i])
+            continue;
+        call = malloc(sizeof *call + (n - i) * sizeof(msg *));
+        if (!call || !done || !im) {
+            free(call);
+            for (j = i; j < n; j++)
+                if (!done || !done[j])
+                    outbox__win_queue_mark(r, ms[j], OUT_RELEASE, "out of memory", 13);
+            break;
+        }
+        for (j = i; j < n; j++)
+            if (!done[j] && strcmp(ms[j]->topic, ms[i]->topic) == 0) {
+                done[j] = 1;
+                call->msgs[cnt] = ms[j];
+                im[cnt].id = ms[j]->id;
+                im[cnt].replay_count = ms[j]->replay_count;
+                im[cnt].env = ms[j]->env;
+                im[cnt].envlen = ms[j]->envlen;
+                cnt++;
+            }
+        call->r = r;
+        call->n = cnt;
+        snprintf(stream, sizeof stream, "%s%s", r->cfg.stream_prefix, ms[i]->topic);
+        len = outbox__idem_format(&cmd, r->redis.idem_sha[0] ? r->redis.idem_sha : NULL, r->cfg.stream_prefix, stream,
+                                  r->cfg.s.idempotent_retention_ms, r->cfg.s.maxlen, im, cnt);
+        e = len < 0 ? OUTBOX_ENOMEM
+                    : outbox__redis_command_raw(redis_conn(r), cmd, (size_t)len, 0, on_idem_reply, call);
+        free(cmd);
+        if (e != 0) {
+            for (j = 0; j < cnt; j++)
+                outbox__win_queue_mark(r, call->msgs[j], OUT_RELEASE, outbox_strerror(e), strlen(outbox_strerror(e)));
+            free(call);
+            continue;
+        }
+        for (j = 0; j < cnt; j++) {
+            call->msgs[j]->state = MSG_SENT;
+            free(call->msgs[j]->env);
+            call->msgs[j]->env = NULL;
+        }
+        r->win.awaiting += cnt;
+    }
+    free(done);
+    free(im);
+}
+
+static void on_idem_loaded(outbox__redis *conn, int status, redisReply *reply, void *data)
+{
+    outbox_relay *r = data;
+    (void)conn;
+    if (status == 0 && reply && reply->type == REDIS_REPLY_STRING && reply->len == 40)
+        memcpy(r->redis.idem_sha, reply->str, 41);
+}
+
+void outbox__pub_idem_load(outbox_relay *r)
+{
+    const char *argv[3] = {"SCRIPT", "LOAD", outbox__idem_lua};
+    size_t lens[3] = {6, 4, strlen(outbox__idem_lua)};
+    r->redis.idem_sha[0] = '\0';
+    if (redis_conn(r))
+        outbox__redis_command_argv(redis_conn(r), 3, argv, lens, 0, on_idem_loaded, r);
+}

@@ -1,0 +1,331 @@
+/*
+ * lifecycle.c: create, start, stop and destroy; the Redis connection's up
+ * and down events; the hooks the lower modules call back up through. Loop
+ * thread.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "claim.h"
+#include "relay_int.h"
+
+static void finish_stop(outbox_relay *r);
+static void stop_check(outbox_relay *r);
+
+/* Connected (on_up): claims may go. */
+static void on_redis_up(outbox__rconn *rc, void *data)
+{
+    outbox_relay *r = data;
+    (void)rc;
+    r->redis.down_since = 0;
+    if (r->cfg.s.idempotent)
+        outbox__pub_idem_load(r);
+    outbox__sched_schedule(r);
+}
+
+/* The connection was lost: every pending reply callback already ran and
+ * released its message; rconn reconnects. */
+static void on_redis_down(outbox__rconn *rc, int status, void *data)
+{
+    outbox_relay *r = data;
+    (void)rc;
+    r->stats.reconnects++;
+    r->redis.down_since = uv_now(r->loop);
+    LOG(r, OUTBOX_LOG_WARN, "msg=\"in-flight messages released for retry\" err=%s", outbox_err_name(status));
+    stop_check(r); /* lost while stopping: nothing more to wait for */
+}
+
+/* One handle (or the Redis connection) closed: the stop ends with the last. */
+static void handle_closed(outbox_relay *r)
+{
+    if (--r->stop.handles_open == 0)
+        finish_stop(r);
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    handle_closed(h->data);
+}
+
+static void on_conn_closed(void *data)
+{
+    outbox_relay *r = data;
+    if (--r->stop.handles_open == 0)
+        finish_stop(r);
+    else
+        stop_check(r);
+}
+
+/* Closes the connection and stops reconnecting, once; the relay's stop
+ * waits for it like for a handle. */
+static void close_redis(outbox_relay *r)
+{
+    if (r->redis.state != RC_STARTED)
+        return;
+    r->redis.state = RC_CLOSING;
+    r->stop.handles_open++;
+    outbox__rconn_close(&r->redis.rc, on_conn_closed, r);
+}
+
+/* Drain mode without an on_drained of the user's: the relay stops. */
+static void stop_when_drained(outbox_relay *r, void *data)
+{
+    (void)data;
+    outbox_relay_stop(r, NULL, NULL);
+}
+
+static char *dupstr(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+static void free_fields(outbox_relay *r)
+{
+    if (r->redis.state == RC_INITIALISED)
+        outbox__rconn_discard(&r->redis.rc); /* initialised by a start that failed */
+    outbox__relay_db_close(r);
+    sqlite3_close_v2(r->ckpt.db);
+    if (r->lock.sync_ok) {
+        uv_cond_destroy(&r->lock.cond);
+        uv_mutex_destroy(&r->lock.mutex);
+    }
+    outbox__ops_free(r);
+    free(r->cfg.metrics_listen);
+    outbox__redis_url_free(&r->cfg.url);
+    free(r->cfg.db_path);
+    free(r->wake.wal_path);
+    free(r->cfg.redis_url_text);
+    free(r->cfg.worker_id);
+    free(r->cfg.stream_prefix);
+    free(r->win.seqset);
+    free(r->win.keymap);
+    outbox__claim_free(r);
+    free(r);
+}
+
+/* The settings' strings are copied; the copy's pointers point at them. */
+static int copy_settings(outbox_relay *r, const outbox_relay_settings *s, char *err, size_t errlen)
+{
+    char host[256], wid[300], msgbuf[512];
+    int e;
+
+    r->cfg.s = *s;
+    r->cfg.log.fn = s->log;
+    r->cfg.log.data = s->log_data;
+    r->cfg.log.min_level = s->log_level;
+    e = outbox__redis_url_parse(s->redis_url, &r->cfg.url, msgbuf, sizeof msgbuf);
+    if (e != 0)
+        return outbox__errf(err, errlen, e, "redis: %s", msgbuf);
+    outbox__redis_url_describe(&r->cfg.url, r->cfg.url_desc, sizeof r->cfg.url_desc);
+    if (!s->worker_id) {
+        if (gethostname(host, sizeof host) != 0)
+            strcpy(host, "localhost");
+        host[sizeof host - 1] = '\0';
+        snprintf(wid, sizeof wid, "%s:%ld", host, (long)getpid());
+    } else {
+        outbox__strlcpy(wid, s->worker_id, sizeof wid);
+    }
+    r->cfg.db_path = dupstr(s->db_path);
+    r->cfg.redis_url_text = dupstr(s->redis_url);
+    r->cfg.worker_id = dupstr(wid);
+    r->cfg.stream_prefix = dupstr(s->stream_prefix);
+    r->cfg.metrics_listen = dupstr(s->metrics_listen);
+    if (!r->cfg.db_path || !r->cfg.redis_url_text || !r->cfg.worker_id || !r->cfg.stream_prefix ||
+        (s->metrics_listen && !r->cfg.metrics_listen))
+        return OUTBOX_ENOMEM;
+    r->cfg.s.db_path = r->cfg.db_path;
+    r->cfg.s.redis_url = r->cfg.redis_url_text;
+    r->cfg.s.worker_id = r->cfg.worker_id;
+    r->cfg.s.stream_prefix = r->cfg.stream_prefix;
+    r->cfg.s.metrics_listen = r->cfg.metrics_listen;
+    if (!r->cfg.s.on_drained) {
+        r->cfg.s.on_drained = stop_when_drained;
+        r->cfg.s.on_drained_data = NULL;
+    }
+    return 0;
+}
+
+int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_settings *s, char *err,
+                        size_t errlen)
+{
+    outbox_relay *r;
+    int e;
+
+    if (err && errlen)
+        err[0] = '\0';
+    if (!out || !loop || !s)
+        return OUTBOX_EINVAL;
+    *out = NULL;
+    if ((e = outbox__relay_check_settings(s, err, errlen)) != 0)
+        return e;
+    r = calloc(1, sizeof *r);
+    if (!r)
+        return OUTBOX_ENOMEM;
+    r->loop = loop;
+    r->hooks.schedule = outbox__sched_schedule;
+    r->hooks.stop_check = stop_check;
+    r->hooks.closed = handle_closed;
+    if (uv_mutex_init(&r->lock.mutex) == 0) {
+        if (uv_cond_init(&r->lock.cond) == 0)
+            r->lock.sync_ok = 1;
+        else
+            uv_mutex_destroy(&r->lock.mutex);
+    }
+    e = copy_settings(r, s, err, errlen);
+    if (e == 0) {
+        outbox__ops_init(r);
+        e = outbox__relay_db_open(r, err, errlen);
+    }
+    if (e != 0) {
+        free_fields(r);
+        return e;
+    }
+    /* Registering a WAL hook turns off auto-checkpoint on this connection:
+     * checkpoints run on a worker thread instead of inside our commits. */
+    sqlite3_wal_hook(r->db.conn, outbox__wake_own_wal_hook, r);
+    sqlite3_busy_handler(r->db.conn, outbox__sched_busy_handler, r);
+    *out = r;
+    return 0;
+}
+
+int outbox_relay_start(outbox_relay *r)
+{
+    int e;
+    char err[300];
+    if (!r || r->state != R_CREATED)
+        return OUTBOX_ESTATE;
+    /* Binding the metrics port (and memory) are the only things that can
+     * fail: first, so a failed start leaves nothing to close. */
+    if (r->redis.state == RC_NONE) {
+        outbox__redis_options o;
+        outbox__redis_options_defaults(&o);
+        o.connect_timeout_ms = r->cfg.s.connect_timeout_ms;
+        o.reply_timeout_ms = r->cfg.s.reply_timeout_ms;
+        o.client_name = "outbox-relay";
+        if (outbox__rconn_init(&r->redis.rc, r->loop, &r->cfg.url, &o, &r->cfg.log, "relay") != 0)
+            return OUTBOX_ENOMEM;
+        r->redis.state = RC_INITIALISED;
+        r->redis.rc.on_up = on_redis_up;
+        r->redis.rc.on_down = on_redis_down;
+        r->redis.rc.data = r;
+    }
+    e = outbox__ops_listen(r, err, sizeof err);
+    if (e != 0) {
+        LOG(r, OUTBOX_LOG_ERROR, "msg=\"cannot start\" error=\"%s\"", err);
+        return e;
+    }
+    /* Every handle initialised here is counted, and closed by stop_check. */
+    r->stop.handles_open = outbox__sched_init(r);
+    uv_timer_init(r->loop, &r->stop.shutdown_timer);
+    r->stop.shutdown_timer.data = r;
+    r->stop.handles_open++;
+    r->stop.handles_open += outbox__wake_init(r);
+    r->stop.handles_open += outbox__ops_start(r);
+    r->redis.down_since = uv_now(r->loop);
+    r->state = R_RUNNING;
+    LOG(r, OUTBOX_LOG_INFO, "msg=started worker=%s db=%s redis=%s batch=%u inflight=%u", r->cfg.worker_id,
+        r->cfg.db_path, r->cfg.url_desc, r->cfg.s.batch, r->cfg.s.inflight);
+    r->redis.state = RC_STARTED;
+    outbox__rconn_start(&r->redis.rc);
+    outbox__sched_arm_scan(r, 0);
+    return 0;
+}
+
+static void finish_stop(outbox_relay *r)
+{
+    void (*cb)(outbox_relay *, void *) = r->stop.cb;
+    void *data = r->stop.data;
+    r->state = R_STOPPED;
+    LOG(r, OUTBOX_LOG_INFO, "msg=stopped published=%llu failed=%llu dead=%llu fenced=%llu",
+        (unsigned long long)r->stats.published_total, (unsigned long long)r->stats.failed_total,
+        (unsigned long long)r->stats.dead_total, (unsigned long long)r->stats.fenced_total);
+    r->stop.in_finish = 1;
+    if (cb)
+        cb(r, data);
+    r->stop.in_finish = 0;
+    if (r->stop.destroy_pending)
+        free_fields(r);
+}
+
+/* A stop in progress ends once nothing is awaited any more: no reply, no
+ * work on a worker thread, no mark left to write. Then every handle closes. */
+static void stop_check(outbox_relay *r)
+{
+    msg *m;
+    if (r->state != R_STOPPING || r->stop.closing)
+        return;
+    if (r->win.awaiting > 0 || r->ckpt.running || r->ops.dbstat_running || r->sched.running)
+        return;
+    if (r->win.marks_head) {
+        /* Marks still to write: a unit writes them (or its busy retry does).
+         * A database that fails 200 units in a row loses only the marks: the
+         * rows' leases expire and another relay publishes them again
+         * (duplicates, never a loss). */
+        if (r->sched.stop_failures <= 200) {
+            outbox__sched_schedule(r);
+            return;
+        }
+        LOG(r, OUTBOX_LOG_ERROR, "msg=\"cannot write the last marks; their rows will be taken over when the "
+                                 "leases expire\"");
+        while ((m = r->win.marks_head) != NULL) {
+            r->win.marks_head = m->next;
+            r->win.inflight--;
+            outbox__win_retire(r, m);
+        }
+        r->win.marks_tail = NULL;
+    }
+    r->stop.closing = 1;
+    close_redis(r);
+    outbox__sched_close(r, on_handle_closed);
+    uv_close((uv_handle_t *)&r->stop.shutdown_timer, on_handle_closed);
+    outbox__wake_close(r, on_handle_closed);
+    outbox__ops_close(r, on_handle_closed);
+}
+
+static void on_shutdown_timeout(uv_timer_t *t)
+{
+    outbox_relay *r = t->data;
+    if (r->win.awaiting) {
+        LOG(r, OUTBOX_LOG_WARN, "msg=\"shutdown timeout: handing back messages without a reply\" count=%llu",
+            (unsigned long long)r->win.awaiting);
+        /* Dropping fails every pending reply: each one releases its row. */
+        outbox__rconn_reset(&r->redis.rc, "shutdown timeout");
+    }
+    stop_check(r);
+}
+
+int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), void *data)
+{
+    if (!r || r->state != R_RUNNING)
+        return OUTBOX_ESTATE;
+    r->state = R_STOPPING;
+    r->stop.cb = cb;
+    r->stop.data = data;
+    LOG(r, OUTBOX_LOG_INFO, "msg=stopping inflight=%llu awaiting_replies=%llu", (unsigned long long)r->win.inflight,
+        (unsigned long long)r->win.awaiting);
+    uv_timer_stop(&r->sched.scan_timer);
+    outbox__ops_stop(r);
+    outbox__wake_stop(r);
+    /* No more reconnects; a live connection stays for the replies awaited. */
+    outbox__rconn_hold(&r->redis.rc);
+    if (r->win.awaiting)
+        uv_timer_start(&r->stop.shutdown_timer, on_shutdown_timeout, r->cfg.s.shutdown_timeout_ms, 0);
+    outbox__sched_schedule(r);
+    stop_check(r);
+    return 0;
+}
+
+void outbox_relay_destroy(outbox_relay *r)
+{
+    if (!r)
+        return;
+    if (r->state == R_CREATED || (r->state == R_STOPPED && !r->stop.in_finish)) {
+        free_fields(r);
+        return;
+    }
+    r->stop.destroy_pending = 1;
+    if (r->state == R_RUNNING)
+        outbox_relay_stop(r, NULL, NULL);
+}

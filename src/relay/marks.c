@@ -1,0 +1,121 @@
+/*
+ * marks.c: writing a message's mark inside a unit's transaction (worker
+ * thread) and accounting for it once the transaction committed (loop
+ * thread). Every mark is fenced: it names the owner and the lease token it
+ * claimed with, and changes nothing if either changed since.
+ */
+#include <string.h>
+
+#include "relay_int.h"
+
+/* The wait before a failed message's next attempt: never below
+ * backoff-min-ms, as documented. */
+static uint64_t retry_delay_ms(const outbox_relay *r, int64_t attempts)
+{
+    uint64_t d = outbox__backoff_ms(r->cfg.s.backoff_min_ms, r->cfg.s.backoff_max_ms, attempts);
+    return d < r->cfg.s.backoff_min_ms ? r->cfg.s.backoff_min_ms : d;
+}
+
+static void bind_fence(sqlite3_stmt *st, int first, const outbox_relay *r, const msg *m)
+{
+    sqlite3_bind_int64(st, first, m->seq);
+    sqlite3_bind_text(st, first + 1, r->cfg.worker_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, first + 2, m->token);
+}
+
+int outbox__mark_write(outbox_relay *r, msg *m, int64_t now)
+{
+    sqlite3_stmt *st;
+    int rc;
+    const char *what;
+
+    switch (m->outcome) {
+    case OUT_PUBLISHED:
+        st = r->db.q_published;
+        bind_fence(st, 1, r, m);
+        sqlite3_bind_int64(st, 4, now);
+        sqlite3_bind_text(st, 5, m->result, -1, SQLITE_STATIC);
+        what = "published";
+        break;
+    case OUT_RETRY:
+        st = r->db.q_failed;
+        bind_fence(st, 1, r, m);
+        if (m->attempts >= (int64_t)r->cfg.s.max_attempts) {
+            sqlite3_bind_int(st, 4, OUTBOX_STATE_DEAD);
+            what = "dead";
+        } else {
+            sqlite3_bind_int(st, 4, OUTBOX_STATE_PENDING);
+            what = "retry";
+        }
+        /* Its key's later rows wait as long: claims that meet them move
+         * them behind it (defer). */
+        sqlite3_bind_int64(st, 5, now + (int64_t)retry_delay_ms(r, m->attempts));
+        sqlite3_bind_text(st, 6, m->result ? m->result : "unknown error", -1, SQLITE_STATIC);
+        break;
+    case OUT_DEAD:
+        st = r->db.q_failed;
+        bind_fence(st, 1, r, m);
+        sqlite3_bind_int(st, 4, OUTBOX_STATE_DEAD);
+        sqlite3_bind_int64(st, 5, now);
+        sqlite3_bind_text(st, 6, m->result ? m->result : "invalid row", -1, SQLITE_STATIC);
+        what = "dead";
+        break;
+    case OUT_RELEASE:
+    default:
+        st = r->db.q_release;
+        bind_fence(st, 1, r, m);
+        sqlite3_bind_int64(st, 4, now);
+        what = "released";
+        break;
+    }
+    rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (rc != SQLITE_DONE)
+        return outbox__relay_sqlerr(r, rc);
+    m->mark_what = what;
+    m->mark_applied = sqlite3_changes(r->db.conn) > 0;
+    return 0;
+}
+
+void outbox__mark_account(outbox_relay *r, msg *m)
+{
+    const char *what = m->mark_what ? m->mark_what : "released";
+    if (!m->mark_applied) {
+        r->stats.fenced_total++;
+        LOG(r, OUTBOX_LOG_WARN,
+            "msg=\"mark refused: lease taken over by another relay\" id=%s seq=%lld token=%lld mark=%s", m->id,
+            (long long)m->seq, (long long)m->token, what);
+        return;
+    }
+    {
+        outbox__topic_stat *ts = outbox__topics_get(&r->stats.topics, m->topic ? m->topic : "_unknown");
+        if (m->outcome == OUT_PUBLISHED)
+            ts->published++;
+        else if (m->outcome == OUT_DEAD || (m->outcome == OUT_RETRY && strcmp(what, "dead") == 0))
+            ts->dead++;
+        else if (m->outcome == OUT_RETRY)
+            ts->retried++;
+        if (m->outcome == OUT_RETRY)
+            ts->failed++;
+        if (m->outcome == OUT_RETRY && strcmp(what, "retry") == 0)
+            r->stats.retries_total++;
+    }
+    if (m->outcome == OUT_PUBLISHED) {
+        r->stats.published_total++;
+        LOG(r, OUTBOX_LOG_DEBUG, "msg=published id=%s seq=%lld entry=%s", m->id, (long long)m->seq, m->result);
+    } else if (m->outcome == OUT_RETRY || m->outcome == OUT_DEAD) {
+        char q[256];
+        outbox__logfmt_quote(q, sizeof q, m->result ? m->result : "");
+        r->stats.failed_total++;
+        if (strcmp(what, "dead") == 0) {
+            r->stats.dead_total++;
+            LOG(r, OUTBOX_LOG_ERROR, "msg=\"dead-lettered\" id=%s seq=%lld attempts=%lld error=%s", m->id,
+                (long long)m->seq, (long long)m->attempts, q);
+        } else {
+            LOG(r, OUTBOX_LOG_WARN, "msg=\"publish failed, will retry\" id=%s seq=%lld attempts=%lld error=%s",
+                m->id, (long long)m->seq, (long long)m->attempts, q);
+        }
+    }
+}
+

@@ -1,0 +1,184 @@
+/*
+ * publish.c: sending claimed messages with pipelined XADDs on the relay's
+ * Redis connection, and WAIT groups (--wait-replicas). Every reply turns its
+ * message into a queued mark; a keyed message's successor is sent once it is
+ * accepted. Loop thread.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "relay_int.h"
+
+static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
+{
+    wait_group *g = data;
+    outbox_relay *r = g->r;
+    char why[128];
+    long long acked = -1;
+    size_t i;
+
+    (void)conn;
+    if (status == 0 && reply && reply->type == REDIS_REPLY_INTEGER)
+        acked = reply->integer;
+    if (r && acked < (long long)r->cfg.s.wait_replicas) {
+        if (status != 0)
+            snprintf(why, sizeof why, "WAIT: %s", outbox_strerror(status));
+        else if (reply && reply->type == REDIS_REPLY_ERROR)
+            snprintf(why, sizeof why, "WAIT: %.100s", reply->str);
+        else
+            snprintf(why, sizeof why, "WAIT: %lld of %u replicas acknowledged", acked, r->cfg.s.wait_replicas);
+    }
+    for (i = 0; i < g->n; i++) {
+        msg *m = g->msgs[i];
+        if (!m || m->state != MSG_WAITING)
+            continue;
+        r->win.awaiting--;
+        if (acked >= (long long)r->cfg.s.wait_replicas)
+            outbox__win_queue_mark(r, m, OUT_PUBLISHED, m->result, strlen(m->result));
+        else if (status != 0)
+            outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
+        else
+            outbox__win_queue_mark(r, m, OUT_RETRY, why, strlen(why));
+    }
+    free(g->msgs);
+    free(g);
+    if (r)
+        r->hooks.stop_check(r);
+}
+
+void outbox__pub_flush_group(outbox_relay *r, wait_group *g)
+{
+    char timeout[24], n[16];
+    const char *argv[3];
+    size_t lens[3];
+    size_t i;
+
+    if (!g)
+        return;
+    snprintf(n, sizeof n, "%u", r->cfg.s.wait_replicas);
+    snprintf(timeout, sizeof timeout, "%llu", (unsigned long long)r->cfg.s.wait_timeout_ms);
+    argv[0] = "WAIT";
+    argv[1] = n;
+    argv[2] = timeout;
+    for (i = 0; i < 3; i++)
+        lens[i] = strlen(argv[i]);
+    if (!redis_conn(r) ||
+        outbox__redis_command_argv(redis_conn(r), 3, argv, lens, r->cfg.s.wait_timeout_ms + r->cfg.s.reply_timeout_ms,
+                                   on_wait_reply, g) != 0) {
+        /* The connection is gone: the XADD callbacks release their messages;
+         * nobody waits for this group. */
+        for (i = 0; i < g->n; i++)
+            if (g->msgs[i])
+                g->msgs[i]->group = NULL;
+        free(g->msgs);
+        free(g);
+    }
+}
+
+/* A message whose outcome is decided without its group's WAIT leaves the
+ * group: it may be marked and freed before the WAIT reply comes. */
+static void leave_group(msg *m)
+{
+    wait_group *g = m->group;
+    size_t i;
+    if (!g)
+        return;
+    for (i = 0; i < g->n; i++)
+        if (g->msgs[i] == m) {
+            g->msgs[i] = NULL;
+            break;
+        }
+    m->group = NULL;
+}
+
+static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
+{
+    msg *m = data;
+    outbox_relay *r = m->r;
+    wait_group *grp = NULL;
+
+    (void)conn;
+    if (status != 0 || !reply) {
+        const char *why = status ? outbox_strerror(status) : "no reply";
+        r->win.awaiting--;
+        /* The outcome is unknown: it may be appended, it may not. Retrying
+         * risks a duplicate, never a loss. */
+        outbox__win_release_chain(r, m, "held back: connection lost");
+        leave_group(m);
+        outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
+    } else if (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS) {
+        free(m->result);
+        m->result = outbox__safe_text(reply->str, reply->len);
+        if (m->group) {
+            m->state = MSG_WAITING; /* counted in awaiting until WAIT answers */
+        } else if (r->cfg.s.wait_replicas) {
+            /* Its WAIT group could not be made or sent (out of memory):
+             * marking it published would skip the replicas' promise. */
+            static const char why[] = "WAIT not sent: out of memory";
+            r->win.awaiting--;
+            outbox__win_queue_mark(r, m, OUT_RELEASE, why, sizeof why - 1);
+        } else {
+            r->win.awaiting--;
+            outbox__win_queue_mark(r, m, OUT_PUBLISHED, reply->str, reply->len);
+        }
+        /* The next message of the key may go now: this one is appended. */
+        if (m->key_next) {
+            msg *n = m->key_next;
+            m->key_next = NULL;
+            if (r->state == R_RUNNING && redis_conn(r)) {
+                outbox__pub_send(r, n, &grp);
+                outbox__pub_flush_group(r, grp);
+            } else {
+                outbox__win_release_chain(r, n, "held back: relay stopping");
+                outbox__win_queue_mark(r, n, OUT_RELEASE, "held back: relay stopping", 25);
+            }
+        }
+    } else {
+        char buf[256];
+        if (reply->type == REDIS_REPLY_ERROR)
+            snprintf(buf, sizeof buf, "%.*s", (int)(reply->len < 200 ? reply->len : 200), reply->str);
+        else
+            snprintf(buf, sizeof buf, "unexpected XADD reply type %d", reply->type);
+        r->win.awaiting--;
+        leave_group(m);
+        /* A later message of this key must not be appended before this one. */
+        outbox__win_release_chain(r, m, "held back: an earlier message of its key failed");
+        outbox__win_queue_mark(r, m, OUT_RETRY, buf, strlen(buf));
+    }
+    r->hooks.stop_check(r);
+}
+
+void outbox__pub_send(outbox_relay *r, msg *m, wait_group **grp)
+{
+    int e = outbox__redis_command_raw(redis_conn(r), m->cmd, m->cmdlen, 0, on_xadd_reply, m);
+    if (e != 0) {
+        outbox__win_release_chain(r, m, "held back: connection lost");
+        outbox__win_queue_mark(r, m, OUT_RELEASE, outbox_strerror(e), strlen(outbox_strerror(e)));
+        return;
+    }
+    free(m->cmd);
+    m->cmd = NULL;
+    m->state = MSG_SENT;
+    r->win.awaiting++;
+    if (r->cfg.s.wait_replicas) {
+        wait_group *g = *grp;
+        if (!g) {
+            g = calloc(1, sizeof *g);
+            if (!g)
+                return; /* no group: its reply releases it (on_xadd_reply) */
+            g->r = r;
+            *grp = g;
+        }
+        if (g->n == g->cap) {
+            size_t nc = g->cap ? g->cap * 2 : 64;
+            msg **nm = realloc(g->msgs, nc * sizeof *nm);
+            if (!nm)
+                return; /* likewise */
+            g->msgs = nm;
+            g->cap = nc;
+        }
+        g->msgs[g->n++] = m;
+        m->group = g;
+    }
+}

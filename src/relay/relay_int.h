@@ -1,0 +1,459 @@
+/*
+ * relay_int.h: what the relay's modules share (not installed).
+ *
+ * The relay is a folder of modules, each one concern; docs/ARCHITECTURE.md
+ * has a paragraph on each. Calls run one way, from the top down:
+ *
+ *   lifecycle.c      create, start, stop, destroy; the Redis up/down events
+ *   sched.c  ops.c  attach.c
+ *                    units of work and their timers; metrics, HTTP,
+ *                    retention, database figures; attached connections
+ *   wake.c  publish.c  idem_publish.c
+ *                    WAL watch, data_version and checkpoints; XADD and WAIT;
+ *                    idempotent publishing
+ *   claim.c          choosing and claiming rows
+ *   marks.c          writing and accounting marks
+ *   encode.c  window.c  db.c  settings.c
+ *                    row checks and commands; the in-flight window; the
+ *                    connection and its statements; settings
+ *
+ * The few calls that run back up (a reply that schedules a unit, a stop
+ * that may be able to finish) go through r->hooks, which lifecycle.c fills
+ * in at create, the way a hiredis adapter fills ac->ev.
+ *
+ * Threads: every function here runs on the loop thread unless its comment
+ * says otherwise. A unit's transaction runs on a libuv worker thread
+ * (sched.c); while it runs, the loop does not touch r->db, r->cw, the
+ * window's seq set or key map (it changes them only when the unit is done).
+ */
+#ifndef OUTBOX_SRC_RELAY_INT_H
+#define OUTBOX_SRC_RELAY_INT_H
+
+#include <sqlite3.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "http.h"
+#include "internal.h"
+#include "metrics.h"
+#include "outbox/relay.h"
+#include "outbox/schema.h"
+#include "rconn.h"
+#include "redis.h"
+
+/* What became of one message; decides its mark. */
+enum outcome {
+    OUT_NONE = 0,
+    OUT_PUBLISHED, /* Redis accepted it (and WAIT was satisfied) */
+    OUT_RETRY,     /* a failure that counts: backoff, or dead when exhausted */
+    OUT_RELEASE,   /* not its fault (connection lost, held back, stop): pending again, attempt not counted */
+    OUT_DEAD,      /* cannot ever be published (invalid row) */
+};
+
+/* Where a claimed message is: held (not sent yet: behind its key's previous
+ * message, or in a batch not sent yet), sent (its reply awaited), waiting
+ * (accepted, its WAIT group's reply awaited), done (its mark is queued). */
+enum msg_state { MSG_HELD, MSG_SENT, MSG_WAITING, MSG_DONE };
+
+typedef struct wait_group wait_group;
+typedef struct msg msg;
+
+/* One claimed message, from its claim until its mark is written. */
+struct msg {
+    msg *next;     /* mark queue */
+    msg *key_next; /* the next message of its key, held back behind this one */
+    struct outbox_relay *r;
+    wait_group *group;
+    int64_t seq, token, attempts, created_at, replay_count;
+    char *id, *topic, *key; /* in the same allocation; key "" when unkeyed */
+    size_t klen;
+    msg *km_next; /* key map bucket */
+    int in_keymap;
+    msg *chain_after; /* claimed behind this message of an earlier batch (linked after commit) */
+    char *env;        /* idempotent mode: the envelope, sent with its stream's batch */
+    size_t envlen;
+    char *cmd; /* formatted XADD, until sent */
+    size_t cmdlen;
+    enum msg_state state;
+    enum outcome outcome;
+    int behind;            /* held behind an earlier message of its key */
+    int took_over;         /* claimed from an expired lease */
+    int mark_applied;      /* set by outbox__mark_write: the mark changed the row (not fenced) */
+    const char *mark_what; /* set by outbox__mark_write: published, retry, dead or released */
+    char *result;          /* stream entry id (published) or error text (failed); malloc'd */
+};
+
+/* The messages of one pipelined batch that wait for one WAIT reply. */
+struct wait_group {
+    struct outbox_relay *r;
+    size_t n, cap;
+    msg **msgs; /* NULL for a message that left the group */
+};
+
+/* The relay's life: created, running (start), stopping (stop), stopped
+ * (every handle closed). */
+enum relay_state { R_CREATED, R_RUNNING, R_STOPPING, R_STOPPED };
+/* Where the Redis connection (an rconn) is in its life. */
+enum rc_state { RC_NONE, RC_INITIALISED, RC_STARTED, RC_CLOSING };
+
+/* The calls that run back up the module order (see the top). */
+typedef struct relay_hooks {
+    void (*schedule)(outbox_relay *r);   /* run a unit of work soon */
+    void (*stop_check)(outbox_relay *r); /* a stop in progress may be able to finish */
+    void (*closed)(outbox_relay *r);     /* one of the relay's handles finished closing */
+} relay_hooks;
+
+/* Configuration: set by create, read-only afterwards (any thread). */
+struct relay_config {
+    outbox_relay_settings s; /* its strings point at the copies below */
+    outbox__logger log;
+    char *db_path, *redis_url_text, *worker_id, *stream_prefix, *metrics_listen;
+    outbox__redis_url url;
+    char url_desc[300];
+};
+
+/* The relay's database connection and its statements (db.c). The loop
+ * thread's while no unit runs, the unit's worker thread while one does. */
+struct relay_db {
+    sqlite3 *conn;
+    sqlite3_stmt *q_new, *q_due, *q_expired, *q_key_prev, *q_defer, *q_claim, *q_published, *q_failed, *q_release,
+        *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention, *q_cursor, *q_cursor_set, *q_top, *q_stray;
+    int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
+};
+
+/* The Redis connection (loop thread). */
+struct relay_redis {
+    outbox__rconn rc; /* kept connected (rconn.h) */
+    enum rc_state state;
+    char idem_sha[41];   /* the idempotent publish script's sha, "" until loaded */
+    uint64_t down_since; /* loop ms when Redis became unreachable, 0 while up */
+};
+
+/* The window (loop thread; read by the unit's worker while it runs, never
+ * changed then): messages claimed and not yet marked, those awaiting a
+ * reply, the mark queue, the newest message of each key, the seqs. */
+struct relay_window {
+    uint64_t inflight, awaiting;
+    msg *marks_head, *marks_tail;
+    /* The newest message held of each key (see outbox__keymap_put). */
+    msg **keymap;
+    size_t keymap_cap, keymap_len;
+    /* In-flight seqs, to tell our own leases from expired ones. */
+    int64_t *seqset;
+    size_t seqset_cap, seqset_len, seqset_tombs;
+};
+
+typedef struct cand cand;
+typedef struct bslot bslot;
+typedef struct chunk chunk;
+
+/* The claim's working state (the unit's worker thread): arrays kept from one
+ * claim to the next and grown to the largest so far (claim.c says why). */
+struct relay_claim_ws {
+    cand *cs;
+    int *chosen;
+    int64_t *defer;
+    size_t cap;
+    bslot *slots;
+    size_t scap;
+    unsigned gen; /* a slot is in use in this claim iff its gen is this */
+    chunk *arena;
+    char *envbuf; /* envelope scratch buffer */
+    size_t envcap;
+};
+
+/* One unit of work: filled by the loop thread (outbox__sched_do_work), run
+ * on a worker thread (unit_txn), read back on the loop thread (unit_done). */
+struct relay_unit {
+    int64_t now;
+    unsigned want;
+    int want_claim;
+    msg *marks; /* detached from the queue, nmarks long */
+    size_t nmarks;
+    msg **claimed;
+    size_t nclaimed, ndead;
+    size_t ndeferred; /* rows the claim made due later: the next claim sees other rows */
+    msg *settled;     /* claimed and marked at once (dead, or handed back) */
+    size_t nwritten;  /* marks written when the budget ran out first, else 0 */
+    int stopping;     /* the last marks: no time budget */
+    uint64_t held, rest; /* in the window without a queued mark; marks left in the queue */
+    int rc;           /* OUTBOX_E* of the transaction, 0 if it committed */
+    int sqlite_rc;    /* the SQLite code behind rc (the busy retry tells locks from errors) */
+    const char *what;
+    uint64_t t0, t_claim0, t_end;
+};
+
+/* Scheduling (loop thread, except claim_row_ns: the worker's). */
+struct relay_sched {
+    uv_timer_t kick_timer; /* run a unit on the next loop turn (or after the lock gap) */
+    uv_timer_t scan_timer; /* fallback scan and next-due wake-up */
+    uv_timer_t busy_timer; /* database locked or failing: retry */
+    uv_work_t work;
+    struct relay_unit unit;
+    int running;              /* a unit is on a worker thread */
+    int again;                /* work arrived while it ran: schedule another */
+    uint64_t busy_delay_ms;   /* the busy retry's current delay */
+    uint64_t lock_free_until; /* loop ms before which no new unit starts */
+    int last_claim_full;      /* the last claim got all it wanted: a backlog is draining */
+    uint64_t claim_row_ns;    /* recent cost of one claimed row (worker thread only) */
+    unsigned stop_failures;   /* units in a row that failed while stopping */
+    int drained;              /* drain mode: on_drained was called */
+};
+
+/* Cross-thread state of a unit's transaction (mutex, or atomics where
+ * said): application connections attached on their own threads wait on it. */
+struct relay_lock {
+    uv_mutex_t mutex;
+    uv_cond_t cond; /* broadcast when a unit's transaction ends */
+    int sync_ok;    /* mutex and cond initialised */
+    int txn_open;   /* a unit's transaction holds the write lock (mutex) */
+    int in_unit;    /* unit_txn is between BEGIN and its end (atomic) */
+    int yield;      /* an attached connection waits for the lock: the unit ends early (atomic) */
+    int attached;   /* connections attached with a busy handler (atomic) */
+};
+
+/* Wake-ups (loop thread; ready is atomic). */
+struct relay_wake {
+    uv_async_t async; /* outbox_relay_wake and attached commits */
+    int ready;        /* async is initialised (atomic: read by other threads) */
+    uv_fs_event_t wal_watch;
+    int wal_watch_active; /* watching (not while a unit runs: see outbox__wake_pause) */
+    char *wal_path;
+    uv_timer_t wal_timer; /* data_version re-checks after a WAL change */
+    unsigned wal_rechecks;
+    int64_t data_version;
+    uint64_t foreign_commit_ms; /* loop time data_version last moved */
+    int dv_pending;             /* a data_version check waits for the running unit */
+};
+
+/* Checkpoints, run on a worker thread with a connection of their own. */
+struct relay_ckpt {
+    uv_work_t work;
+    int running;
+    int restart;   /* the next checkpoint is a RESTART (the WAL grew large) */
+    int pages;     /* the WAL's size after an attached connection's commit (atomic) */
+    int own_pages; /* set by the WAL hook of the relay's own commits, on the committing thread */
+    sqlite3 *db;
+};
+
+/* Counters and histograms (loop thread): every module counts, ops.c shows. */
+struct relay_stats {
+    uint64_t published_total, failed_total, dead_total, fenced_total, reconnects;
+    uint64_t retries_total, duplicates_total, held_back_total, claims_total, retention_deleted;
+    outbox__topics topics;
+    outbox__hist h_latency, h_claim_size, h_claim_secs, h_stall;
+};
+
+/* Database figures for /metrics, /healthz and outbox_relay_stats_get. */
+struct relay_dbstat {
+    int ok;
+    int64_t by_state[4], oldest_due_ms;
+    char err[160];
+};
+
+/* Operations (loop thread; dbstat_tmp and dbstat_db: the worker's while
+ * dbstat_running). */
+struct relay_ops {
+    uint64_t stall_max_ns, loop_mark_ns, loop_idle_ns;
+    uv_prepare_t stall_prepare;
+    uv_check_t stall_check;
+    uv_timer_t retention_timer;
+    outbox__http *http;
+    uv_work_t dbstat_work;
+    int dbstat_running;
+    uint64_t dbstat_at; /* loop ms of the last refresh */
+    struct relay_dbstat dbstat, dbstat_tmp;
+    sqlite3 *dbstat_db;
+    outbox__http_req **waiting_reqs; /* requests waiting for a refresh */
+    char **waiting_paths;
+    size_t nwaiting, capwaiting;
+};
+
+/* Stop (loop thread). */
+struct relay_stop {
+    void (*cb)(outbox_relay *, void *);
+    void *data;
+    uv_timer_t shutdown_timer;
+    int handles_open;       /* handles (and the connection) not closed yet; finish_stop at 0 */
+    int closing;            /* the handles are being closed: the stop is past waiting */
+    int in_finish;          /* inside the stop callback: destroy there is deferred */
+    int destroy_pending;    /* destroy was called while running: free after the stop */
+};
+
+struct outbox_relay {
+    uv_loop_t *loop;
+    enum relay_state state;
+    relay_hooks hooks;
+    struct relay_config cfg;
+    struct relay_db db;
+    struct relay_redis redis;
+    struct relay_window win;
+    struct relay_claim_ws cw;
+    struct relay_sched sched;
+    struct relay_lock lock;
+    struct relay_wake wake;
+    struct relay_ckpt ckpt;
+    struct relay_stats stats;
+    struct relay_ops ops;
+    struct relay_stop stop;
+};
+
+#define LOG(r, lvl, ...) outbox__log(&(r)->cfg.log, (lvl), __VA_ARGS__)
+
+/* The Redis connection when it is up, else NULL. */
+static inline outbox__redis *redis_conn(const outbox_relay *r)
+{
+    return r->redis.state == RC_STARTED ? outbox__rconn_get(&r->redis.rc) : NULL;
+}
+
+/* ---- settings.c ---- */
+
+/* Checks every setting; 0, or OUTBOX_EINVAL with err naming it. */
+int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size_t errlen);
+
+/* ---- db.c ---- */
+
+/* Opens r->db.conn on r->cfg.db_path, checks (or migrates) the schema and
+ * prepares the statements. May wait for a lock (see relay.h). 0 or the
+ * OUTBOX_E* of outbox_db_open / outbox_schema_check, err saying why. */
+int outbox__relay_db_open(outbox_relay *r, char *err, size_t errlen);
+/* Prepares the statements on r->db.conn (a database with the schema). */
+int outbox__relay_db_prepare(outbox_relay *r, char *err, size_t errlen);
+/* Finalizes the statements and closes the connection; safe on a partial open. */
+void outbox__relay_db_close(outbox_relay *r);
+/* Maps a SQLite result code to OUTBOX_E* (0 for OK, ROW, DONE), keeping a
+ * failure's code in r->db.last_rc. */
+int outbox__relay_sqlerr(outbox_relay *r, int rc);
+/* Steps a one-value statement and resets it: *v gets its value, or dflt
+ * when it returns no row or NULL. 0 or OUTBOX_E*. */
+int outbox__relay_step_int(outbox_relay *r, sqlite3_stmt *st, int64_t dflt, int64_t *v);
+/* Steps a statement that returns nothing (or whose rows are not read) and
+ * resets it. 0 or OUTBOX_E*. */
+int outbox__relay_step_done(outbox_relay *r, sqlite3_stmt *st);
+/* sqlite3_exec on the relay's connection, mapped. */
+int outbox__relay_exec(outbox_relay *r, const char *sql);
+
+/* ---- encode.c (pure: any thread) ---- */
+
+/* A copy for last_error: at most 200 bytes, control bytes made spaces.
+ * malloc'd; NULL when out of memory. */
+char *outbox__safe_text(const char *s, size_t len);
+/* Builds *out from the current row of the claim's UPDATE ... RETURNING
+ * (columns as OUTBOX__SQL_CLAIM returns them): the row's fields and its XADD
+ * command (the envelope alone in idempotent mode). A row the relay cannot
+ * publish gets outcome OUT_DEAD and the reason as its result. Returns 0 or
+ * OUTBOX_ENOMEM (*out, if set, is the caller's to free either way). */
+int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, msg **out);
+
+/* ---- window.c ---- */
+
+/* The in-flight seq set. reserve makes room for n more adds (0 or
+ * OUTBOX_ENOMEM), so that add, which needs room reserved, cannot fail: a
+ * message of this relay missing from the set would look like another
+ * relay's lease once its own expired. */
+int outbox__win_seq_reserve(outbox_relay *r, size_t n);
+void outbox__win_seq_add(outbox_relay *r, int64_t seq);
+int outbox__win_seq_has(const outbox_relay *r, int64_t seq);
+void outbox__win_seq_del(outbox_relay *r, int64_t seq);
+/* A key's hash and equality (topic and key together). */
+uint64_t outbox__key_hash(const char *topic, const char *key, size_t klen);
+int outbox__same_key(const char *t1, const char *k1, size_t l1, const char *t2, const char *k2, size_t l2);
+/* The newest message held of a key, or NULL. */
+msg *outbox__win_key_get(outbox_relay *r, const char *topic, const char *key, size_t klen);
+/* Makes m its key's newest message. Without memory for the table it is left
+ * out: its successors then wait for its mark, which is slower, not wrong. */
+void outbox__win_key_put(outbox_relay *r, msg *m);
+/* Frees a message; NULL is a no-op. */
+void outbox__msg_free(msg *m);
+/* Frees a message that leaves the window (out of the key map and seq set). */
+void outbox__win_retire(outbox_relay *r, msg *m);
+/* Decides m's outcome (text, copied, becomes its result) and queues its
+ * mark; schedules a unit. */
+void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char *text, size_t len);
+/* Hands back m's held-back successors (they were never sent). */
+void outbox__win_release_chain(outbox_relay *r, msg *m, const char *why);
+/* Puts a detached list of marks back at the head of the queue. */
+void outbox__win_requeue(outbox_relay *r, msg *first);
+
+/* ---- marks.c ---- */
+
+/* Writes m's mark inside the open transaction (worker thread); records in
+ * m whether it applied. 0 or OUTBOX_E* (the transaction is then rolled
+ * back). */
+int outbox__mark_write(outbox_relay *r, msg *m, int64_t now);
+/* Counts and logs a mark once its transaction committed (loop thread). */
+void outbox__mark_account(outbox_relay *r, msg *m);
+
+/* ---- claim.c (claim.h has the decisions) ---- */
+
+/* Claims up to `want` rows inside the open transaction (worker thread).
+ * *out gets the new messages in the order they were chosen; a key's
+ * successors are linked behind their predecessor (key_next, or chain_after
+ * for one of an earlier batch, linked after the commit) and flagged
+ * `behind`. Rows that cannot be published are dead-lettered here (*ndead;
+ * the messages go to *settled, with those handed back). *ndeferred counts
+ * the rows made due later. 0 or OUTBOX_E*. */
+int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead,
+                  msg **settled, size_t *ndeferred);
+
+/* ---- publish.c, idem_publish.c ---- */
+
+/* Sends m's XADD; with --wait-replicas it joins *grp (created on demand).
+ * On failure its mark is queued (released). */
+void outbox__pub_send(outbox_relay *r, msg *m, wait_group **grp);
+/* Sends the WAIT for a group of messages just sent; NULL is a no-op. */
+void outbox__pub_flush_group(outbox_relay *r, wait_group *g);
+/* Idempotent mode: sends ms (n of them, in order) as one script call per
+ * stream. */
+void outbox__pub_idem_send(outbox_relay *r, msg **ms, size_t n);
+/* Loads the idempotent publish script (after a connect, or NOSCRIPT). */
+void outbox__pub_idem_load(outbox_relay *r);
+
+/* ---- wake.c ---- */
+
+/* Initialises and starts the wake-up handles; returns how many. */
+int outbox__wake_init(outbox_relay *r);
+/* Stops watching (a stop begins); closes the handles with cb. */
+void outbox__wake_stop(outbox_relay *r);
+void outbox__wake_close(outbox_relay *r, uv_close_cb cb);
+/* Wakes the loop from any thread (a no-op before start and after stop). */
+void outbox__wake_send(outbox_relay *r);
+/* A unit is about to run / has run: the WAL watch is off meanwhile; resume
+ * returns 1 if it was off (a look is then due). */
+void outbox__wake_pause(outbox_relay *r);
+int outbox__wake_resume(outbox_relay *r);
+/* Has another connection committed? Schedules a unit and returns 1 if so. */
+int outbox__wake_dv_changed(outbox_relay *r);
+/* Looks now and again shortly after (a commit may not be visible yet). */
+void outbox__wake_look(outbox_relay *r);
+/* Starts a checkpoint on a worker thread if the WAL holds enough pages. */
+void outbox__wake_checkpoint(outbox_relay *r, int pages);
+/* The relay connection's WAL hook (on the committing thread). */
+int outbox__wake_own_wal_hook(void *arg, sqlite3 *db, const char *name, int pages);
+
+/* ---- sched.c ---- */
+
+/* Initialises the scheduling timers; returns how many. Closes them with cb. */
+int outbox__sched_init(outbox_relay *r);
+void outbox__sched_close(outbox_relay *r, uv_close_cb cb);
+/* Runs a unit soon (after the lock gap); the hooks.schedule target. */
+void outbox__sched_schedule(outbox_relay *r);
+/* Schedules a unit after delay ms (at most the scan interval). */
+void outbox__sched_arm_scan(outbox_relay *r, uint64_t delay);
+/* The relay connection's busy handler: waits only inside a unit. */
+int outbox__sched_busy_handler(void *arg, int count);
+
+/* ---- ops.c ---- */
+
+/* Histograms and the topic table (create); their memory (destroy). */
+void outbox__ops_init(outbox_relay *r);
+void outbox__ops_free(outbox_relay *r);
+/* Binds metrics_listen, if set. 0 or OUTBOX_E* with err. */
+int outbox__ops_listen(outbox_relay *r, char *err, size_t errlen);
+/* Starts the stall probes and the retention timer; returns the number of
+ * handles (the HTTP server's included). Stops the timer; closes with cb. */
+int outbox__ops_start(outbox_relay *r);
+void outbox__ops_stop(outbox_relay *r);
+void outbox__ops_close(outbox_relay *r, uv_close_cb cb);
+
+#endif

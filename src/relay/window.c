@@ -1,0 +1,241 @@
+/*
+ * window.c: the in-flight window: the seqs of the messages this relay holds
+ * (to tell its own leases from expired ones), the newest message of each
+ * ordering key (for chaining), and the queue of marks waiting for a unit.
+ * Loop thread; the unit's worker reads the seq set and the key map while it
+ * runs (the loop changes them only when the unit is done).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "relay_int.h"
+
+static size_t seq_hash(int64_t seq, size_t cap)
+{
+    return (size_t)(((uint64_t)seq * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+}
+
+int outbox__win_seq_reserve(outbox_relay *r, size_t n)
+{
+    size_t ncap = r->win.seqset_cap ? r->win.seqset_cap : 1024, i, k;
+    int64_t *t, *old = r->win.seqset;
+    /* Rebuild when live entries and tombstones would fill half the table,
+     * not only the live ones: a lookup of an absent seq stops only at an
+     * empty slot, and every add may turn one into a tombstone for good. */
+    if ((r->win.seqset_len + r->win.seqset_tombs + n) * 2 <= r->win.seqset_cap)
+        return 0;
+    while ((r->win.seqset_len + n) * 4 > ncap)
+        ncap *= 2;
+    t = malloc(ncap * sizeof *t);
+    if (!t)
+        return OUTBOX_ENOMEM;
+    for (k = 0; k < ncap; k++)
+        t[k] = 0;
+    for (k = 0; k < r->win.seqset_cap; k++)
+        if (old[k] > 0) {
+            i = seq_hash(old[k], ncap);
+            while (t[i] != 0)
+                i = (i + 1) & (ncap - 1);
+            t[i] = old[k];
+        }
+    free(old);
+    r->win.seqset = t;
+    r->win.seqset_cap = ncap;
+    r->win.seqset_tombs = 0;
+    return 0;
+}
+
+void outbox__win_seq_add(outbox_relay *r, int64_t seq)
+{
+    size_t i = seq_hash(seq, r->win.seqset_cap);
+    while (r->win.seqset[i] > 0)
+        i = (i + 1) & (r->win.seqset_cap - 1);
+    if (r->win.seqset[i] < 0)
+        r->win.seqset_tombs--;
+    r->win.seqset[i] = seq;
+    r->win.seqset_len++;
+}
+
+int outbox__win_seq_has(const outbox_relay *r, int64_t seq)
+{
+    size_t i;
+    if (!r->win.seqset_cap)
+        return 0;
+    for (i = seq_hash(seq, r->win.seqset_cap); r->win.seqset[i] != 0; i = (i + 1) & (r->win.seqset_cap - 1))
+        if (r->win.seqset[i] == seq)
+            return 1;
+    return 0;
+}
+
+void outbox__win_seq_del(outbox_relay *r, int64_t seq)
+{
+    size_t i;
+    if (!r->win.seqset_cap)
+        return;
+    for (i = seq_hash(seq, r->win.seqset_cap); r->win.seqset[i] != 0; i = (i + 1) & (r->win.seqset_cap - 1))
+        if (r->win.seqset[i] == seq) {
+            r->win.seqset[i] = -1;
+            r->win.seqset_len--;
+            r->win.seqset_tombs++;
+            return;
+        }
+}
+
+void outbox__msg_free(msg *m)
+{
+    if (!m)
+        return;
+    free(m->cmd);
+    free(m->env);
+    free(m->result);
+    free(m);
+}
+
+void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char *text, size_t len)
+{
+    char *copy = text ? outbox__safe_text(text, len) : NULL; /* text may be m->result */
+    if (o == OUT_PUBLISHED) {
+        /* Commit (created_at) to Redis accepting it. */
+        int64_t lat = outbox_now_ms() - m->created_at;
+        outbox__hist_observe(&r->stats.h_latency, lat > 0 ? (double)lat / 1000.0 : 0.0);
+    }
+    m->outcome = o;
+    m->state = MSG_DONE;
+    free(m->result);
+    m->result = copy;
+    m->next = NULL;
+    if (r->win.marks_tail)
+        r->win.marks_tail->next = m;
+    else
+        r->win.marks_head = m;
+    r->win.marks_tail = m;
+    r->hooks.schedule(r);
+}
+
+/* Releases m's held-back successors: they were never sent. */
+void outbox__win_release_chain(outbox_relay *r, msg *m, const char *why)
+{
+    msg *n = m->key_next;
+    m->key_next = NULL;
+    while (n) {
+        msg *next = n->key_next;
+        n->key_next = NULL;
+        outbox__win_queue_mark(r, n, OUT_RELEASE, why, strlen(why));
+        n = next;
+    }
+}
+/* Puts a detached list of marks (first to its end) back at the head of the
+ * queue, ahead of those queued since. */
+void outbox__win_requeue(outbox_relay *r, msg *first)
+{
+    msg *end = first;
+    if (!first)
+        return;
+    while (end->next)
+        end = end->next;
+    end->next = r->win.marks_head;
+    if (!r->win.marks_head)
+        r->win.marks_tail = end;
+    r->win.marks_head = first;
+}
+
+
+/*
+ * The newest message this relay holds (claimed, not yet marked) of each
+ * ordering key. A row whose key predecessor is that message, still on its
+ * way, is claimed and chained behind it (sent when it is accepted) instead
+ * of waiting for its mark: otherwise a key with a message in flight would
+ * hold its next row back for a whole round trip plus a mark.
+ */
+uint64_t outbox__key_hash(const char *topic, const char *key, size_t klen)
+{
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p;
+    for (p = (const unsigned char *)topic; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+    for (size_t i = 0; i < klen; i++)
+        h = (h ^ (unsigned char)key[i]) * 1099511628211ull;
+    return h;
+}
+
+int outbox__same_key(const char *t1, const char *k1, size_t l1, const char *t2, const char *k2, size_t l2)
+{
+    return l1 == l2 && memcmp(k1, k2, l1) == 0 && strcmp(t1, t2) == 0;
+}
+
+/* The link that points at the key's entry, or at the NULL ending its bucket. */
+static msg **keymap_link(outbox_relay *r, const char *topic, const char *key, size_t klen)
+{
+    msg **l = &r->win.keymap[outbox__key_hash(topic, key, klen) & (r->win.keymap_cap - 1)];
+    while (*l && !outbox__same_key((*l)->topic, (*l)->key, (*l)->klen, topic, key, klen))
+        l = &(*l)->km_next;
+    return l;
+}
+
+msg *outbox__win_key_get(outbox_relay *r, const char *topic, const char *key, size_t klen)
+{
+    return r->win.keymap_cap ? *keymap_link(r, topic, key, klen) : NULL;
+}
+
+/* Makes m its key's newest message. Without memory for the table it is left
+ * out: its successors then wait for its mark, which is slower, not wrong. */
+void outbox__win_key_put(outbox_relay *r, msg *m)
+{
+    msg **l;
+    if (r->win.keymap_len * 2 >= r->win.keymap_cap) {
+        size_t ncap = r->win.keymap_cap ? r->win.keymap_cap * 2 : 1024, i;
+        msg **n = calloc(ncap, sizeof *n);
+        if (n) {
+            for (i = 0; i < r->win.keymap_cap; i++) {
+                msg *e = r->win.keymap[i];
+                while (e) {
+                    msg *next = e->km_next;
+                    msg **b = &n[outbox__key_hash(e->topic, e->key, e->klen) & (ncap - 1)];
+                    e->km_next = *b;
+                    *b = e;
+                    e = next;
+                }
+            }
+            free(r->win.keymap);
+            r->win.keymap = n;
+            r->win.keymap_cap = ncap;
+        } else if (!r->win.keymap_cap) {
+            return;
+        }
+    }
+    l = keymap_link(r, m->topic, m->key, m->klen);
+    if (*l) {
+        msg *old = *l;
+        m->km_next = old->km_next;
+        old->km_next = NULL;
+        old->in_keymap = 0;
+    } else {
+        m->km_next = NULL;
+        r->win.keymap_len++;
+    }
+    *l = m;
+    m->in_keymap = 1;
+}
+
+static void keymap_drop(outbox_relay *r, msg *m)
+{
+    msg **l;
+    if (!m->in_keymap)
+        return;
+    l = keymap_link(r, m->topic, m->key, m->klen);
+    if (*l == m) {
+        *l = m->km_next;
+        r->win.keymap_len--;
+    }
+    m->in_keymap = 0;
+    m->km_next = NULL;
+}
+
+/* Frees a message that leaves the window. */
+void outbox__win_retire(outbox_relay *r, msg *m)
+{
+    keymap_drop(r, m);
+    outbox__win_seq_del(r, m->seq);
+    outbox__msg_free(m);
+}
