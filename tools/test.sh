@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # The whole test suite: installs and builds what it needs (warnings are
-# errors), runs every meson test (each starts its own redis-server on a Unix
-# socket), then builds again with AddressSanitizer and UndefinedBehaviorSanitizer
-# and runs the library's own tests (units, allocation failures, fuzz corpus
-# replays, CLI) under them. Ends with "N passed, N failed" counted from meson's
-# test logs; exits non-zero if anything failed or no test ran.
+# errors), compiles a release build too (its optimiser finds warnings the
+# debug build does not), runs every meson test (each starts its own
+# redis-server on a Unix socket), then builds again with AddressSanitizer
+# and UndefinedBehaviorSanitizer and runs the library's own tests (units,
+# allocation failures, fuzz corpus replays, CLI) under them. Ends with
+# "N passed, N failed" counted from meson's test logs; exits non-zero if
+# anything failed or no test ran.
 #   SANITIZE=0   skip the sanitizer pass
 #   SETUP=valgrind  run the first pass under valgrind (slow; see README)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/deps.sh || exit 1
 bash tools/build.sh || exit 1
+if [ ! -f build-rel/build.ninja ]; then
+    meson setup build-rel --buildtype=release -Dwerror=true >/dev/null || exit 1
+fi
+meson compile -C build-rel >/dev/null || exit 1
 logs=()
 status=0
 args=(--print-errorlogs --num-processes 2)
