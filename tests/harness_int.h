@@ -13,7 +13,8 @@
  * the reason is printed as a TAP comment).
  */
 pid_t th__spawn_fds(char *const argv[], char *const env_add[], int out_fd, int err_fd, int die_with_parent);
-/* A waitpid() status as th_wait returns it: the exit status, or 128+sig. */
-int th__decode_status(int st);
+/* Records a child for the clean-up at exit (see harness_proc.c); th_wait
+ * forgets it when it reaps it. Bails when too many are running. */
+void th__track_pid(pid_t pid);
 
 #endif

@@ -9,6 +9,13 @@
  * socket or pipe end would keep ports busy or hide an EOF). A close-on-exec
  * pipe reports an exec failure back to the parent, so "could not be started"
  * is told apart from "exited with 127".
+ *
+ * Temporary directories and children started here (th_spawn, and
+ * redis-server) are recorded from creation until removed or reaped; an
+ * atexit handler kills (SIGKILL, by pid) and reaps the children still
+ * running and removes the directories still there, so a test that bails out
+ * leaves nothing behind. th_wait forgets a pid as soon as it reaps it, so a
+ * pid is never signalled after the system could reuse it.
  */
 #include "harness.h"
 
@@ -33,6 +40,79 @@
 
 extern char **environ;
 
+/* ---- clean-up at exit ---------------------------------------------------- */
+
+#define MAX_KIDS 64
+#define MAX_DIRS 64
+static pid_t kids[MAX_KIDS];
+static char *dirs[MAX_DIRS];
+static int cleanup_installed;
+
+static void cleanup_at_exit(void)
+{
+    int i;
+    for (i = 0; i < MAX_KIDS; i++)
+        if (kids[i] > 0) {
+            kill(kids[i], SIGKILL);
+            waitpid(kids[i], NULL, 0);
+            kids[i] = 0;
+        }
+    for (i = 0; i < MAX_DIRS; i++) {
+        th_rmtree(dirs[i]);
+        free(dirs[i]);
+        dirs[i] = NULL;
+    }
+}
+
+static void install_cleanup(void)
+{
+    if (!cleanup_installed) {
+        atexit(cleanup_at_exit);
+        cleanup_installed = 1;
+    }
+}
+
+void th__track_pid(pid_t pid)
+{
+    int i;
+    install_cleanup();
+    for (i = 0; i < MAX_KIDS; i++)
+        if (kids[i] == 0) {
+            kids[i] = pid;
+            return;
+        }
+    bail("too many child processes");
+}
+
+static void untrack_pid(pid_t pid)
+{
+    int i;
+    for (i = 0; i < MAX_KIDS; i++)
+        if (kids[i] == pid)
+            kids[i] = 0;
+}
+
+/* A directory that finds no free slot is only not removed at exit. */
+static void track_dir(const char *dir)
+{
+    int i;
+    install_cleanup();
+    for (i = 0; i < MAX_DIRS && dirs[i]; i++)
+        ;
+    if (i < MAX_DIRS && !(dirs[i] = strdup(dir)))
+        bail("out of memory");
+}
+
+static void untrack_dir(const char *dir)
+{
+    int i;
+    for (i = 0; i < MAX_DIRS; i++)
+        if (dirs[i] && strcmp(dirs[i], dir) == 0) {
+            free(dirs[i]);
+            dirs[i] = NULL;
+        }
+}
+
 /* ---- files --------------------------------------------------------------- */
 
 char *th_path(const char *dir, const char *name)
@@ -54,6 +134,7 @@ char *th_tmpdir(void)
     tmpl = th_path(base, "outbox-test-XXXXXX");
     if (!mkdtemp(tmpl))
         bail("mkdtemp %s: %s", tmpl, strerror(errno));
+    track_dir(tmpl);
     return tmpl;
 }
 
@@ -73,6 +154,7 @@ void th_rmtree(const char *path)
     if (!path)
         return;
     nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    untrack_dir(path);
 }
 
 /* ---- processes ----------------------------------------------------------- */
@@ -186,7 +268,7 @@ pid_t th__spawn_fds(char *const argv[], char *const env_add[], int out_fd, int e
     return pid;
 }
 
-int th__decode_status(int st)
+static int decode_status(int st)
 {
     if (WIFEXITED(st))
         return WEXITSTATUS(st);
@@ -201,8 +283,10 @@ int th_wait(pid_t pid, int timeout_ms)
     int st, delay = 1;
     for (;;) {
         pid_t w = waitpid(pid, &st, WNOHANG);
-        if (w == pid)
-            return th__decode_status(st);
+        if (w == pid) {
+            untrack_pid(pid);
+            return decode_status(st);
+        }
         if (w < 0 && errno != EINTR)
             return -1;
         if (timeout_ms >= 0 && th_now_ms() >= deadline)
@@ -237,7 +321,24 @@ pid_t th_spawn(char *const argv[], char *const env_add[], const char *out_path, 
         close(out_fd);
     if (err_fd >= 0 && err_fd != out_fd)
         close(err_fd);
+    if (pid > 0)
+        th__track_pid(pid);
     return pid;
+}
+
+int th_stop(pid_t pid, int sig, int timeout_ms)
+{
+    int rc;
+    if (pid <= 0)
+        return -1; /* kill() would signal a whole process group */
+    kill(pid, sig);
+    rc = th_wait(pid, timeout_ms);
+    if (rc == -2) {
+        diag("pid %ld did not stop within %d ms after signal %d: SIGKILL", (long)pid, timeout_ms, sig);
+        kill(pid, SIGKILL);
+        th_wait(pid, -1);
+    }
+    return rc;
 }
 
 /* A growing capture buffer. */
@@ -307,7 +408,7 @@ int th_run(char *const argv[], char *const env_add[], char **out, char **err, in
         int wait_ms = 50, i, st;
         if (!reaped && waitpid(pid, &st, WNOHANG) == pid) {
             reaped = 1;
-            status = th__decode_status(st);
+            status = decode_status(st);
             /* A grandchild may hold the pipes open: read what is there,
              * but do not wait for it for long. */
             drain_deadline = now + 500;

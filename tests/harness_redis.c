@@ -2,8 +2,9 @@
  * harness_redis.c: see harness.h. redis-server started in a temporary
  * directory and stopped by its pid, and a synchronous client.
  *
- * Every redis-server started here is also recorded in a small table that an
- * atexit handler walks, and gets PR_SET_PDEATHSIG: a test that bails out or
+ * Every redis-server started here runs in a temporary directory from
+ * th_tmpdir, is recorded for the clean-up at exit as th_spawn's children are
+ * (harness_proc.c), and gets PR_SET_PDEATHSIG: a test that bails out or
  * crashes does not leave servers or temporary directories behind.
  */
 #include "harness.h"
@@ -19,87 +20,10 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness_int.h"
 #include "tap.h"
-
-static char *xstrdup(const char *s)
-{
-    char *d = strdup(s);
-    if (!d)
-        bail("out of memory");
-    return d;
-}
-
-
-/* Servers (pid and directory) to clean up if the test exits without
- * destroying them. */
-#define MAX_SERVERS 32
-static struct {
-    th_redis *r;
-    pid_t pid;
-    char *dir;
-} servers[MAX_SERVERS];
-static int atexit_installed;
-
-static void cleanup_at_exit(void)
-{
-    int i;
-    for (i = 0; i < MAX_SERVERS; i++) {
-        if (servers[i].pid > 0) {
-            kill(servers[i].pid, SIGKILL);
-            waitpid(servers[i].pid, NULL, 0);
-        }
-        if (servers[i].dir) {
-            th_rmtree(servers[i].dir);
-            free(servers[i].dir);
-        }
-        servers[i].dir = NULL;
-        servers[i].pid = 0;
-    }
-}
-
-static int server_slot(const th_redis *r)
-{
-    int i;
-    for (i = 0; i < MAX_SERVERS; i++)
-        if (servers[i].r == r && servers[i].dir && strcmp(servers[i].dir, r->dir) == 0)
-            return i;
-    return -1;
-}
-
-static void track(th_redis *r)
-{
-    int i = server_slot(r);
-    if (i < 0) {
-        for (i = 0; i < MAX_SERVERS && servers[i].dir; i++)
-            ;
-        if (i == MAX_SERVERS)
-            return;
-        servers[i].r = r;
-        servers[i].dir = xstrdup(r->dir);
-    }
-    servers[i].pid = r->pid;
-    if (!atexit_installed) {
-        atexit(cleanup_at_exit);
-        atexit_installed = 1;
-    }
-}
-
-static void untrack(th_redis *r, int forget_dir)
-{
-    int i = server_slot(r);
-    if (i < 0)
-        return;
-    servers[i].pid = 0;
-    if (forget_dir) {
-        free(servers[i].dir);
-        servers[i].dir = NULL;
-        servers[i].r = NULL;
-    }
-}
 
 /* Another process could take the port before redis-server binds it;
  * th_redis_start retries in that case. */
@@ -189,9 +113,9 @@ static int wait_ready(th_redis *r, int timeout_ms)
     while (th_now_ms() < deadline) {
         struct timeval tv = {1, 0};
         redisContext *c;
-        int st;
-        if (waitpid(r->pid, &st, WNOHANG) == r->pid) {
-            diag("redis-server exited during start-up (status %d)", th__decode_status(st));
+        int st = th_wait(r->pid, 0);
+        if (st >= 0) {
+            diag("redis-server exited during start-up (status %d)", st);
             r->pid = 0;
             return -1;
         }
@@ -229,15 +153,10 @@ static int launch(th_redis *r)
         r->pid = 0;
         return -1;
     }
-    track(r);
+    th__track_pid(r->pid);
     if (wait_ready(r, 5000) < 0) {
         print_log_tail(r);
-        if (r->pid > 0) {
-            kill(r->pid, SIGKILL);
-            th_wait(r->pid, 5000);
-            r->pid = 0;
-        }
-        untrack(r, 0);
+        th_redis_kill(r);
         return -1;
     }
     return 0;
@@ -290,23 +209,16 @@ void th_redis_stop(th_redis *r)
 {
     if (!r || r->pid <= 0)
         return;
-    kill(r->pid, SIGTERM);
-    if (th_wait(r->pid, 5000) == -2) {
-        kill(r->pid, SIGKILL);
-        th_wait(r->pid, -1);
-    }
+    th_stop(r->pid, SIGTERM, 5000);
     r->pid = 0;
-    untrack(r, 0);
 }
 
 void th_redis_kill(th_redis *r)
 {
     if (!r || r->pid <= 0)
         return;
-    kill(r->pid, SIGKILL);
-    th_wait(r->pid, -1);
+    th_stop(r->pid, SIGKILL, -1);
     r->pid = 0;
-    untrack(r, 0);
 }
 
 int th_redis_restart(th_redis *r)
@@ -324,7 +236,6 @@ void th_redis_destroy(th_redis *r)
         return;
     th_redis_stop(r);
     if (r->dir) {
-        untrack(r, 1);
         th_rmtree(r->dir);
         free(r->dir);
         r->dir = NULL;
