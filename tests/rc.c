@@ -11,11 +11,15 @@
 
 int rc_slow = 1;
 
-void rc_setup(void)
+int64_t rc_begin(th_redis *srv)
 {
+    int64_t start = th_now_ms();
     signal(SIGPIPE, SIG_IGN);
     if (getenv("OUTBOX_UNDER_VALGRIND"))
         rc_slow = 5;
+    if (th_redis_start(srv, 1, NULL) != 0)
+        skip_all("redis-server not available");
+    return start;
 }
 
 static void wd_cb(uv_timer_t *h)

@@ -57,9 +57,12 @@ struct rc_conn {
     int done; /* general purpose flag */
 };
 
-/* Ignores SIGPIPE (libuv writes with write(2): a peer that went away raises
- * it, and the process using the library must ignore it) and sets rc_slow. */
-void rc_setup(void);
+/* What every test file starts with: SIGPIPE ignored (libuv writes with
+ * write(2): a peer that went away raises it, and the process using the
+ * library must ignore it), rc_slow set, and a redis-server on a Unix socket
+ * and a loopback TCP port (the whole file is skipped without one). Returns
+ * the start time for rc_end. */
+int64_t rc_begin(th_redis *srv);
 
 /* A new loop for t, with its watchdog timer; bails on failure. */
 void rc_init(rc_conn *t);
@@ -91,6 +94,15 @@ int rc_starts_with(const char *s, const char *prefix);
 static inline void rc_finish(rc_conn *t, const char *name)
 {
     is_int(rc_drain(t), 0, "%s: loop closed cleanly", name);
+}
+
+/* Destroys the server, prints the file's total time and ends the TAP output
+ * (inline for the same reason as rc_finish). */
+static inline int rc_end(th_redis *srv, int64_t start)
+{
+    th_redis_destroy(srv);
+    diag("total %lld ms", (long long)(th_now_ms() - start));
+    return tap_done();
 }
 
 #endif

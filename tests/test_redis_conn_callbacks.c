@@ -182,16 +182,9 @@ static void test_kill(void)
 int main(void)
 {
     th_redis srv;
-    int64_t start = th_now_ms();
-
-    rc_setup();
-    if (th_redis_start(&srv, 1, NULL) != 0)
-        skip_all("redis-server not available");
+    int64_t start = rc_begin(&srv);
 
     test_reentrancy(&srv);
     test_kill();
-
-    th_redis_destroy(&srv);
-    diag("total %lld ms", (long long)(th_now_ms() - start));
-    return tap_done();
+    return rc_end(&srv, start);
 }

@@ -303,19 +303,12 @@ static void test_same_turn_flush(const th_redis *srv)
 int main(void)
 {
     th_redis srv;
-    int64_t start = th_now_ms();
-
-    rc_setup();
-    if (th_redis_start(&srv, 1, NULL) != 0)
-        skip_all("redis-server not available");
+    int64_t start = rc_begin(&srv);
 
     test_basic("unix", srv.url);
     test_tcp_and_names(&srv);
     test_select_and_name(&srv);
     test_pipeline(&srv);
     test_same_turn_flush(&srv);
-
-    th_redis_destroy(&srv);
-    diag("total %lld ms", (long long)(th_now_ms() - start));
-    return tap_done();
+    return rc_end(&srv, start);
 }

@@ -297,17 +297,10 @@ static void test_auth(void)
 int main(void)
 {
     th_redis srv;
-    int64_t start = th_now_ms();
-
-    rc_setup();
-    if (th_redis_start(&srv, 1, NULL) != 0)
-        skip_all("redis-server not available");
+    int64_t start = rc_begin(&srv);
 
     test_states(&srv);
     test_refused();
     test_auth();
-
-    th_redis_destroy(&srv);
-    diag("total %lld ms", (long long)(th_now_ms() - start));
-    return tap_done();
+    return rc_end(&srv, start);
 }

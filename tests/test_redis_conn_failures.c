@@ -238,11 +238,7 @@ static void test_fake_close(void)
 int main(void)
 {
     th_redis srv;
-    int64_t start = th_now_ms();
-
-    rc_setup();
-    if (th_redis_start(&srv, 1, NULL) != 0)
-        skip_all("redis-server not available");
+    int64_t start = rc_begin(&srv);
 
     test_real_timeout(&srv);
     test_fake_split();
@@ -250,8 +246,5 @@ int main(void)
     test_fake_silent();
     test_fake_no_accept();
     test_fake_close();
-
-    th_redis_destroy(&srv);
-    diag("total %lld ms", (long long)(th_now_ms() - start));
-    return tap_done();
+    return rc_end(&srv, start);
 }
