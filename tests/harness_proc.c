@@ -10,12 +10,10 @@
  * pipe reports an exec failure back to the parent, so "could not be started"
  * is told apart from "exited with 127".
  *
- * Temporary directories and children started here (th_spawn, and
- * redis-server) are recorded from creation until removed or reaped; an
- * atexit handler kills (SIGKILL, by pid) and reaps the children still
- * running and removes the directories still there, so a test that bails out
- * leaves nothing behind. th_wait forgets a pid as soon as it reaps it, so a
- * pid is never signalled after the system could reuse it.
+ * The clean-up at exit (harness.h) is two small tables, of pids and of
+ * directory paths, walked by one atexit handler; a directory that finds no
+ * free slot is only not removed at exit, while a child that finds none
+ * bails out, since it could outlive the test.
  */
 #include "harness.h"
 
@@ -58,9 +56,10 @@ static void cleanup_at_exit(void)
             kids[i] = 0;
         }
     for (i = 0; i < MAX_DIRS; i++) {
-        th_rmtree(dirs[i]);
-        free(dirs[i]);
-        dirs[i] = NULL;
+        char *d = dirs[i];
+        dirs[i] = NULL; /* before th_rmtree, which would free it */
+        th_rmtree(d);
+        free(d);
     }
 }
 
@@ -92,7 +91,6 @@ static void untrack_pid(pid_t pid)
             kids[i] = 0;
 }
 
-/* A directory that finds no free slot is only not removed at exit. */
 static void track_dir(const char *dir)
 {
     int i;
@@ -110,6 +108,7 @@ static void untrack_dir(const char *dir)
         if (dirs[i] && strcmp(dirs[i], dir) == 0) {
             free(dirs[i]);
             dirs[i] = NULL;
+            return; /* mkdtemp made each path once */
         }
 }
 
