@@ -56,7 +56,9 @@ void outbox__sbuf_put(outbox__sbuf *b, const void *s, size_t n)
 {
     if (reserve(b, n) != 0)
         return;
-    memcpy(b->p + b->len, s, n);
+    /* s may be NULL when n is 0 (an empty blob from SQLite). */
+    if (n)
+        memcpy(b->p + b->len, s, n);
     b->len += n;
     b->p[b->len] = '\0';
 }

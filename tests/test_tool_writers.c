@@ -69,8 +69,13 @@ static void test_strings(void)
     outbox__sbuf_puts(&b, " ");
     tools_json_cstr(&b, "x");
     is_str(b.p, "null \"x\"", "cstr: NULL is null");
-    outbox__sbuf_free(&b);
     ok(tools_utf8_valid("\xc3\xa9", 2) && !tools_utf8_valid("\xc3", 1), "utf8_valid");
+    outbox__sbuf_reset(&b);
+    ok(tools_json_text_or_base64(&b, "h\xc3\xa9", 3) == 1, "text_or_base64: UTF-8 is text");
+    ok(tools_json_text_or_base64(&b, "\xff\x00", 2) == 0, "text_or_base64: other bytes are base64");
+    ok(tools_json_text_or_base64(&b, NULL, 0) == 1, "text_or_base64: nothing (a NULL empty blob) is text");
+    is_str(b.p, "\"h\xc3\xa9\"\"/wA=\"\"\"", "text_or_base64: the string, then the quoted base64");
+    outbox__sbuf_free(&b);
 }
 
 static void test_base64(void)

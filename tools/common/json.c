@@ -70,7 +70,8 @@ void tools_json_str(outbox__sbuf *b, const void *data, size_t n)
         }
         if (esc) {
             /* Bytes that need no escape go out in one run before it. */
-            outbox__sbuf_put(b, s + i - run, run);
+            if (run)
+                outbox__sbuf_put(b, s + i - run, run);
             outbox__sbuf_puts(b, esc);
             run = 0;
         } else {
@@ -78,7 +79,8 @@ void tools_json_str(outbox__sbuf *b, const void *data, size_t n)
         }
         i += l;
     }
-    outbox__sbuf_put(b, s + i - run, run);
+    if (run)
+        outbox__sbuf_put(b, s + i - run, run);
     outbox__sbuf_put(b, "\"", 1);
 }
 
@@ -88,6 +90,25 @@ void tools_json_cstr(outbox__sbuf *b, const char *s)
         tools_json_str(b, s, strlen(s));
     else
         outbox__sbuf_puts(b, "null");
+}
+
+static void msgpack_json(outbox__sbuf *b, const msgpack_object *o, tools_msgpack_style style, int depth);
+
+static void quoted_base64(outbox__sbuf *b, const void *s, size_t n)
+{
+    outbox__sbuf_put(b, "\"", 1);
+    tools_base64(b, s, n);
+    outbox__sbuf_put(b, "\"", 1);
+}
+
+int tools_json_text_or_base64(outbox__sbuf *b, const void *s, size_t n)
+{
+    if (tools_utf8_valid(s, n)) {
+        tools_json_str(b, s, n);
+        return 1;
+    }
+    quoted_base64(b, s, n);
+    return 0;
 }
 
 void tools_base64(outbox__sbuf *b, const void *data, size_t n)
@@ -102,14 +123,6 @@ void tools_base64(outbox__sbuf *b, const void *data, size_t n)
     }
 }
 
-static void msgpack_json(outbox__sbuf *b, const msgpack_object *o, tools_msgpack_style style, int depth);
-
-static void quoted_base64(outbox__sbuf *b, const void *s, size_t n)
-{
-    outbox__sbuf_put(b, "\"", 1);
-    tools_base64(b, s, n);
-    outbox__sbuf_put(b, "\"", 1);
-}
 
 static void map_key(outbox__sbuf *b, const msgpack_object *k, tools_msgpack_style style, int depth)
 {
@@ -159,8 +172,8 @@ static void msgpack_json(outbox__sbuf *b, const msgpack_object *o, tools_msgpack
             outbox__sbuf_puts(b, "null");
         break;
     case MSGPACK_OBJECT_STR:
-        if (style == TOOLS_MSGPACK_PLAIN && !tools_utf8_valid(o->via.str.ptr, o->via.str.size))
-            quoted_base64(b, o->via.str.ptr, o->via.str.size);
+        if (style == TOOLS_MSGPACK_PLAIN)
+            tools_json_text_or_base64(b, o->via.str.ptr, o->via.str.size);
         else
             tools_json_str(b, o->via.str.ptr, o->via.str.size);
         break;

@@ -25,6 +25,10 @@ void tools_json_cstr(outbox__sbuf *b, const char *s);
 void tools_base64(outbox__sbuf *b, const void *s, size_t n);
 /* Whether all n bytes of s are valid UTF-8 (see outbox__utf8_prefix()). */
 int tools_utf8_valid(const void *s, size_t n);
+/* n bytes of s as a JSON string when they are valid UTF-8, else their
+ * base64 in quotes. Returns 1 for text, 0 for base64, so that the caller
+ * can say which. */
+int tools_json_text_or_base64(outbox__sbuf *b, const void *s, size_t n);
 
 /* How a msgpack object becomes JSON where the two have no common form.
  * Both write nil, booleans, integers, arrays and maps as their JSON

@@ -36,15 +36,9 @@ typedef struct tool {
 /* Bytes as a JSON string when they are UTF-8, else base64 (say which). */
 static void json_bytes(outbox__sbuf *b, const char *name, const void *p, size_t n)
 {
-    int text = tools_utf8_valid(p, n);
+    int text;
     outbox__sbuf_printf(b, "\"%s\":", name);
-    if (text) {
-        tools_json_str(b, p, n);
-    } else {
-        outbox__sbuf_puts(b, "\"");
-        tools_base64(b, p, n);
-        outbox__sbuf_puts(b, "\"");
-    }
+    text = tools_json_text_or_base64(b, p, n);
     outbox__sbuf_printf(b, ",\"%s_encoding\":\"%s\"", name, text ? "utf-8" : "base64");
 }
 

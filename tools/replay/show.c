@@ -43,18 +43,11 @@ static void show_json(outbox__sbuf *b, sqlite3_stmt *st, int64_t now)
 {
     const unsigned char *payload = sqlite3_column_blob(st, C_PAYLOAD);
     size_t plen = (size_t)sqlite3_column_bytes(st, C_PAYLOAD);
-    int text = tools_utf8_valid(payload, plen);
 
     replay_json_row_fields(b, st, now);
     outbox__sbuf_printf(b, ",\"payload_size\":%zu,\"payload_encoding\":\"%s\",\"payload\":", plen,
-                        text ? "utf8" : "base64");
-    if (text) {
-        tools_json_str(b, payload, plen);
-    } else {
-        outbox__sbuf_puts(b, "\"");
-        tools_base64(b, payload, plen);
-        outbox__sbuf_puts(b, "\"");
-    }
+                        tools_utf8_valid(payload, plen) ? "utf8" : "base64");
+    tools_json_text_or_base64(b, payload, plen);
     outbox__sbuf_puts(b, ",\"headers\":");
     if (replay_col_null(st, C_HEADERS)) {
         outbox__sbuf_puts(b, "null");
