@@ -48,7 +48,7 @@ int main(void)
     uv_loop_t loop;
     outbox_relay_settings cfg;
     state s;
-    char err[256], *dir = rt_tmpdir(), *dbpath, url[600];
+    char err[256], *dir = th_tmpdir(), *dbpath, url[600];
     int64_t oldest, pending;
 
     memset(&s, 0, sizeof s);
@@ -87,6 +87,7 @@ int main(void)
     is_int(uv_loop_close(&loop), 0, "loop closed cleanly");
     sqlite3_close(s.db);
     free(dbpath);
-    rt_rmdir(dir);
+    th_rmtree(dir);
+    free(dir);
     return tap_done();
 }

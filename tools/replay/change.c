@@ -111,13 +111,13 @@ int replay_cmd_change(const replay_options *o)
 {
     const int purge = o->cmd == CMD_PURGE;
     const char *verb = purge ? "purge" : "requeue";
-    unsigned states = purge ? STATE_BIT(ST_DEAD)
+    unsigned states = purge ? STATE_BIT(OUTBOX_STATE_DEAD)
                             : (o->states ? o->states
-                                         : STATE_BIT(ST_SENDING) | STATE_BIT(ST_PUBLISHED) | STATE_BIT(ST_DEAD));
+                                         : STATE_BIT(OUTBOX_STATE_SENDING) | STATE_BIT(OUTBOX_STATE_PUBLISHED) | STATE_BIT(OUTBOX_STATE_DEAD));
     sqlite3 *db;
     sqlite3_stmt *count = NULL, *sel = NULL, *change = NULL;
     int64_t now, matched, live, max_seq, touch, last = 0, done = 0, skipped = 0, taken = 0, ntx = 0;
-    int64_t by_state[ST_COUNT] = {0};
+    int64_t by_state[OUTBOX_STATE_COUNT] = {0};
     int64_t *seqs = NULL, *prev = NULL;
     int *lives = NULL;
     progress pg = {0, 0, 0};
@@ -230,7 +230,7 @@ int replay_cmd_change(const replay_options *o)
     pg.total = touch;
     rc = EXIT_OK;
     while (!interrupted) {
-        int64_t n = 0, i, b_done = 0, b_skipped = 0, b_taken = 0, b_by_state[ST_COUNT] = {0};
+        int64_t n = 0, i, b_done = 0, b_skipped = 0, b_taken = 0, b_by_state[OUTBOX_STATE_COUNT] = {0};
         const char *failed = NULL;
         int step = SQLITE_DONE;
         if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
@@ -267,7 +267,7 @@ int replay_cmd_change(const replay_options *o)
             }
             if (sqlite3_changes(db) == 1) {
                 b_done++;
-                if (prev[i] >= 0 && prev[i] < ST_COUNT)
+                if (prev[i] >= 0 && prev[i] < OUTBOX_STATE_COUNT)
                     b_by_state[prev[i]]++;
                 b_taken += !purge && lives[i];
             }
@@ -287,7 +287,7 @@ int replay_cmd_change(const replay_options *o)
         done += b_done;
         skipped += b_skipped;
         taken += b_taken;
-        for (i = 0; i < ST_COUNT; i++)
+        for (i = 0; i < OUTBOX_STATE_COUNT; i++)
             by_state[i] += b_by_state[i];
         last = seqs[n - 1];
         pg.done = done;
@@ -311,7 +311,7 @@ int replay_cmd_change(const replay_options *o)
                             purge ? "deleted" : "requeued", done);
         if (!purge) {
             outbox__sbuf_puts(&out, ",\"by_state\":{");
-            for (int s = 0; s < ST_COUNT; s++)
+            for (int s = 0; s < OUTBOX_STATE_COUNT; s++)
                 outbox__sbuf_printf(&out, "%s\"%s\":%" PRId64, s ? "," : "", replay_state_names[s], by_state[s]);
             outbox__sbuf_printf(&out, "},\"took_live_lease\":%" PRId64 ",\"skipped_live_lease\":%" PRId64,
                                 taken, skipped);
@@ -328,7 +328,7 @@ int replay_cmd_change(const replay_options *o)
     } else {
         const char *sep = " (";
         printf("requeued %" PRId64 " %s", done, replay_plural(done, "message", "messages"));
-        for (int s = ST_COUNT - 1; s >= 0; s--)
+        for (int s = OUTBOX_STATE_COUNT - 1; s >= 0; s--)
             if (by_state[s]) {
                 printf("%s%s %" PRId64, sep, replay_state_names[s], by_state[s]);
                 sep = ", ";

@@ -62,7 +62,7 @@ static void where_sql(outbox__sbuf *b, const replay_options *o, unsigned states)
     if (states) {
         const char *sep = "";
         outbox__sbuf_printf(b, " AND state IN (");
-        for (s = 0; s < ST_COUNT; s++)
+        for (s = 0; s < OUTBOX_STATE_COUNT; s++)
             if (states & STATE_BIT(s)) {
                 outbox__sbuf_printf(b, "%s:f%d", sep, ++n);
                 sep = ", ";
@@ -108,7 +108,7 @@ static int where_bind(sqlite3_stmt *st, const replay_options *o, unsigned states
 {
     int n = 0, s, rc = SQLITE_OK;
     size_t i;
-    for (s = 0; s < ST_COUNT; s++)
+    for (s = 0; s < OUTBOX_STATE_COUNT; s++)
         if (states & STATE_BIT(s))
             rc |= bind_f_int(st, ++n, s);
     if (o->topic)

@@ -12,7 +12,7 @@
 
 const char *replay_state_name(int64_t s)
 {
-    return s >= 0 && s < ST_COUNT ? replay_state_names[s] : "unknown";
+    return s >= 0 && s < OUTBOX_STATE_COUNT ? replay_state_names[s] : "unknown";
 }
 
 static const char *const action_text[ACT_COUNT] = {"", "requeue", "skip: live lease", "take: live lease",
@@ -21,7 +21,7 @@ static const char *const action_json[ACT_COUNT] = {"", "requeue", "skip_live_lea
 
 static int lease_live(sqlite3_stmt *st, int64_t now)
 {
-    return sqlite3_column_int64(st, C_STATE) == ST_SENDING && !replay_col_null(st, C_LEASE_UNTIL) &&
+    return sqlite3_column_int64(st, C_STATE) == OUTBOX_STATE_SENDING && !replay_col_null(st, C_LEASE_UNTIL) &&
            sqlite3_column_int64(st, C_LEASE_UNTIL) > now;
 }
 
@@ -88,7 +88,7 @@ void replay_json_row_fields(outbox__sbuf *b, sqlite3_stmt *st, int64_t now)
     json_int_col(b, st, "lease_token", C_LEASE_TOKEN);
     json_time_col(b, st, "lease_until", C_LEASE_UNTIL);
     json_key(b, "lease_expires_in_ms");
-    if (state == ST_SENDING && !replay_col_null(st, C_LEASE_UNTIL))
+    if (state == OUTBOX_STATE_SENDING && !replay_col_null(st, C_LEASE_UNTIL))
         outbox__sbuf_printf(b, "%" PRId64, (int64_t)sqlite3_column_int64(st, C_LEASE_UNTIL) - now);
     else
         outbox__sbuf_puts(b, "null");
@@ -169,7 +169,7 @@ static void row_cells(cell *cells, sqlite3_stmt *st, action act, int64_t now)
     cell_col(&cells[T_KEY], st, C_KEY, table_max[T_KEY]);
     cell_col(&cells[T_ATTEMPTS], st, C_ATTEMPTS, table_max[T_ATTEMPTS]);
     cell_col(&cells[T_ERROR], st, C_LAST_ERROR, table_max[T_ERROR]);
-    if (sqlite3_column_int64(st, C_STATE) == ST_SENDING || !replay_col_null(st, C_LEASE_OWNER)) {
+    if (sqlite3_column_int64(st, C_STATE) == OUTBOX_STATE_SENDING || !replay_col_null(st, C_LEASE_OWNER)) {
         cell *c = &cells[T_LEASE];
         int64_t until = sqlite3_column_int64(st, C_LEASE_UNTIL);
         cell_col(c, st, C_LEASE_OWNER, 24);

@@ -112,7 +112,7 @@ static int show_human(outbox__sbuf *b, sqlite3_stmt *st, int64_t now)
     printf("%-14s %" PRId64 "\n", "attempts:", (int64_t)sqlite3_column_int64(st, C_ATTEMPTS));
     show_field("last error:", st, C_LAST_ERROR);
     printf("%-14s ", "lease:");
-    if (state == ST_SENDING || !replay_col_null(st, C_LEASE_OWNER)) {
+    if (state == OUTBOX_STATE_SENDING || !replay_col_null(st, C_LEASE_OWNER)) {
         size_t n;
         const unsigned char *owner = replay_col_text(st, C_LEASE_OWNER, &n);
         int64_t until = sqlite3_column_int64(st, C_LEASE_UNTIL);

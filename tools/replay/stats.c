@@ -13,7 +13,7 @@ int replay_cmd_stats(const replay_options *o)
 {
     sqlite3 *db;
     sqlite3_stmt *by_topic = NULL, *due = NULL, *oldest = NULL, *leases = NULL;
-    int64_t now = outbox_now_ms(), total[ST_COUNT] = {0}, all = 0, due_n = 0, live = 0, expired = 0;
+    int64_t now = outbox_now_ms(), total[OUTBOX_STATE_COUNT] = {0}, all = 0, due_n = 0, live = 0, expired = 0;
     int64_t oldest_created = 0;
     char *oldest_id = NULL;
     outbox__sbuf out = {0};
@@ -42,7 +42,7 @@ int replay_cmd_stats(const replay_options *o)
         int64_t s = sqlite3_column_int64(by_topic, 1), n = sqlite3_column_int64(by_topic, 2);
         size_t tn;
         replay_col_text(by_topic, 0, &tn);
-        if (s >= 0 && s < ST_COUNT)
+        if (s >= 0 && s < OUTBOX_STATE_COUNT)
             total[s] += n;
         all += n;
         if (tn > topic_w)
@@ -70,12 +70,12 @@ int replay_cmd_stats(const replay_options *o)
     if (o->json) {
         outbox__sbuf_printf(&out, "{\"now\":\"%s\",\"now_ms\":%" PRId64 ",\"total\":%" PRId64 ",\"by_state\":{",
                             replay_fmt_time(now, buf), now, all);
-        for (int s = 0; s < ST_COUNT; s++)
+        for (int s = 0; s < OUTBOX_STATE_COUNT; s++)
             outbox__sbuf_printf(&out, "%s\"%s\":%" PRId64, s ? "," : "", replay_state_names[s], total[s]);
         outbox__sbuf_printf(&out,
                             "},\"dead\":%" PRId64 ",\"pending_due\":%" PRId64 ",\"pending_waiting\":%" PRId64
                             ",\"leases_live\":%" PRId64 ",\"leases_expired\":%" PRId64 ",\"oldest_due_pending\":",
-                            total[ST_DEAD], due_n, total[ST_PENDING] - due_n, live, expired);
+                            total[OUTBOX_STATE_DEAD], due_n, total[OUTBOX_STATE_PENDING] - due_n, live, expired);
         if (oldest_id) {
             outbox__sbuf_puts(&out, "{\"id\":");
             tools_json_cstr(&out, oldest_id);
@@ -92,11 +92,11 @@ int replay_cmd_stats(const replay_options *o)
     } else {
         printf("%-10s %12" PRId64 "\n", "total", all);
         printf("%-10s %12" PRId64 "  (due %" PRId64 ", waiting for available_at/backoff %" PRId64 ")\n", "pending",
-               total[ST_PENDING], due_n, total[ST_PENDING] - due_n);
-        printf("%-10s %12" PRId64 "  (live leases %" PRId64 ", expired %" PRId64 ")\n", "sending", total[ST_SENDING],
+               total[OUTBOX_STATE_PENDING], due_n, total[OUTBOX_STATE_PENDING] - due_n);
+        printf("%-10s %12" PRId64 "  (live leases %" PRId64 ", expired %" PRId64 ")\n", "sending", total[OUTBOX_STATE_SENDING],
                live, expired);
-        printf("%-10s %12" PRId64 "\n", "published", total[ST_PUBLISHED]);
-        printf("%-10s %12" PRId64 "\n", "dead", total[ST_DEAD]);
+        printf("%-10s %12" PRId64 "\n", "published", total[OUTBOX_STATE_PUBLISHED]);
+        printf("%-10s %12" PRId64 "\n", "dead", total[OUTBOX_STATE_DEAD]);
         if (oldest_id) {
             printf("oldest due pending: %s ago, created %s, id ", replay_fmt_dur(now - oldest_created, d),
                    replay_fmt_time(oldest_created, buf));
@@ -114,7 +114,7 @@ int replay_cmd_stats(const replay_options *o)
      * object per topic; rows arrive ordered by topic. */
     sqlite3_reset(by_topic);
     {
-        int64_t cur[ST_COUNT] = {0};
+        int64_t cur[OUTBOX_STATE_COUNT] = {0};
         char *topic = NULL;
         int ntopics = 0;
         for (pass = 1;; pass++) {
@@ -135,7 +135,7 @@ int replay_cmd_stats(const replay_options *o)
                 if (o->json) {
                     outbox__sbuf_puts(&out, ntopics ? ",{\"topic\":" : "{\"topic\":");
                     tools_json_cstr(&out, topic);
-                    for (int k = 0; k < ST_COUNT; k++)
+                    for (int k = 0; k < OUTBOX_STATE_COUNT; k++)
                         outbox__sbuf_printf(&out, ",\"%s\":%" PRId64, replay_state_names[k], cur[k]);
                     outbox__sbuf_printf(&out, ",\"total\":%" PRId64 "}", sum);
                     if (replay_emit(&out) != 0) {
@@ -165,7 +165,7 @@ int replay_cmd_stats(const replay_options *o)
                     goto done;
                 }
             }
-            if (s >= 0 && s < ST_COUNT)
+            if (s >= 0 && s < OUTBOX_STATE_COUNT)
                 cur[s] += n;
         }
     }
