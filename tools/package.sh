@@ -2,7 +2,8 @@
 # Builds the Debian packages (outbox-relay, liboutbox0, liboutbox-dev) from
 # the tree with dpkg-buildpackage, leaves them in dist/, then checks them:
 # the version is meson.build's, the packages unpack (dpkg -x) into a
-# temporary root where the installed outbox-relay runs (--version, the
+# temporary root where the system user and the state directory are made as
+# the postinst makes them, the installed outbox-relay runs (--version, the
 # shipped relay.ini) and a program builds against liboutbox-dev through
 # pkg-config and runs on liboutbox0, systemd-analyze verifies the installed
 # unit and scores its sandbox, and lintian finds nothing but the documented
@@ -65,6 +66,18 @@ say "installed outbox-relay --version: $out"
 for t in outbox-consume outbox-replay; do
     "$root/usr/bin/$t" --help >/dev/null || die "installed $t --help"
 done
+# What the postinst does (systemd-sysusers, then systemd-tmpfiles), done in
+# the temporary root: the user, its group and the state directory.
+systemd-sysusers --root="$root" "$root/usr/lib/sysusers.d/outbox-relay.conf" 2>/dev/null ||
+    die "systemd-sysusers with the packaged outbox-relay.conf"
+grep -q '^outbox:x:[0-9]*:[0-9]*:.*:/var/lib/outbox:/usr/sbin/nologin$' "$root/etc/passwd" ||
+    die "no system user outbox: $(cat "$root/etc/passwd")"
+systemd-tmpfiles --root="$root" --create "$root/usr/lib/tmpfiles.d/outbox-relay.conf" ||
+    die "systemd-tmpfiles with the packaged outbox-relay.conf"
+uid=$(sed -n 's/^outbox:x:\([0-9]*\):.*/\1/p' "$root/etc/passwd")
+[ "$(stat -c '%a %u' "$root/var/lib/outbox")" = "770 $uid" ] ||
+    die "/var/lib/outbox: $(stat -c '%a %u:%g' "$root/var/lib/outbox"), not 770 outbox"
+say "sysusers and tmpfiles: user outbox ($uid), /var/lib/outbox 0770 outbox:outbox"
 # The default configuration parses; only the database is missing.
 set +e
 out=$("$root/usr/bin/outbox-relay" run --config "$root/etc/outbox/relay.ini" 2>&1)
