@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing outbox needs, from Debian's packages.
 # Runs apt-get only when something is missing, so repeated runs are quick.
-# Extra package names may be given as arguments (tools/fuzz.sh adds clang).
+# Extra package names may be given as arguments: tools/fuzz.sh adds clang,
+# tools/package.sh debhelper, lintian and systemd, tools/monitoring.sh
+# prometheus (for promtool), so the default list stays quick to install.
 set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build python3
       libuv1-dev libhiredis-dev libsqlite3-dev libmsgpack-dev libinih-dev
