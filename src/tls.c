@@ -494,7 +494,8 @@ size_t outbox__tls_received(const outbox__tls *t)
 
 size_t outbox__tls_buffered(const outbox__tls *t)
 {
-    return BIO_ctrl_pending(t->rbio);
+    /* OpenSSL moves a partial record from the BIO into its own buffer. */
+    return BIO_ctrl_pending(t->rbio) + (size_t)SSL_has_pending(t->ssl);
 }
 
 int outbox__tls_cert_requested(const outbox__tls *t)
