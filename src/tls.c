@@ -177,10 +177,18 @@ static int load_client_cert(SSL_CTX *ctx, const outbox_tls_settings *s, char *er
         return outbox__errf(err, errlen, OUTBOX_EINVAL, "key file '%s': %s", s->key_file, strerror(errno));
     key = PEM_read_PrivateKey(f, NULL, no_passphrase, NULL);
     fclose(f);
-    if (!key)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL,
-                            "key file '%s' holds no usable PEM private key (%s; an encrypted key is not supported)",
+    if (!key) {
+        int reason = ERR_GET_REASON(ERR_peek_last_error());
+        if (reason == PEM_R_BAD_PASSWORD_READ || reason == PEM_R_PROBLEMS_GETTING_PASSWORD) {
+            ERR_clear_error();
+            return outbox__errf(err, errlen, OUTBOX_EINVAL,
+                                "key file '%s' is encrypted: a passphrase cannot be entered (decrypt it with "
+                                "`openssl pkey`)",
+                                s->key_file);
+        }
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "key file '%s' holds no usable PEM private key (%s)",
                             s->key_file, ossl_reason(why, sizeof why));
+    }
     rc = SSL_CTX_use_PrivateKey(ctx, key) == 1 && SSL_CTX_check_private_key(ctx) == 1;
     EVP_PKEY_free(key);
     if (!rc)

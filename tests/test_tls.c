@@ -259,7 +259,7 @@ static void test_settings(void)
     s.key_file = tls_cert(certs, "garbage.pem");
     expect_config_error(&s, "key file that is not PEM", tls_cert(certs, "garbage.pem"), "no usable PEM private key");
     s.key_file = tls_cert(certs, "enc.key");
-    expect_config_error(&s, "encrypted key", tls_cert(certs, "enc.key"), "an encrypted key is not supported");
+    expect_config_error(&s, "encrypted key", tls_cert(certs, "enc.key"), "is encrypted: a passphrase cannot be entered");
     s.key_file = tls_cert(certs, "server.key");
     expect_config_error(&s, "key of another certificate", "does not match certificate file", tls_cert(certs, "client.crt"));
     s.key_file = tls_cert(certs, "client.key");
