@@ -13,6 +13,7 @@
 
 #include <openssl/crypto.h>
 
+#include "consumer/ct.h"
 #include "rconn.h"
 #include "redis.h"
 #include "tap.h"
@@ -53,7 +54,6 @@ static void count_free(void *p, const char *file, int line)
 
 typedef struct T {
     uv_loop_t loop;
-    uv_timer_t wd;
     outbox__redis *r;
     outbox__tls_config *cfg;
     int connects, connect_status;
@@ -68,17 +68,41 @@ typedef struct T {
     size_t last_len;
 } T;
 
-static void wd_cb(uv_timer_t *h)
+static void t_loop_init(T *t)
 {
-    (void)h;
+    memset(t, 0, sizeof *t);
+    if (uv_loop_init(&t->loop) != 0)
+        bail("uv_loop_init");
 }
 
-static int run_until(T *t, const int *flag, int want, int ms)
+/* Runs the loop empty and checks that it closes cleanly (the owner closed
+ * its objects first). */
+static void t_loop_finish(T *t, const char *name)
 {
-    int64_t deadline = th_now_ms() + (int64_t)ms * slow;
-    while (*flag < want && th_now_ms() < deadline)
-        uv_run(&t->loop, UV_RUN_ONCE);
-    return *flag >= want;
+    int e = ct_loop_finish(&t->loop, 5000 * slow);
+    is_int(t->closed, 1, "%s: close callback once", name);
+    is_int(e, 0, "%s: loop closed cleanly", name);
+    free(t->last);
+    t->last = NULL;
+}
+
+typedef struct at_least {
+    const int *count;
+    int want;
+} at_least;
+
+static int reached(void *arg)
+{
+    const at_least *a = arg;
+    return *a->count >= a->want;
+}
+
+/* Runs the loop until *count reaches want or ms pass (times the valgrind
+ * factor); returns whether it did. */
+static int run_until(T *t, const int *count, int want, int ms)
+{
+    at_least a = {count, want};
+    return ct_run_until_cond(&t->loop, reached, &a, ms * slow);
 }
 
 static void on_connect(outbox__redis *r, int status, void *data)
@@ -112,12 +136,7 @@ static int t_open(T *t, const char *url_text, const outbox_tls_settings *ts, con
     outbox__redis_url url;
     outbox__redis_options o;
     char err[512];
-    memset(t, 0, sizeof *t);
-    if (uv_loop_init(&t->loop) != 0)
-        bail("uv_loop_init");
-    uv_timer_init(&t->loop, &t->wd);
-    uv_timer_start(&t->wd, wd_cb, 10, 10);
-    uv_unref((uv_handle_t *)&t->wd);
+    t_loop_init(t);
     if (outbox__redis_url_parse(url_text, &url, err, sizeof err) != 0)
         bail("url %s: %s", url_text, err);
     if (ts && outbox__tls_config_create(&t->cfg, ts, err, sizeof err) != 0)
@@ -140,17 +159,9 @@ static int t_open(T *t, const char *url_text, const outbox_tls_settings *ts, con
 /* Closes everything and checks that the loop closes cleanly. */
 static void t_close(T *t, const char *name)
 {
-    int64_t deadline = th_now_ms() + 5000 * slow;
     outbox__redis_close(t->r, on_closed, t);
     outbox__tls_config_unref(t->cfg);
-    while (uv_loop_alive(&t->loop) && th_now_ms() < deadline)
-        uv_run(&t->loop, UV_RUN_ONCE);
-    uv_close((uv_handle_t *)&t->wd, NULL);
-    uv_run(&t->loop, UV_RUN_NOWAIT);
-    is_int(t->closed, 1, "%s: close callback once", name);
-    is_int(uv_loop_close(&t->loop), 0, "%s: loop closed cleanly", name);
-    free(t->last);
-    t->last = NULL;
+    t_loop_finish(t, name);
 }
 
 static void on_reply(outbox__redis *r, int status, redisReply *reply, void *data)
@@ -626,11 +637,6 @@ static void rc_down(outbox__rconn *rc, int status, void *data)
     ((R *)data)->downs++;
 }
 
-static void rc_closed(void *data)
-{
-    ((T *)data)->closed++;
-}
-
 static void test_reconnect(th_redis *srv, int port, int insecure)
 {
     outbox_tls_settings s;
@@ -644,12 +650,8 @@ static void test_reconnect(th_redis *srv, int port, int insecure)
     T t;
     int i;
 
-    memset(&t, 0, sizeof t);
+    t_loop_init(&t);
     memset(&rr, 0, sizeof rr);
-    uv_loop_init(&t.loop);
-    uv_timer_init(&t.loop, &t.wd);
-    uv_timer_start(&t.wd, wd_cb, 10, 10);
-    uv_unref((uv_handle_t *)&t.wd);
     ca_only(&s);
     s.insecure = insecure;
     if (outbox__tls_config_create(&t.cfg, &s, err, sizeof err) != 0)
@@ -691,17 +693,8 @@ static void test_reconnect(th_redis *srv, int port, int insecure)
         }
     }
     is_int(rr.warnings, insecure ? 2 : 0, "  %s", insecure ? "a warning at each connect" : "no insecure warning");
-    outbox__rconn_close(&rc, rc_closed, &t);
-    {
-        int64_t deadline = th_now_ms() + 5000 * slow;
-        while (uv_loop_alive(&t.loop) && th_now_ms() < deadline)
-            uv_run(&t.loop, UV_RUN_ONCE);
-    }
-    uv_close((uv_handle_t *)&t.wd, NULL);
-    uv_run(&t.loop, UV_RUN_NOWAIT);
-    is_int(t.closed, 1, "  closed once");
-    is_int(uv_loop_close(&t.loop), 0, "%s: loop closed cleanly", name);
-    free(t.last);
+    outbox__rconn_close(&rc, on_closed, &t);
+    t_loop_finish(&t, name);
 }
 
 int main(void)
