@@ -706,8 +706,8 @@ static void read_failed(outbox__redis *r, ssize_t nread)
     }
     if (r->tls && outbox__tls_buffered(r->tls) > 0)
         hint = " in the middle of a TLS record";
-    else if (!r->tls && r->url.host && !r->got_input && nread == UV_ECONNRESET)
-        hint = " before any reply (a TLS port? use rediss://)";
+    else if (!r->tls && r->url.host && !r->got_input && (nread == UV_ECONNRESET || nread == UV_EOF))
+        hint = " before any reply (a TLS port? use rediss://)"; /* a TLS server drops what is not TLS */
     if (nread == UV_EOF)
         set_err(r, "%sconnection closed by the server%s", where, hint);
     else
@@ -767,8 +767,9 @@ static void tls_input(outbox__redis *r, const char *data, size_t len)
         return;
     }
     process_replies(r);
-    /* Reading may have produced records to send (a key update). */
-    if (r->tls && outbox__tls_pending(r->tls) > 0)
+    /* Reading may have produced records to send (a key update), or let a
+     * write that waited for input go on. */
+    if (r->tls && (outbox__tls_pending(r->tls) > 0 || r->olen > r->osent))
         flush(r);
 }
 

@@ -530,19 +530,24 @@ static void test_verification(int good, int expired, int other)
     expect_success("insecure: expired accepted", url, &s);
 }
 
+/* The server requires a client certificate and a password. */
 static void test_client_certs(int mtls)
 {
     outbox_tls_settings s;
     char url[128];
     ca_only(&s);
-    snprintf(url, sizeof url, "rediss://localhost:%d", mtls);
+    snprintf(url, sizeof url, "rediss://:s3cret@localhost:%d", mtls);
     expect_failure("missing client certificate", url, &s, NULL, 5000, OUTBOX_ETLS,
                    "the server asked for a client certificate and none is configured");
     expect_failure("missing client certificate, with a client name", url, &s, "named", 5000, OUTBOX_ETLS,
                    "asked for a client certificate");
     s.cert_file = tls_cert(certs, "client.crt");
     s.key_file = tls_cert(certs, "client.key");
-    expect_success("mutual TLS", url, &s);
+    expect_success("mutual TLS with AUTH", url, &s);
+    snprintf(url, sizeof url, "rediss://:wrong@localhost:%d", mtls);
+    expect_failure("mutual TLS, wrong password", url, &s, NULL, 5000, OUTBOX_EAUTH, "AUTH: WRONGPASS");
+    snprintf(url, sizeof url, "rediss://localhost:%d", mtls);
+    expect_failure("mutual TLS, no password", url, &s, NULL, 5000, OUTBOX_EAUTH, "PING: NOAUTH");
 }
 
 static void test_wrong_port(th_redis *srv, int tls_port)
@@ -708,10 +713,10 @@ int main(void)
     certs = tls_certs_make();
     test_settings();
 
-    good_port = tls_redis_start(&good, certs, "server.crt", "server.key", 0, 1);
-    mtls_port = tls_redis_start(&mtls, certs, "server.crt", "server.key", 1, 0);
-    expired_port = tls_redis_start(&expired, certs, "expired.crt", "expired.key", 0, 0);
-    other_port = tls_redis_start(&other, certs, "other.crt", "other.key", 0, 0);
+    good_port = tls_redis_start(&good, certs, "server.crt", "server.key", 0, 1, NULL);
+    mtls_port = tls_redis_start(&mtls, certs, "server.crt", "server.key", 1, 0, "requirepass s3cret\n");
+    expired_port = tls_redis_start(&expired, certs, "expired.crt", "expired.key", 0, 0, NULL);
+    other_port = tls_redis_start(&other, certs, "other.crt", "other.key", 0, 0, NULL);
     if (good_port < 0 || mtls_port < 0 || expired_port < 0 || other_port < 0)
         bail("cannot start redis-server with TLS");
 

@@ -128,21 +128,23 @@ void tls_certs_free(tls_certs *c)
     free(c);
 }
 
-int tls_redis_start(th_redis *r, tls_certs *c, const char *cert, const char *key, int auth_clients, int with_tcp)
+int tls_redis_start(th_redis *r, tls_certs *c, const char *cert, const char *key, int auth_clients, int with_tcp,
+                    const char *extra)
 {
     int attempt;
     for (attempt = 0; attempt < 3; attempt++) {
-        char extra[512];
+        char conf[512];
         int port = th_free_port();
         if (port <= 0)
             return -1;
         /* "bind" again: without a plaintext port the harness writes none, and
          * the TLS port must stay on the loopback interface. */
-        snprintf(extra, sizeof extra,
+        snprintf(conf, sizeof conf,
                  "bind 127.0.0.1\ntls-port %d\ntls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\n"
-                 "tls-auth-clients %s\n",
-                 port, tls_cert(c, cert), tls_cert(c, key), tls_cert(c, "ca.crt"), auth_clients ? "yes" : "no");
-        if (th_redis_start(r, with_tcp, extra) == 0)
+                 "tls-auth-clients %s\n%s",
+                 port, tls_cert(c, cert), tls_cert(c, key), tls_cert(c, "ca.crt"), auth_clients ? "yes" : "no",
+                 extra ? extra : "");
+        if (th_redis_start(r, with_tcp, conf) == 0)
             return port;
     }
     return -1;

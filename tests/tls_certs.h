@@ -30,10 +30,12 @@ void tls_certs_free(tls_certs *c);
 
 /* redis-server (th_redis) with a TLS port on 127.0.0.1 serving cert/key (file
  * names in c), trusting c's CA for client certificates, tls-auth-clients yes
- * or no, a plaintext loopback port too when with_tcp, and its Unix socket
- * (plaintext; harness.h's client uses it). Retries with another port if one
- * was taken. Returns the TLS port, or -1. */
-int tls_redis_start(th_redis *r, tls_certs *c, const char *cert, const char *key, int auth_clients, int with_tcp);
+ * or no, a plaintext loopback port too when with_tcp, its Unix socket
+ * (plaintext; harness.h's client uses it) and the config lines in extra (may
+ * be NULL). Retries with another port if one was taken. Returns the TLS
+ * port, or -1. */
+int tls_redis_start(th_redis *r, tls_certs *c, const char *cert, const char *key, int auth_clients, int with_tcp,
+                    const char *extra);
 
 typedef enum tls_fake_mode {
     TLS_FAKE_SILENT,       /* accepts, reads the ClientHello, never answers */

@@ -154,7 +154,7 @@ int main(void)
     got g;
 
     certs = tls_certs_make();
-    port = tls_redis_start(&srv, certs, "server.crt", "server.key", 1, 0);
+    port = tls_redis_start(&srv, certs, "server.crt", "server.key", 1, 0, NULL);
     if (port < 0)
         skip_all("redis-server with TLS not available");
     snprintf(url, sizeof url, "rediss://localhost:%d", port);
