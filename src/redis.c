@@ -136,7 +136,7 @@ struct outbox__redis {
 
     char *rbuf; /* READ_BUF_SIZE, reused by every read */
     redisReader *reader;
-    int got_input; /* a byte arrived on this connection */
+    int got_input; /* plaintext: a byte arrived (else a reset hints at a TLS port) */
     outbox__tls *tls; /* the TLS session while connected */
 
     pending *ring;
@@ -318,6 +318,13 @@ static void schedule_flush(outbox__redis *r)
 
 static void fail_conn(outbox__redis *r, int status);
 
+/* The TLS session failed; its error text says why. */
+static void fail_tls(outbox__redis *r)
+{
+    set_err(r, "%s", outbox__tls_errstr(r->tls));
+    fail_conn(r, OUTBOX_ETLS);
+}
+
 static void start_write(outbox__redis *r)
 {
     uv_buf_t b = uv_buf_init(r->wbuf, (unsigned int)r->wlen);
@@ -338,8 +345,7 @@ static void flush_tls(outbox__redis *r)
     size_t used = 0, n = r->olen - r->osent;
     if (r->state != ST_TLS && n > 0) {
         if (outbox__tls_encrypt(r->tls, r->obuf + r->osent, n < TLS_CHUNK ? n : TLS_CHUNK, &used) < 0) {
-            set_err(r, "%s", outbox__tls_errstr(r->tls));
-            fail_conn(r, OUTBOX_ETLS);
+            fail_tls(r);
             return;
         }
         r->osent += used;
@@ -723,8 +729,7 @@ static void tls_step(outbox__redis *r)
 {
     int rc = outbox__tls_handshake(r->tls);
     if (rc < 0) {
-        set_err(r, "%s", outbox__tls_errstr(r->tls));
-        fail_conn(r, OUTBOX_ETLS);
+        fail_tls(r);
         return;
     }
     if (rc == 0)
@@ -762,8 +767,7 @@ static void tls_input(outbox__redis *r, const char *data, size_t len)
         return;
     }
     if (rc < 0) {
-        set_err(r, "%s", outbox__tls_errstr(r->tls));
-        fail_conn(r, OUTBOX_ETLS);
+        fail_tls(r);
         return;
     }
     process_replies(r);
