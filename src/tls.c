@@ -33,6 +33,9 @@
 #include "internal.h"
 #include "tls.h"
 
+/* The longest server name, with its NUL. */
+#define NAME_CAP 256
+
 struct outbox__tls_config {
     atomic_int refs;
     SSL_CTX *ctx;
@@ -47,7 +50,7 @@ struct outbox__tls {
     size_t received;
     int cert_requested;
     char first[48]; /* the start of what the server sent, for "answered in plaintext" */
-    char name[256]; /* the name verified, for messages */
+    char name[NAME_CAP]; /* the name verified, for messages */
     char errstr[512];
 };
 
@@ -212,7 +215,7 @@ int outbox__tls_config_create(outbox__tls_config **out, const outbox_tls_setting
         outbox_tls_defaults(&defaults);
         s = &defaults;
     }
-    if (s->server_name && (!*s->server_name || strlen(s->server_name) >= sizeof ((outbox__tls *)0)->name))
+    if (s->server_name && (!*s->server_name || strlen(s->server_name) >= NAME_CAP))
         return outbox__errf(err, errlen, OUTBOX_EINVAL, "TLS server name: need 1..255 bytes");
     if (!(c = calloc(1, sizeof *c)))
         return OUTBOX_ENOMEM;
