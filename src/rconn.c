@@ -10,6 +10,8 @@ static void rc_handle_gone(outbox__rconn *rc)
 {
     if (--rc->handles == 0 && rc->closing) {
         outbox__redis_url_free(&rc->url);
+        outbox__tls_config_unref(rc->opt.tls);
+        rc->opt.tls = NULL;
         if (rc->close_cb)
             rc->close_cb(rc->close_data);
     }
@@ -83,6 +85,11 @@ static void rc_connected(outbox__redis *c, int status, void *data)
         return;
     }
     rc->up = 1;
+    if (outbox__tls_config_insecure(rc->opt.tls))
+        outbox__log(rc->log, OUTBOX_LOG_WARN,
+                    "msg=\"TLS without verification: the server's certificate and name are not checked\" conn=%s "
+                    "redis=%s",
+                    rc->what, rc->desc);
     if (rc->failures)
         outbox__log(rc->log, OUTBOX_LOG_INFO, "msg=\"redis reachable again\" conn=%s redis=%s attempts=%u",
                     rc->what, rc->desc, rc->failures);
@@ -132,9 +139,24 @@ int outbox__rconn_init(outbox__rconn *rc, uv_loop_t *loop, const outbox__redis_u
     rc->loop = loop;
     rc->log = log;
     rc->opt = *opt;
+    rc->opt.tls = NULL;
     outbox__strlcpy(rc->what, what, sizeof rc->what);
-    if (outbox__redis_url_copy(&rc->url, url) != 0)
+    if (!url->tls && opt->tls)
+        return OUTBOX_EINVAL;
+    if (url->tls) {
+        /* One configuration for every attempt: the trust store is read
+         * once, not at each reconnect. */
+        int e = opt->tls ? 0 : outbox__tls_config_create(&rc->opt.tls, NULL, NULL, 0);
+        if (e != 0)
+            return e;
+        if (opt->tls)
+            rc->opt.tls = outbox__tls_config_ref(opt->tls);
+    }
+    if (outbox__redis_url_copy(&rc->url, url) != 0) {
+        outbox__tls_config_unref(rc->opt.tls);
+        rc->opt.tls = NULL;
         return OUTBOX_ENOMEM;
+    }
     outbox__redis_url_describe(&rc->url, rc->desc, sizeof rc->desc);
     return 0;
 }
@@ -156,6 +178,8 @@ void outbox__rconn_start(outbox__rconn *rc)
 void outbox__rconn_discard(outbox__rconn *rc)
 {
     outbox__redis_url_free(&rc->url);
+    outbox__tls_config_unref(rc->opt.tls);
+    rc->opt.tls = NULL;
 }
 
 outbox__redis *outbox__rconn_get(const outbox__rconn *rc)

@@ -318,19 +318,23 @@ int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, 
     }
     sep = strstr(url, "://");
     if (!sep) {
-        fail(&p, OUTBOX_EURL, "missing scheme in '%s', expected redis:// or unix://", url);
+        fail(&p, OUTBOX_EURL, "missing scheme in '%s', expected redis://, rediss:// or unix://", url);
         return p.status;
     }
     slen = (size_t)(sep - url);
-    if (slen == 5 && strncasecmp(url, "redis", 5) == 0)
+    if (slen == 5 && strncasecmp(url, "redis", 5) == 0) {
         parse_tcp(&p, sep + 3);
-    else if ((slen == 4 && strncasecmp(url, "unix", 4) == 0) ||
-             (slen == 10 && strncasecmp(url, "redis+unix", 10) == 0))
+    } else if (slen == 6 && strncasecmp(url, "rediss", 6) == 0) {
+        p.u.tls = 1;
+        parse_tcp(&p, sep + 3);
+    } else if ((slen == 4 && strncasecmp(url, "unix", 4) == 0) ||
+               (slen == 10 && strncasecmp(url, "redis+unix", 10) == 0)) {
         parse_unix(&p, sep + 3);
-    else if (slen == 6 && strncasecmp(url, "rediss", 6) == 0)
-        fail(&p, OUTBOX_EURL, "TLS (rediss://) is not supported, expected redis:// or unix://");
-    else
-        fail(&p, OUTBOX_EURL, "bad scheme '%.*s', expected redis:// or unix://", (int)slen, url);
+    } else if ((slen == 11 && strncasecmp(url, "rediss+unix", 11) == 0)) {
+        fail(&p, OUTBOX_EURL, "TLS over a unix socket (rediss+unix://) is not supported, expected unix://");
+    } else {
+        fail(&p, OUTBOX_EURL, "bad scheme '%.*s', expected redis://, rediss:// or unix://", (int)slen, url);
+    }
 
     if (p.status) {
         outbox__redis_url_free(&p.u);
@@ -356,6 +360,7 @@ int outbox__redis_url_copy(outbox__redis_url *dst, const outbox__redis_url *src)
     memset(&c, 0, sizeof c);
     c.port = src->port;
     c.db = src->db;
+    c.tls = src->tls;
     if (dup_or_null(&c.host, src->host) || dup_or_null(&c.path, src->path) ||
         dup_or_null(&c.user, src->user) || dup_or_null(&c.password, src->password)) {
         outbox__redis_url_free(&c);
@@ -394,7 +399,7 @@ void outbox__redis_url_describe(const outbox__redis_url *u, char *buf, size_t le
         const char *host = u->host ? u->host : "";
         int v6 = strchr(host, ':') != NULL;
         int auth = u->user || u->password;
-        snprintf(buf, len, "redis://%s%s%s%s%s%s:%d/%d", u->user ? u->user : "",
+        snprintf(buf, len, "%s://%s%s%s%s%s%s:%d/%d", u->tls ? "rediss" : "redis", u->user ? u->user : "",
                  u->password ? ":***" : "", auth ? "@" : "", v6 ? "[" : "", host, v6 ? "]" : "",
                  u->port, u->db);
     }

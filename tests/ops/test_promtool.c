@@ -175,7 +175,7 @@ int main(void)
         skip_all("cannot start redis-server");
     if (!promtool)
         diag("promtool not found: its checks are skipped (install Debian's prometheus: bash tools/monitoring.sh)");
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "promtool.db");
     logpath = th_path(dir, "relay.log");
     db = rt_open(dbpath);
@@ -246,7 +246,7 @@ int main(void)
         free(mpath);
     }
 
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM");
     free(text);
     free(mid);
     free(promtool);
@@ -255,6 +255,7 @@ int main(void)
     th_redis_destroy(&redis);
     free(dbpath);
     free(logpath);
-    rt_rmdir(dir);
+    th_rmtree(dir);
+    free(dir);
     return tap_done();
 }
