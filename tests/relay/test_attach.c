@@ -204,9 +204,9 @@ typedef struct waker {
     redisContext *c;
     sqlite3 *db[2];
     uv_timer_t timer;
-    int step;         /* 0 connecting, 1 settling, 2 and 3 a commit through db[step - 2], 4 stopping */
-    int connected;
-    int written;      /* the current step's row is committed */
+    int step;      /* 0 connecting, 1 settling, 2 and 3 a commit through db[step - 2], 4 stop, 5 stopping */
+    int connected; /* the relay reached Redis */
+    int written;   /* the current step's row is committed */
     int64_t t0, took[2];
 } waker;
 
