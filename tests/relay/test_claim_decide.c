@@ -19,7 +19,8 @@
  *   - an expired lease of another owner taken over (S_EXPIRED); this
  *     relay's own expired lease, still in its seq set, skipped;
  *   - delayed rows (available_at in the future) not chosen, not blocking
- *     unkeyed rows; a delayed keyed row holds its key;
+ *     unkeyed rows; a keyed row not due holds its key, also a new row
+ *     created in the future, which no index shows to its key's later rows;
  *   - rows held behind another relay's live lease: made waiting rows due at
  *     once;
  * and the whole outbox__claim: claimed rows in state 1 under this relay's
@@ -428,6 +429,29 @@ static void test_delayed(void)
     world_end(&w);
 }
 
+/* A new row not due yet (created_at in the future, another writer's clock)
+ * is in no index that a later row of its key looks up: the claim itself
+ * remembers that it held the key back. */
+static void test_future_head(void)
+{
+    world w;
+    claim_ctx x;
+    int64_t head, next, u;
+
+    world_start(&w, 0);
+    head = put_row(&w, "ahead", "k", 5000, 5000);
+    next = put_row(&w, "behind", "k", -1000, -1000);
+    u = put_row(&w, "u", NULL, -900, -900);
+    is_int(select_rows(&w, &x, 10), 0, "future head: the choice succeeds");
+    is_str(chosen_seqs(&x), "3", "future head: only the unkeyed row is chosen");
+    is_int(fate_of(&x, head), C_SEEN, "future head: the key's first row is not due");
+    is_int(fate_of(&x, next), C_SEEN, "future head: its next row, older by its clock, waits for it");
+    is_int(avail_of(&w, head), 5001, "future head: the first row made a waiting row due when it was created");
+    is_int(avail_of(&w, next), 5001, "future head: the next row due no earlier");
+    is_int(fate_of(&x, u), C_CHOSEN, "future head: the unkeyed row goes");
+    world_end(&w);
+}
+
 static void test_foreign_lease(void)
 {
     world w;
@@ -543,6 +567,7 @@ int main(void)
     test_requeued();
     test_expired();
     test_delayed();
+    test_future_head();
     test_foreign_lease();
     test_claim_full();
     return tap_done();
