@@ -137,7 +137,21 @@ OUTBOX_API void outbox_relay_defaults(outbox_relay_settings *s);
  * the offending setting or the database problem. Returns 0, OUTBOX_EINVAL
  * (a setting; err says which), OUTBOX_EURL, OUTBOX_ENOSCHEMA,
  * OUTBOX_ESCHEMANEWER, OUTBOX_EFOREIGN, OUTBOX_ENOTDB, OUTBOX_EIO,
- * OUTBOX_ESQLITE, OUTBOX_ENOMEM. loop is borrowed and must outlive the relay.
+ * OUTBOX_EBUSY, OUTBOX_ESQLITE, OUTBOX_ENOMEM. loop is borrowed and must
+ * outlive the relay.
+ *
+ * Unlike everything the relay does once started, create runs its SQLite work
+ * on the calling thread, and it may wait there for a lock: when reading the
+ * schema, or migrating an older one, meets a lock, it tries again every
+ * 10 ms (sqlite3_sleep), 200 times at most (about 2 s, plus the tries
+ * themselves), and then fails with OUTBOX_EBUSY. That happens only while
+ * another connection keeps the database from being read (its WAL recovery
+ * after a crash, or PRAGMA locking_mode=EXCLUSIVE), or while the schema must
+ * be migrated and another connection holds the write lock (its own
+ * migration, or an ordinary writer's transaction: the migration waits for
+ * its commit). A writer's transaction on a database whose schema is current
+ * does not make create wait: in WAL mode a reader never waits for a writer.
+ * Call it before the loop runs, or accept that pause.
  */
 OUTBOX_API int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_settings *s,
                                    char *err, size_t errlen);
@@ -178,11 +192,33 @@ OUTBOX_API void outbox_relay_wake(outbox_relay *r);
  * thread, such a sleep holds up everything); while such a connection is
  * attached, the relay also starts its next transaction right after a short
  * one (under 1 ms), without the pause of at least 1 ms it otherwise leaves
- * for other connections' busy handlers. Call from the thread that owns
- * db, and call outbox_relay_detach(db) from that thread before closing db or
- * destroying the relay; detach restores the busy timeout db had at attach.
- * May be called before outbox_relay_start (wake-ups begin with the start).
- * Returns 0 or OUTBOX_EINVAL.
+ * for other connections' busy handlers. May be called before
+ * outbox_relay_start (wake-ups begin with the start).
+ *
+ * A connection has one WAL hook and one busy handler. A WAL hook installed
+ * on db after attach, with sqlite3_wal_hook() or with PRAGMA
+ * wal_autocheckpoint=N (which installs SQLite's own checkpointing hook),
+ * replaces the relay's: db's commits then no longer wake the relay at once
+ * (it notices them as it notices another process's commits, through its
+ * watch on the WAL file, or at its next scan). Likewise a busy timeout or
+ * busy handler set on db after attach replaces the relay's handler.
+ *
+ * Call attach and detach from the thread that owns db, and
+ * outbox_relay_detach(db) before closing db or destroying the relay. Detach
+ * removes the relay's hooks and gives db back what it had at attach: its
+ * busy timeout (unless a busy timeout was set on db since: that one stays; a
+ * busy handler set since is replaced by it) and its auto-checkpoint (PRAGMA
+ * wal_autocheckpoint, 1000 pages unless changed; a WAL hook of the
+ * application's that db had before attach is not restored). After PRAGMA
+ * wal_autocheckpoint=N on db, detach leaves SQLite's hook and N in place. A
+ * WAL hook of the application's own installed with sqlite3_wal_hook() after
+ * attach is removed by detach (SQLite cannot tell whose hook is installed):
+ * install it again after detach. Detach of a connection that is not
+ * attached, or NULL, does nothing.
+ *
+ * attach returns 0 (also when db is attached to r already: nothing
+ * changes), OUTBOX_EINVAL (r or db is NULL), OUTBOX_ESTATE (db is attached
+ * to another relay: detach it first) or OUTBOX_ENOMEM (nothing changed).
  */
 OUTBOX_API int outbox_relay_attach(outbox_relay *r, sqlite3 *db);
 OUTBOX_API void outbox_relay_detach(sqlite3 *db);
