@@ -58,64 +58,79 @@ extern "C" {
 typedef struct outbox_relay outbox_relay;
 
 typedef struct outbox_relay_settings {
+    /*
+     * Every setting that outbox-relay also takes as an option (--lease-ms
+     * for lease_ms, ...) states its default here as "default VALUE", the
+     * value outbox_relay_defaults() sets (tests/test_options_doc.c checks
+     * them). Each has a range; outbox_relay_create() refuses a value outside
+     * it with OUTBOX_EINVAL and a message that names the setting and the
+     * range.
+     */
     /* Database file with the outbox schema (required; copied). The relay
-     * opens its own connection. */
+     * opens its own connection. Default NULL. */
     const char *db_path;
     /* redis://[[user]:password@]host[:port][/db] or unix:///path[?db=N]
-     * (required; copied). */
+     * (required; copied). Default NULL. */
     const char *redis_url;
-    /* Lease owner name; default NULL means "<hostname>:<pid>". Copied. */
+    /* Lease owner name; default NULL, which means "<hostname>:<pid>". Copied. */
     const char *worker_id;
     /* Stream name prefix; default "outbox:". Copied. */
     const char *stream_prefix;
-    /* Rows claimed per SQLite transaction; default 512 (1..100000). */
+    /* Rows claimed per SQLite transaction; default 512. */
     unsigned batch;
-    /* Messages claimed but not yet marked, at most; default 8192
-     * (1..1000000). Memory is bounded by this window, not by the backlog. */
+    /* Messages claimed but not yet marked, at most; default 8192.
+     * Memory is bounded by this window, not by the backlog. */
     unsigned inflight;
-    /* Lease length; default 30000 ms. Another relay may take a row over once
-     * its lease expired. */
+    /* Lease length in ms; default 30000. Another relay may
+     * take a row over once its lease expired. */
     uint64_t lease_ms;
     /* Fallback scan interval when no wake-up arrives; default 1000 ms. */
     uint64_t scan_interval_ms;
     /* Publish attempts before a row becomes dead; default 10. */
     unsigned max_attempts;
-    /* Retry backoff: exponential from min to max, with jitter; defaults 500
-     * and 60000 ms. */
+    /* Retry backoff: exponential from backoff_min_ms to backoff_max_ms, with
+     * jitter. backoff_min_ms: default 500 ms. */
     uint64_t backoff_min_ms;
+    /* The largest retry delay; default 60000 ms. */
     uint64_t backoff_max_ms;
     /* Approximate stream trimming (XADD MAXLEN ~ N); default 0 = off. */
     uint64_t maxlen;
-    /* Rows with a larger payload are dead-lettered; default 1 MiB. */
+    /* Rows with a larger payload are dead-lettered; default 1048576 bytes
+     * (1 MiB, OUTBOX_PAYLOAD_DEFAULT_MAX). */
     size_t max_payload;
     /* Graceful stop: how long to wait for in-flight replies; default 10000 ms. */
     uint64_t shutdown_timeout_ms;
     /* When > 0, a batch is marked published only after WAIT reports this many
-     * replicas, within wait_timeout_ms (default 1000 ms); otherwise retried. */
+     * replicas within wait_timeout_ms; otherwise retried. Default 0 = off. */
     unsigned wait_replicas;
+    /* The WAIT timeout; default 1000 ms. */
     uint64_t wait_timeout_ms;
-    /* Redis connect timeout and reply timeout; defaults 5000 and 10000 ms.
-     * The reply timeout must be below lease_ms. */
+    /* Redis connect timeout; default 5000 ms. */
     uint64_t connect_timeout_ms;
+    /* Redis reply timeout: a connection with a reply overdue this long is
+     * dropped and its messages retried; default 10000 ms. It must be below
+     * lease_ms. */
     uint64_t reply_timeout_ms;
     /* Drain mode: call on_drained (or stop by itself if NULL) once nothing is
      * due, nothing is leased and nothing is in flight. Default 0. */
     int drain;
     void (*on_drained)(outbox_relay *r, void *data);
     void *on_drained_data;
-    /* Log sink and level; defaults outbox_log_stderr and OUTBOX_LOG_INFO. */
+    /* Log sink; default outbox_log_stderr. */
     outbox_log_fn log;
     void *log_data;
+    /* The least severe level logged; default OUTBOX_LOG_INFO. */
     outbox_log_level log_level;
     /* Idempotent publishing (default 0): each batch goes to its stream
      * through one server-side script call that appends a message only if
      * its publish marker does not exist, so a message published twice within
-     * idempotent_retention_ms (default 3600000) is appended once. Costs one
-     * marker key (about 100 bytes) per message for the retention. */
+     * idempotent_retention_ms is appended once. Costs one marker key (about
+     * 100 bytes) per message for the retention. */
     int idempotent;
+    /* How long publish markers are kept; default 3600000 ms. */
     uint64_t idempotent_retention_ms;
-    /* "HOST:PORT" to serve Prometheus /metrics and /healthz on, or NULL
-     * (default) for none. Copied. */
+    /* "HOST:PORT" to serve Prometheus /metrics and /healthz on, or NULL for
+     * none; default NULL. Copied. */
     const char *metrics_listen;
     /* /healthz answers 503 once Redis has been unreachable this long;
      * default 30000 ms. */
@@ -124,7 +139,8 @@ typedef struct outbox_relay_settings {
      * of retention_batch from a timer; default 86400000 ms (24 h), 0 keeps
      * them forever. Dead rows are never deleted. */
     uint64_t retention_ms;
-    unsigned retention_batch; /* default 1000 */
+    /* Rows deleted per retention transaction; default 1000. */
+    unsigned retention_batch;
 } outbox_relay_settings;
 
 /* Fills s with the defaults documented above (db_path, redis_url NULL). */
