@@ -320,6 +320,19 @@ static void check_relay_h(const char *h)
             diag("relay.h: the comment of %s does not say '%s': %s", o->field, want, c);
         if (!c || !at)
             bad++;
+        if (c && at && (o->flags & OUTBOX__OPT_ZERO) && o->shown) {
+            /* A default derived from another setting: relay.h states the
+             * rule as --help does, with the fields' names. */
+            char rule[160], *p;
+            snprintf(rule, sizeof rule, "%s", o->shown);
+            for (p = rule; *p; p++)
+                if (*p == '-')
+                    *p = '_';
+            if (!strstr(c, rule)) {
+                diag("relay.h: the comment of %s does not say '%s': %s", o->field, rule, c);
+                bad++;
+            }
+        }
         free(c);
     }
     ok(bad == 0, "relay.h states each setting's default as outbox_relay_defaults() sets it (%d wrong)", bad);

@@ -103,13 +103,17 @@ typedef struct outbox_relay_settings {
     /* When > 0, a batch is marked published only after WAIT reports this many
      * replicas within wait_timeout_ms; otherwise retried. Default 0 = off. */
     unsigned wait_replicas;
-    /* The WAIT timeout; default 1000 ms. */
+    /* The WAIT timeout in ms; default 0, which means lease_ms/4, at most
+     * 1000 (it follows lease_ms). A value set must be below half of
+     * lease_ms. */
     uint64_t wait_timeout_ms;
     /* Redis connect timeout; default 5000 ms. */
     uint64_t connect_timeout_ms;
-    /* Redis reply timeout: a connection with a reply overdue this long is
-     * dropped and its messages retried; default 10000 ms. It must be below
-     * lease_ms. */
+    /* Redis reply timeout in ms: a connection with a reply overdue this long
+     * is dropped and its messages retried, so that a stuck connection is
+     * given up before the leases of its messages expire. Default 0, which
+     * means lease_ms/3, at most 10000 (it follows lease_ms). A value set
+     * must be below lease_ms, less wait_timeout_ms with wait_replicas. */
     uint64_t reply_timeout_ms;
     /* Drain mode: call on_drained (or stop by itself if NULL) once nothing is
      * due, nothing is leased and nothing is in flight. Default 0. */

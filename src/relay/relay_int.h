@@ -310,6 +310,9 @@ static inline outbox__redis *redis_conn(const outbox_relay *r)
 
 /* Checks every setting; 0, or OUTBOX_EINVAL with err naming it. */
 int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size_t errlen);
+/* Replaces the settings left 0 whose default follows another (the reply
+ * and WAIT timeouts) by the values in effect; after a successful check. */
+void outbox__relay_settings_resolve(outbox_relay_settings *s);
 
 /* ---- db.c ---- */
 

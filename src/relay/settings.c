@@ -89,6 +89,29 @@ void outbox_relay_defaults(outbox_relay_settings *s)
     s->log = outbox_log_stderr;
 }
 
+static uint64_t derived(uint64_t set, uint64_t lease_ms, uint64_t div, uint64_t max)
+{
+    if (set)
+        return set;
+    return lease_ms / div < max ? lease_ms / div : max;
+}
+
+uint64_t outbox__relay_reply_timeout(const outbox_relay_settings *s)
+{
+    return derived(s->reply_timeout_ms, s->lease_ms, OUTBOX__REPLY_TIMEOUT_LEASE_DIV, OUTBOX__REPLY_TIMEOUT_MAX_MS);
+}
+
+uint64_t outbox__relay_wait_timeout(const outbox_relay_settings *s)
+{
+    return derived(s->wait_timeout_ms, s->lease_ms, OUTBOX__WAIT_TIMEOUT_LEASE_DIV, OUTBOX__WAIT_TIMEOUT_MAX_MS);
+}
+
+void outbox__relay_settings_resolve(outbox_relay_settings *s)
+{
+    s->reply_timeout_ms = outbox__relay_reply_timeout(s);
+    s->wait_timeout_ms = outbox__relay_wait_timeout(s);
+}
+
 /* Every setting of the table within its range, the required ones given. */
 static int check_ranges(const outbox_relay_settings *s, char *err, size_t errlen)
 {
@@ -116,6 +139,7 @@ static int check_ranges(const outbox_relay_settings *s, char *err, size_t errlen
 int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size_t errlen)
 {
     int e = check_ranges(s, err, errlen);
+    uint64_t wait = outbox__relay_wait_timeout(s);
     if (e != 0)
         return e;
     if (s->backoff_min_ms > s->backoff_max_ms)
@@ -125,17 +149,21 @@ int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size
     if (!s->stream_prefix || strlen(s->stream_prefix) > 128 || strpbrk(s->stream_prefix, "{} \t\r\n"))
         return outbox__errf(err, errlen, OUTBOX_EINVAL,
                             "stream-prefix: must be at most 128 bytes without braces or spaces");
-    if (s->wait_replicas && s->wait_timeout_ms >= s->lease_ms / 2)
+    /* Only a timeout set explicitly can contradict the lease (see
+     * settings_table.h). WAIT is only sent with wait_replicas; without it
+     * its timeout does not delay a reply. */
+    if (s->wait_replicas && s->wait_timeout_ms && s->wait_timeout_ms >= s->lease_ms / 2)
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "wait-timeout-ms %llu must be below half of lease-ms %llu",
+                            (unsigned long long)s->wait_timeout_ms, (unsigned long long)s->lease_ms);
+    if (s->reply_timeout_ms && s->reply_timeout_ms + (s->wait_replicas ? wait : 0) >= s->lease_ms) {
+        char plus[64] = "";
+        if (s->wait_replicas)
+            snprintf(plus, sizeof plus, " plus wait-timeout-ms %llu", (unsigned long long)wait);
         return outbox__errf(err, errlen, OUTBOX_EINVAL,
-                            "wait-timeout-ms: %llu must be at least 1 and below half of lease-ms",
-                            (unsigned long long)s->wait_timeout_ms);
-    /* WAIT is only sent with wait_replicas; without it its timeout does not
-     * delay a reply. */
-    if (s->reply_timeout_ms + (s->wait_replicas ? s->wait_timeout_ms : 0) >= s->lease_ms)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL,
-                            "reply timeout %llu ms (plus wait-timeout-ms) must be below lease-ms %llu, so that "
-                            "a stuck connection is given up before its leases expire",
-                            (unsigned long long)s->reply_timeout_ms, (unsigned long long)s->lease_ms);
+                            "reply-timeout-ms %llu%s must be below lease-ms %llu, so that a stuck connection is "
+                            "given up before its leases expire",
+                            (unsigned long long)s->reply_timeout_ms, plus, (unsigned long long)s->lease_ms);
+    }
     if (s->worker_id && (!*s->worker_id || strlen(s->worker_id) > 200))
         return outbox__errf(err, errlen, OUTBOX_EINVAL, "worker-id: must be 1..200 bytes");
     if (s->idempotent && s->wait_replicas)

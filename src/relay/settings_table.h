@@ -42,16 +42,22 @@
 #include "outbox/relay.h"
 #include "outbox/writer.h"
 
-/* Defaults that follow lease_ms when the field is 0 (not set): a third of the
- * lease for the reply timeout and a quarter for WAIT's, so that a connection
- * stuck on a reply (and on WAIT) is given up before the leases expire. */
+#define OUTBOX__STR_(x) #x
+#define OUTBOX__STR(x) OUTBOX__STR_(x)
+
+/* Defaults that follow lease_ms while the field is 0 (not set): a third of
+ * the lease for the reply timeout, a quarter for WAIT's, so that together
+ * they stay below the lease whatever it is, and a connection stuck on a
+ * reply (or on WAIT) is given up before its messages' leases expire. Only
+ * values set explicitly can contradict the lease; those are refused. */
 #define OUTBOX__REPLY_TIMEOUT_MAX_MS 10000
 #define OUTBOX__REPLY_TIMEOUT_LEASE_DIV 3
 #define OUTBOX__WAIT_TIMEOUT_MAX_MS 1000
 #define OUTBOX__WAIT_TIMEOUT_LEASE_DIV 4
-
-#define OUTBOX__STR_(x) #x
-#define OUTBOX__STR(x) OUTBOX__STR_(x)
+#define OUTBOX__REPLY_TIMEOUT_SHOWN                                                                                   \
+    "lease-ms/" OUTBOX__STR(OUTBOX__REPLY_TIMEOUT_LEASE_DIV) ", at most " OUTBOX__STR(OUTBOX__REPLY_TIMEOUT_MAX_MS)
+#define OUTBOX__WAIT_TIMEOUT_SHOWN                                                                                    \
+    "lease-ms/" OUTBOX__STR(OUTBOX__WAIT_TIMEOUT_LEASE_DIV) ", at most " OUTBOX__STR(OUTBOX__WAIT_TIMEOUT_MAX_MS)
 
 #define OUTBOX__RELAY_SETTINGS(X)                                                                                     \
     X("db", STR, db_path, OUTBOX__OPT_REQUIRED, NULL, 0, 0, "PATH", NULL,                                             \
@@ -79,11 +85,13 @@
       "on SIGTERM, how long to wait for in-flight replies")                                                          \
     X("wait-replicas", UINT, wait_replicas, 0, 0, 0, 100, "N", NULL,                                                  \
       "mark published only after WAIT N succeeds; 0 = off")                                                          \
-    X("wait-timeout-ms", U64, wait_timeout_ms, 0, 1000, 1, 86400000, "MS", NULL, "the WAIT timeout")                 \
+    X("wait-timeout-ms", U64, wait_timeout_ms, OUTBOX__OPT_ZERO, 0, 1, 86400000, "MS", OUTBOX__WAIT_TIMEOUT_SHOWN,   \
+      "the WAIT timeout; when given, below half of --lease-ms")                                                      \
     X("connect-timeout-ms", U64, connect_timeout_ms, 0, 5000, 1, 3600000, "MS", NULL,                                 \
       "Redis connect + handshake timeout")                                                                           \
-    X("reply-timeout-ms", U64, reply_timeout_ms, 0, 10000, 1, 3600000, "MS", NULL,                                    \
-      "a connection with a reply overdue this long is dropped (its messages retried); below --lease-ms")             \
+    X("reply-timeout-ms", U64, reply_timeout_ms, OUTBOX__OPT_ZERO, 0, 1, 3600000, "MS", OUTBOX__REPLY_TIMEOUT_SHOWN, \
+      "a connection with a reply overdue this long is dropped (its messages retried); when given, below --lease-ms " \
+      "(less the WAIT timeout with --wait-replicas)")                                                                \
     X("log-level", LEVEL, log_level, 0, OUTBOX_LOG_INFO, OUTBOX_LOG_DEBUG, OUTBOX_LOG_ERROR, "LEVEL", NULL,          \
       "debug, info, warn or error")                                                                                  \
     X("drain", FLAG, drain, 0, 0, 0, 0, NULL, NULL,                                                                   \
@@ -143,5 +151,10 @@ void outbox__relay_option_set(outbox_relay_settings *s, const outbox__relay_opti
 int outbox__relay_option_in_range(const outbox__relay_option *o, uint64_t v);
 /* o's range as messages show it: "1..100000", or "1000..86400000, or 0". */
 void outbox__relay_option_range(const outbox__relay_option *o, char *buf, size_t len);
+
+/* The reply and WAIT timeouts in effect: the field, or while it is 0 the
+ * default derived from lease_ms. */
+uint64_t outbox__relay_reply_timeout(const outbox_relay_settings *s);
+uint64_t outbox__relay_wait_timeout(const outbox_relay_settings *s);
 
 #endif
