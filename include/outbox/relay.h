@@ -116,8 +116,20 @@ typedef struct outbox_relay_settings {
      * must be below lease_ms, less wait_timeout_ms with wait_replicas. */
     uint64_t reply_timeout_ms;
     /* Drain mode: call on_drained (or stop by itself if NULL) once nothing is
-     * due, nothing is leased and nothing is in flight. Default 0. */
+     * due, nothing is leased, nothing is in flight and no row waits for a
+     * retry: a row that failed and waits for its backoff (or was handed
+     * back) holds the drain until it is published or dead. Rows the
+     * application wrote with a later available_at (delayed messages, never
+     * attempted) do not hold it. Default 0. */
     int drain;
+    /* Drain mode: how long the drain may take, in ms from
+     * outbox_relay_start; default 0 = no limit. When it expires first, the
+     * relay logs how many rows are left (due, waiting for a retry, leased)
+     * and calls on_drained (or stops) all the same;
+     * outbox_relay_drain_result() then returns OUTBOX_ETIMEDOUT. */
+    uint64_t drain_timeout_ms;
+    /* Called once on the loop thread when the drain ends (see drain and
+     * drain_timeout_ms); it may stop or destroy the relay. */
     void (*on_drained)(outbox_relay *r, void *data);
     void *on_drained_data;
     /* Log sink; default outbox_log_stderr. */
@@ -182,6 +194,11 @@ OUTBOX_API int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, vo
  * when its handles are closed (the loop must keep running for that). NULL
  * is a no-op. */
 OUTBOX_API void outbox_relay_destroy(outbox_relay *r);
+
+/* How a drain ended: 0 once it was done, OUTBOX_ETIMEDOUT when
+ * drain_timeout_ms expired first (rows were left), OUTBOX_ESTATE before
+ * either or without drain mode, OUTBOX_EINVAL for NULL. For on_drained. */
+OUTBOX_API int outbox_relay_drain_result(const outbox_relay *r);
 
 /* Wakes the relay to scan now, e.g. right after the application committed
  * messages. Thread-safe; cheap; calls coalesce; a no-op before start. */

@@ -95,7 +95,10 @@
     X("log-level", LEVEL, log_level, 0, OUTBOX_LOG_INFO, OUTBOX_LOG_DEBUG, OUTBOX_LOG_ERROR, "LEVEL", NULL,          \
       "debug, info, warn or error")                                                                                  \
     X("drain", FLAG, drain, 0, 0, 0, 0, NULL, NULL,                                                                   \
-      "exit 0 once nothing is due, nothing is leased and nothing is in flight")                                      \
+      "exit 0 once nothing is due, nothing is leased, nothing is in flight and no row waits for a retry (rows "      \
+      "delayed by the application, never attempted, do not count)")                                                 \
+    X("drain-timeout-ms", U64, drain_timeout_ms, OUTBOX__OPT_ZERO, 0, 1, 2592000000ull, "MS", NULL,                   \
+      "with --drain: stop after this long even if rows are left, log how many and exit 1; 0 = no limit")             \
     X("idempotent", FLAG, idempotent, 0, 0, 0, 0, NULL, NULL,                                                         \
       "publish through a server-side script that appends each message once per retention")                           \
     X("idempotent-retention-ms", U64, idempotent_retention_ms, 0, 3600000, 1000, 2592000000ull, "MS", NULL,           \

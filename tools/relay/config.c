@@ -99,8 +99,8 @@ void relay_config_usage(FILE *f, const char *prog)
     fprintf(f, "\n"
                "Signals: SIGTERM or SIGINT stop gracefully (in-flight replies are awaited up to\n"
                "--shutdown-timeout-ms, unfinished rows are handed back); a second one exits at once.\n"
-               "Exit status: 0 clean stop or drained, 1 fatal runtime error, 2 usage or configuration\n"
-               "error. Logs are logfmt lines on stderr.\n");
+               "Exit status: 0 clean stop or drained, 1 fatal runtime error or --drain-timeout-ms\n"
+               "expired, 2 usage or configuration error. Logs are logfmt lines on stderr.\n");
 }
 
 static int fail(relay_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
