@@ -5,7 +5,8 @@
  * rows are dead after --max-attempts, the other topic published. A row the
  * application delayed (available_at an hour ahead) does not hold it. With
  * --drain-timeout-ms the drain gives up: exit 1, the rows left logged, also
- * while Redis cannot be reached at all.
+ * while Redis cannot be reached at all. In the C API,
+ * outbox_relay_drain_result() tells the two ends apart.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +146,76 @@ static void drain_timeout(void)
     free(path);
 }
 
+typedef struct api_run {
+    int calls, result;
+} api_run;
+
+static void api_on_drained(outbox_relay *r, void *data)
+{
+    api_run *x = data;
+    x->calls++;
+    x->result = outbox_relay_drain_result(r);
+    outbox_relay_stop(r, NULL, NULL);
+}
+
+static void quiet(void *data, outbox_log_level level, const char *msg)
+{
+    (void)data;
+    (void)level;
+    (void)msg;
+}
+
+/* The C API on the test's own loop: outbox_relay_drain_result() tells a
+ * drain done (0) from one whose drain_timeout_ms expired (OUTBOX_ETIMEDOUT),
+ * and a lease of 3000 ms with the defaults is accepted (the reply timeout,
+ * 0, follows it). */
+static void drain_result_api(const char *topic, int timeout_ms, int want)
+{
+    char *path, err[512], name[32];
+    sqlite3 *db;
+    outbox_relay_settings s;
+    outbox_relay *r = NULL;
+    uv_loop_t loop;
+    api_run x = {0, 1};
+    int e;
+
+    snprintf(name, sizeof name, "api-%s.db", topic);
+    db = fresh_db(name, &path);
+    rt_insert_rows(db, "api", 0, 10, topic, 0);
+    uv_loop_init(&loop);
+    outbox_relay_defaults(&s);
+    is_int((int)s.reply_timeout_ms, 0, "api %s: the default reply timeout is 0 (follows the lease)", topic);
+    s.db_path = path;
+    s.redis_url = srv.url;
+    s.lease_ms = 3000;
+    s.drain = 1;
+    s.drain_timeout_ms = (uint64_t)timeout_ms;
+    s.backoff_min_ms = 50;
+    s.backoff_max_ms = 100;
+    s.max_attempts = 1000;
+    s.on_drained = api_on_drained;
+    s.on_drained_data = &x;
+    s.log = quiet;
+    e = outbox_relay_create(&r, &loop, &s, err, sizeof err);
+    is_int(e, 0, "api %s: created with lease_ms 3000 (%s)", topic, e ? err : "");
+    if (e != 0) {
+        uv_loop_close(&loop);
+        sqlite3_close_v2(db);
+        free(path);
+        return;
+    }
+    is_int(outbox_relay_drain_result(r), OUTBOX_ESTATE, "api %s: no result before the drain ends", topic);
+    outbox_relay_start(r);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    is_int(x.calls, 1, "api %s: on_drained called once", topic);
+    is_int(x.result, want, "api %s: outbox_relay_drain_result() is %s", topic, outbox_err_name(want));
+    outbox_relay_destroy(r);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    is_int(uv_loop_close(&loop), 0, "api %s: the loop closes cleanly", topic);
+    sqlite3_close_v2(db);
+    free(path);
+}
+
 int main(void)
 {
     char *dbpath;
@@ -154,6 +225,9 @@ int main(void)
     retries_hold_the_drain();
     delayed_rows_do_not_hold();
     drain_timeout();
+    drain_result_api("good", 0, 0);
+    drain_result_api("stuck", 1000, OUTBOX_ETIMEDOUT);
+    is_int(outbox_relay_drain_result(NULL), OUTBOX_EINVAL, "outbox_relay_drain_result(NULL): OUTBOX_EINVAL");
     rt_world_end(&srv, dir, dbpath, db, c);
     return tap_done();
 }
