@@ -77,52 +77,57 @@ static const entry *doc_find(const doc *d, const char *left)
     return NULL;
 }
 
-/* --help's option lines: "  --name ARG" then the text from column 31 on,
- * continued on lines indented by 31 spaces; the text ends with "(default
- * X)" or "(required)". Only options starting with "--" (-h, -V are not in
- * the README's table). */
+/* Splits an option's text into meaning and default: it ends with
+ * "(default X)" or "(required)". */
+static void split_default(entry *e, const char *text)
+{
+    char *t = plain(text, strlen(text)), *open = strrchr(t, '(');
+    size_t n = strlen(t);
+    if (open && !strcmp(open, "(required)")) {
+        e->def = xstrndup(open, strlen(open));
+        *open = '\0';
+    } else if (open && !strncmp(open, "(default ", 9) && t[n - 1] == ')') {
+        e->def = xstrndup(open + 9, strlen(open) - 10);
+        *open = '\0';
+    } else {
+        e->def = xstrndup("", 0);
+    }
+    e->meaning = plain(t, strlen(t));
+    free(t);
+}
+
+/* --help's option lines: "  --name ARG" in 28 columns, then the text from
+ * column 31 on, continued on lines indented by 30 spaces. Only options
+ * starting with "--" (-h and -V are not in the README's table); the list
+ * ends at the first blank line. */
 static void parse_help(const char *out, doc *d)
 {
     const char *line = strstr(out, "\nOptions"), *next;
-    entry *cur = NULL;
     char text[2048] = "";
+    entry *cur = NULL;
 
-    for (; line && *line; line = next) {
-        size_t len;
+    for (line = line ? strchr(line + 1, '\n') : NULL; line && line[1] && line[1] != '\n'; line = next) {
+        size_t len, used = strlen(text);
         line++;
         next = strchr(line, '\n');
         len = next ? (size_t)(next - line) : strlen(line);
         if (!next)
             next = line + len;
-        if (len > 31 && strspn(line, " ") >= 31 && cur) {
-            strncat(text, " ", sizeof text - strlen(text) - 1);
-            strncat(text, line + 31, len - 31 < sizeof text - strlen(text) - 1 ? len - 31 : sizeof text - strlen(text) - 1);
-        } else {
-            if (cur) {
-                char *t = plain(text, strlen(text)), *open = strrchr(t, '(');
-                if (open && !strcmp(open, "(required)")) {
-                    cur->def = xstrndup(open, strlen(open));
-                    *open = '\0';
-                } else if (open && !strncmp(open, "(default ", 9) && t[strlen(t) - 1] == ')') {
-                    cur->def = xstrndup(open + 9, strlen(open) - 10);
-                    *open = '\0';
-                } else {
-                    cur->def = xstrndup("", 0);
-                }
-                cur->meaning = plain(t, strlen(t));
-                free(t);
-                cur = NULL;
-            }
-            if (len > 4 && !strncmp(line, "  --", 4) && d->n < MAX_ENTRIES) {
-                size_t l = len > 31 ? 29 : len - 2;
-                cur = &d->e[d->n++];
-                cur->left = plain(line + 2, l);
-                snprintf(text, sizeof text, "%.*s", len > 31 ? (int)(len - 31) : 0, line + 31);
-            }
+        if (cur && len > 30 && strspn(line, " ") >= 30) {
+            snprintf(text + used, sizeof text - used, " %.*s", (int)(len - 30), line + 30);
+            continue;
         }
-        if (len == 0 && d->n)
-            break; /* the blank line after the options */
+        if (cur)
+            split_default(cur, text);
+        cur = NULL;
+        if (len > 31 && !strncmp(line, "  --", 4) && d->n < MAX_ENTRIES) {
+            cur = &d->e[d->n++];
+            cur->left = plain(line + 2, 28);
+            snprintf(text, sizeof text, "%.*s", (int)(len - 31), line + 31);
+        }
     }
+    if (cur)
+        split_default(cur, text);
 }
 
 /* README.md's table under "| option | default | meaning |". */

@@ -28,6 +28,12 @@ static sqlite3 *fresh_db(const char *name, char **path)
     return rt_open(*path);
 }
 
+/* Rows of db matching where (SQL). */
+static int64_t rows(sqlite3 *db, const char *where)
+{
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE %s", where);
+}
+
 /* The number after "<key>=" in text, or -1. */
 static long field(const char *text, const char *key)
 {
@@ -54,14 +60,15 @@ static void retries_hold_the_drain(void)
     st = rt_relay_run(60000 * th_slow(), &err, path, srv.url, "--drain", "--max-attempts", "2", "--backoff-min-ms",
                       "10", "--backoff-max-ms", "20", NULL);
     is_int(st, 0, "retries: --drain exits 0");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state < 2"), 0,
+    is_int(rows(db, "state < 2"), 0,
            "retries: no row is left pending or leased");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'good' AND state = 2"), 100,
+    is_int(rows(db, "topic = 'good' AND state = 2"), 100,
            "retries: the good topic is published");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'bad' AND state = 3 AND attempts = 2"), 100,
+    is_int(rows(db, "topic = 'bad' AND state = 3 AND attempts = 2"), 100,
            "retries: the refused topic is dead, each after 2 attempts");
     is_int(th_xlen(c, "outbox:good"), 100, "retries: one entry per good row");
-    ok(err && strstr(err, "msg=drained published=100 dead=100"), "retries: the log says drained published=100 dead=100");
+    ok(err && strstr(err, "msg=drained published=100 dead=100"),
+       "retries: the log says drained published=100 dead=100");
     if (st != 0 || !err || !strstr(err, "dead=100"))
         th_diag_tail("retries", err ? err : "", 8);
     free(err);
@@ -88,11 +95,11 @@ static void delayed_rows_do_not_hold(void)
     is_int(st, 0, "delayed: --drain exits 0");
     ok(th_now_ms() - t0 < 10000 * th_slow(), "delayed: without waiting for the delayed row (%lld ms)",
        (long long)(th_now_ms() - t0));
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'now-%%' AND state = 2"), 20,
+    is_int(rows(db, "id LIKE 'now-%' AND state = 2"), 20,
            "delayed: the rows due are published");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id = 'later-1' AND state = 0 AND attempts = 0"), 1,
+    is_int(rows(db, "id = 'later-1' AND state = 0 AND attempts = 0"), 1,
            "delayed: the delayed row is still pending, never attempted");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id = 'later-2' AND state = 0 AND attempts = 0"), 1,
+    is_int(rows(db, "id = 'later-2' AND state = 0 AND attempts = 0"), 1,
            "delayed: the row of its key behind it waits with it");
     if (st != 0)
         th_diag_tail("delayed", err ? err : "", 8);
@@ -123,7 +130,7 @@ static void drain_timeout(void)
            "timeout: and counts the 20 rows left (due=%ld waiting_retry=%ld leased=%ld)", field(err, "due"),
            field(err, "waiting_retry"), field(err, "leased"));
     ok(err && !strstr(err, "msg=drained"), "timeout: not logged as drained");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0,
+    is_int(rows(db, "state = 1"), 0,
            "timeout: the stop handed every claimed row back");
     if (st != 1 || !err || !strstr(err, "drain timeout"))
         th_diag_tail("timeout", err ? err : "", 8);
