@@ -81,15 +81,15 @@ typedef struct outbox_relay_settings {
     /* Messages claimed but not yet marked, at most; default 8192.
      * Memory is bounded by this window, not by the backlog. */
     unsigned inflight;
-    /* Lease length in ms; default 30000. Another relay may
-     * take a row over once its lease expired. */
+    /* Lease length in ms; default 30000. Another relay may take a row over
+     * once its lease expired. */
     uint64_t lease_ms;
     /* Fallback scan interval when no wake-up arrives; default 1000 ms. */
     uint64_t scan_interval_ms;
     /* Publish attempts before a row becomes dead; default 10. */
     unsigned max_attempts;
-    /* Retry backoff: exponential from backoff_min_ms to backoff_max_ms, with
-     * jitter. backoff_min_ms: default 500 ms. */
+    /* The first retry delay; default 500 ms. Retries back off exponentially
+     * from backoff_min_ms to backoff_max_ms, with jitter. */
     uint64_t backoff_min_ms;
     /* The largest retry delay; default 60000 ms. */
     uint64_t backoff_max_ms;
