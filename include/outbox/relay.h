@@ -58,64 +58,95 @@ extern "C" {
 typedef struct outbox_relay outbox_relay;
 
 typedef struct outbox_relay_settings {
+    /*
+     * Every setting that outbox-relay also takes as an option (--lease-ms
+     * for lease_ms, ...) states its default here as "default VALUE", the
+     * value outbox_relay_defaults() sets (tests/test_options_doc.c checks
+     * them). Each has a range; outbox_relay_create() refuses a value outside
+     * it with OUTBOX_EINVAL and a message that names the setting and the
+     * range.
+     */
     /* Database file with the outbox schema (required; copied). The relay
-     * opens its own connection. */
+     * opens its own connection. Default NULL. */
     const char *db_path;
     /* redis://[[user]:password@]host[:port][/db] or unix:///path[?db=N]
-     * (required; copied). */
+     * (required; copied). Default NULL. */
     const char *redis_url;
-    /* Lease owner name; default NULL means "<hostname>:<pid>". Copied. */
+    /* Lease owner name; default NULL, which means "<hostname>:<pid>". Copied. */
     const char *worker_id;
     /* Stream name prefix; default "outbox:". Copied. */
     const char *stream_prefix;
-    /* Rows claimed per SQLite transaction; default 512 (1..100000). */
+    /* Rows claimed per SQLite transaction; default 512. */
     unsigned batch;
-    /* Messages claimed but not yet marked, at most; default 8192
-     * (1..1000000). Memory is bounded by this window, not by the backlog. */
+    /* Messages claimed but not yet marked, at most; default 8192.
+     * Memory is bounded by this window, not by the backlog. */
     unsigned inflight;
-    /* Lease length; default 30000 ms. Another relay may take a row over once
-     * its lease expired. */
+    /* Lease length in ms; default 30000. Another relay may take a row over
+     * once its lease expired. */
     uint64_t lease_ms;
     /* Fallback scan interval when no wake-up arrives; default 1000 ms. */
     uint64_t scan_interval_ms;
     /* Publish attempts before a row becomes dead; default 10. */
     unsigned max_attempts;
-    /* Retry backoff: exponential from min to max, with jitter; defaults 500
-     * and 60000 ms. */
+    /* The first retry delay; default 500 ms. Retries back off exponentially
+     * from backoff_min_ms to backoff_max_ms, with jitter. */
     uint64_t backoff_min_ms;
+    /* The largest retry delay; default 60000 ms. */
     uint64_t backoff_max_ms;
     /* Approximate stream trimming (XADD MAXLEN ~ N); default 0 = off. */
     uint64_t maxlen;
-    /* Rows with a larger payload are dead-lettered; default 1 MiB. */
+    /* Rows with a larger payload are dead-lettered; default 1048576 bytes
+     * (1 MiB, OUTBOX_PAYLOAD_DEFAULT_MAX). */
     size_t max_payload;
     /* Graceful stop: how long to wait for in-flight replies; default 10000 ms. */
     uint64_t shutdown_timeout_ms;
     /* When > 0, a batch is marked published only after WAIT reports this many
-     * replicas, within wait_timeout_ms (default 1000 ms); otherwise retried. */
+     * replicas within wait_timeout_ms; otherwise retried. Default 0 = off. */
     unsigned wait_replicas;
+    /* The WAIT timeout in ms; default 0, which means lease_ms/4, at most
+     * 1000 (it follows lease_ms). A value set must be below half of
+     * lease_ms. */
     uint64_t wait_timeout_ms;
-    /* Redis connect timeout and reply timeout; defaults 5000 and 10000 ms.
-     * The reply timeout must be below lease_ms. */
+    /* Redis connect timeout; default 5000 ms. */
     uint64_t connect_timeout_ms;
+    /* Redis reply timeout in ms: a connection with a reply overdue this long
+     * is dropped and its messages retried, so that a stuck connection is
+     * given up before the leases of its messages expire. Default 0, which
+     * means lease_ms/3, at most 10000 (it follows lease_ms). A value set
+     * must be below lease_ms, less wait_timeout_ms with wait_replicas. */
     uint64_t reply_timeout_ms;
     /* Drain mode: call on_drained (or stop by itself if NULL) once nothing is
-     * due, nothing is leased and nothing is in flight. Default 0. */
+     * due, nothing is leased, nothing is in flight and no row waits for a
+     * retry: a row that failed and waits for its backoff (or was handed
+     * back) holds the drain until it is published or dead. Rows the
+     * application wrote with a later available_at (delayed messages, never
+     * attempted) do not hold it. Default 0. */
     int drain;
+    /* Drain mode: how long the drain may take, in ms from
+     * outbox_relay_start; default 0 = no limit. When it expires first, the
+     * relay logs how many rows are left (due, waiting for a retry, leased)
+     * and calls on_drained (or stops) all the same;
+     * outbox_relay_drain_result() then returns OUTBOX_ETIMEDOUT. */
+    uint64_t drain_timeout_ms;
+    /* Called once on the loop thread when the drain ends (see drain and
+     * drain_timeout_ms); it may stop or destroy the relay. */
     void (*on_drained)(outbox_relay *r, void *data);
     void *on_drained_data;
-    /* Log sink and level; defaults outbox_log_stderr and OUTBOX_LOG_INFO. */
+    /* Log sink; default outbox_log_stderr. */
     outbox_log_fn log;
     void *log_data;
+    /* The least severe level logged; default OUTBOX_LOG_INFO. */
     outbox_log_level log_level;
     /* Idempotent publishing (default 0): each batch goes to its stream
      * through one server-side script call that appends a message only if
      * its publish marker does not exist, so a message published twice within
-     * idempotent_retention_ms (default 3600000) is appended once. Costs one
-     * marker key (about 100 bytes) per message for the retention. */
+     * idempotent_retention_ms is appended once. Costs one marker key (about
+     * 100 bytes) per message for the retention. */
     int idempotent;
+    /* How long publish markers are kept; default 3600000 ms. */
     uint64_t idempotent_retention_ms;
-    /* "HOST:PORT" to serve Prometheus /metrics and /healthz on, or NULL
-     * (default) for none. Copied. */
+    /* "HOST:PORT" to serve Prometheus /metrics and /healthz on, or NULL for
+     * none; default NULL. Copied. */
     const char *metrics_listen;
     /* /healthz answers 503 once Redis has been unreachable this long;
      * default 30000 ms. */
@@ -124,7 +155,8 @@ typedef struct outbox_relay_settings {
      * of retention_batch from a timer; default 86400000 ms (24 h), 0 keeps
      * them forever. Dead rows are never deleted. */
     uint64_t retention_ms;
-    unsigned retention_batch; /* default 1000 */
+    /* Rows deleted per retention transaction; default 1000. */
+    unsigned retention_batch;
 } outbox_relay_settings;
 
 /* Fills s with the defaults documented above (db_path, redis_url NULL). */
@@ -176,6 +208,11 @@ OUTBOX_API int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, vo
  * when its handles are closed (the loop must keep running for that). NULL
  * is a no-op. */
 OUTBOX_API void outbox_relay_destroy(outbox_relay *r);
+
+/* How a drain ended: 0 once it was done, OUTBOX_ETIMEDOUT when
+ * drain_timeout_ms expired first (rows were left), OUTBOX_ESTATE before
+ * either or without drain mode, OUTBOX_EINVAL for NULL. For on_drained. */
+OUTBOX_API int outbox_relay_drain_result(const outbox_relay *r);
 
 /* Wakes the relay to scan now, e.g. right after the application committed
  * messages. Thread-safe; cheap; calls coalesce; a no-op before start. */
