@@ -19,10 +19,22 @@ typedef struct outbox__logger {
     outbox_log_level min_level;
 } outbox__logger;
 
+/* The longest fragment outbox__log() formats; longer ones are cut. */
+#define OUTBOX__LOG_LINE_MAX 1024
+
 /* Formats a logfmt fragment and hands it to the sink if level is enabled.
  * A NULL logger or sink drops the line. */
 void outbox__log(const outbox__logger *lg, outbox_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* One JSON line (with its newline, NUL-terminated) for a logfmt fragment,
+ * written into out (cap bytes, at least 16) and its length returned: ts and
+ * level, then every key=value of msg in order, each value a JSON string.
+ * Quoted values are decoded as outbox__logfmt_quote() encodes them; a word
+ * without '=' becomes "word":"true". Whatever msg holds (raw quotes, bytes
+ * that are not UTF-8, more than fits), the line is one valid JSON object:
+ * text that does not fit is cut. outbox_log_json() writes these lines. */
+size_t outbox__log_json_format(char *out, size_t cap, const char *ts, outbox_log_level level, const char *msg);
 
 /* Appends `value` to buf as a logfmt value: bare when it has no spaces,
  * quotes, '=' or control characters, otherwise quoted with \" \\ \n escapes

@@ -178,6 +178,126 @@ int outbox_validate_headers(const void *headers, size_t len, char *err, size_t e
     return e;
 }
 
+/* ---- trace context -------------------------------------------------------- */
+
+/* n lowercase hex digits at s, not all zeros when nonzero is set. */
+static int lower_hex(const char *s, size_t n, int nonzero)
+{
+    int any = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+        any |= s[i] != '0';
+    }
+    return any || !nonzero;
+}
+
+static int check_traceparent(const char *tp, char *err, size_t errlen)
+{
+    size_t n;
+    if (!tp)
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "traceparent is NULL");
+    n = strlen(tp);
+    if (n != OUTBOX_TRACEPARENT_LEN)
+        return outbox__errf(err, errlen, OUTBOX_EINVAL,
+                            "traceparent is %zu characters, not %d (version-traceid-parentid-flags)", n,
+                            OUTBOX_TRACEPARENT_LEN);
+    if (tp[2] != '-' || tp[35] != '-' || tp[52] != '-')
+        return outbox__errf(err, errlen, OUTBOX_EINVAL,
+                            "traceparent '%s' is not version-traceid-parentid-flags (2, 32, 16 and 2 hex digits "
+                            "separated by '-')",
+                            tp);
+    if (!lower_hex(tp, 2, 0) || !strncmp(tp, "ff", 2))
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "traceparent '%s': the version is not 2 lowercase hex "
+                            "digits other than ff", tp);
+    if (!lower_hex(tp + 3, 32, 1))
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "traceparent '%s': the trace id is not 32 lowercase hex "
+                            "digits, not all zeros", tp);
+    if (!lower_hex(tp + 36, 16, 1))
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "traceparent '%s': the parent id is not 16 lowercase hex "
+                            "digits, not all zeros", tp);
+    if (!lower_hex(tp + 53, 2, 0))
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "traceparent '%s': the flags are not 2 lowercase hex digits",
+                            tp);
+    return 0;
+}
+
+static int check_tracestate(const char *ts, char *err, size_t errlen)
+{
+    size_t n = strlen(ts);
+    if (n > OUTBOX_TRACESTATE_MAX)
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "tracestate is %zu bytes, the limit is %d", n,
+                            OUTBOX_TRACESTATE_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (ts[i] < ' ' || ts[i] > '~')
+            return outbox__errf(err, errlen, OUTBOX_EINVAL, "tracestate has a byte outside printable ASCII at %zu",
+                                i);
+    return 0;
+}
+
+static int is_trace_key(const msgpack_object *k)
+{
+    static const char *const names[] = {OUTBOX_HEADER_TRACEPARENT, OUTBOX_HEADER_TRACESTATE};
+    for (size_t i = 0; i < OUTBOX_ARRAY_LEN(names); i++)
+        if (k->via.str.size == strlen(names[i]) && !memcmp(k->via.str.ptr, names[i], k->via.str.size))
+            return 1;
+    return 0;
+}
+
+static int pack_str(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+    return msgpack_pack_str(pk, n) || msgpack_pack_str_body(pk, s, n);
+}
+
+int outbox_headers_trace(const void *headers, size_t headers_len, const char *traceparent, const char *tracestate,
+                         void **out, size_t *out_len, char *err, size_t errlen)
+{
+    msgpack_unpacked u;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    const msgpack_object_map *map = NULL;
+    int has_state = tracestate && *tracestate, e, failed = 0;
+    size_t off = 0, kept = 0, i;
+
+    if (!out || !out_len)
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "out and out_len must not be NULL");
+    *out = NULL;
+    *out_len = 0;
+    if ((e = check_traceparent(traceparent, err, errlen)) != 0 ||
+        (has_state && (e = check_tracestate(tracestate, err, errlen)) != 0))
+        return e;
+    if ((headers || headers_len) && (e = outbox_validate_headers(headers, headers_len, err, errlen)) != 0)
+        return e;
+    msgpack_unpacked_init(&u);
+    if (headers) {
+        if (msgpack_unpack_next(&u, headers, headers_len, &off) != MSGPACK_UNPACK_SUCCESS) {
+            msgpack_unpacked_destroy(&u);
+            return outbox__errf(err, errlen, OUTBOX_ENOMEM, "out of memory decoding headers");
+        }
+        map = &u.data.via.map;
+        for (i = 0; i < map->size; i++)
+            kept += !is_trace_key(&map->ptr[i].key);
+    }
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    failed |= msgpack_pack_map(&pk, kept + 1 + (size_t)has_state);
+    for (i = 0; map && i < map->size && !failed; i++)
+        if (!is_trace_key(&map->ptr[i].key))
+            failed |= msgpack_pack_object(&pk, map->ptr[i].key) || msgpack_pack_object(&pk, map->ptr[i].val);
+    failed |= pack_str(&pk, OUTBOX_HEADER_TRACEPARENT) || pack_str(&pk, traceparent);
+    if (has_state)
+        failed |= pack_str(&pk, OUTBOX_HEADER_TRACESTATE) || pack_str(&pk, tracestate);
+    msgpack_unpacked_destroy(&u);
+    if (failed) {
+        msgpack_sbuffer_destroy(&sb);
+        return outbox__errf(err, errlen, OUTBOX_ENOMEM, "out of memory building the headers");
+    }
+    *out_len = sb.size;
+    *out = msgpack_sbuffer_release(&sb);
+    return 0;
+}
+
 void outbox_writer_defaults(outbox_writer_settings *s)
 {
     memset(s, 0, sizeof *s);

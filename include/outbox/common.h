@@ -102,8 +102,22 @@ typedef enum outbox_log_level {
  */
 typedef void (*outbox_log_fn)(void *data, outbox_log_level level, const char *msg);
 
-/* The default sink: `ts=... level=... <msg>` lines on stderr. */
+/* The default sink: `ts=... level=... <msg>` lines on stderr. data is
+ * ignored. */
 OUTBOX_API void outbox_log_stderr(void *data, outbox_log_level level, const char *msg);
+
+/* The same lines as JSON objects, one per line on stderr, for log pipelines
+ * that want JSON: {"ts":"2026-12-01T10:00:00.123Z","level":"warn","msg":...}
+ * with every key=value of msg after ts and level, in order, each value a
+ * JSON string (logfmt's quoting undone). Every line is valid JSON in UTF-8
+ * whatever msg holds: bytes that are not UTF-8 become U+FFFD, a line longer
+ * than 8 KiB is cut. data is ignored. */
+OUTBOX_API void outbox_log_json(void *data, outbox_log_level level, const char *msg);
+
+/* The stderr sink for a format name as the tools' --log-format takes it:
+ * outbox_log_stderr for "logfmt", outbox_log_json for "json", NULL for
+ * anything else (including NULL). */
+OUTBOX_API outbox_log_fn outbox_log_sink(const char *format);
 
 /* The current wall-clock time in unix milliseconds, as stored in the outbox
  * table's created_at/available_at columns. */

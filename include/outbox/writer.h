@@ -89,6 +89,42 @@ typedef struct outbox_message {
 } outbox_message;
 
 /*
+ * Trace context (W3C Trace Context, proto/envelope.md): the recommended
+ * header names that carry a trace from the writer to the consumer, which
+ * outbox-consume passes on as TRACEPARENT and TRACESTATE.
+ */
+#define OUTBOX_HEADER_TRACEPARENT "traceparent"
+#define OUTBOX_HEADER_TRACESTATE "tracestate"
+/* A traceparent is exactly this long: 00-<32 hex>-<16 hex>-<2 hex>. */
+#define OUTBOX_TRACEPARENT_LEN 55
+/* The longest tracestate accepted, as W3C Trace Context bounds it. */
+#define OUTBOX_TRACESTATE_MAX 512
+
+/*
+ * Puts trace context into a headers map for outbox_message.headers: a copy
+ * of headers (headers_len bytes, or NULL for none) with "traceparent" set to
+ * traceparent and, when tracestate is neither NULL nor "", "tracestate" set
+ * to it; entries of headers with those keys are replaced, every other entry
+ * is kept as it is. The new map is malloc'ed into *out (*out_len bytes);
+ * the caller frees it with free() after the enqueue. headers, traceparent
+ * and tracestate are borrowed for the call. err (may be NULL) receives the
+ * reason of a failure. Returns 0 or:
+ *   OUTBOX_EINVAL    out or out_len is NULL; traceparent is NULL or not
+ *                    version-traceid-parentid-flags: 55 characters, two
+ *                    hex digits of a version other than ff, 32 of a trace
+ *                    id and 16 of a parent id (neither all zeros) and 2 of
+ *                    flags, lowercase hex separated by '-'; tracestate is
+ *                    longer than OUTBOX_TRACESTATE_MAX or has a byte
+ *                    outside printable ASCII;
+ *   OUTBOX_EHEADERS  headers are not a msgpack map with string keys (as
+ *                    outbox_validate_headers() checks);
+ *   OUTBOX_ENOMEM.
+ * On failure *out is NULL.
+ */
+OUTBOX_API int outbox_headers_trace(const void *headers, size_t headers_len, const char *traceparent,
+                                    const char *tracestate, void **out, size_t *out_len, char *err, size_t errlen);
+
+/*
  * Inserts one message with the cached statement. id_out (may be NULL)
  * receives the id used, NUL-terminated, in a buffer of OUTBOX_ID_MAX + 1
  * bytes. On any error the statement fails alone: the caller's transaction and
