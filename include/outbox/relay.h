@@ -137,6 +137,10 @@ typedef struct outbox_relay_settings {
     void *log_data;
     /* The least severe level logged; default OUTBOX_LOG_INFO. */
     outbox_log_level log_level;
+    /* The format of outbox-relay's log lines, "logfmt" or "json"; default
+     * "logfmt". The relay itself only calls log: outbox-relay sets log to
+     * outbox_log_sink(log_format), a program sets log as it likes. */
+    const char *log_format;
     /* Idempotent publishing (default 0): each batch goes to its stream
      * through one server-side script call that appends a message only if
      * its publish marker does not exist, so a message published twice within

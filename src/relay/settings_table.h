@@ -94,6 +94,8 @@
       "(less the WAIT timeout with --wait-replicas)")                                                                \
     X("log-level", LEVEL, log_level, 0, OUTBOX_LOG_INFO, OUTBOX_LOG_DEBUG, OUTBOX_LOG_ERROR, "LEVEL", NULL,          \
       "debug, info, warn or error")                                                                                  \
+    X("log-format", STR, log_format, 0, "logfmt", 0, 0, "FORMAT", NULL,                                              \
+      "logfmt, or json for one JSON object per line with the same fields (ts, level, msg, ...)")                     \
     X("drain", FLAG, drain, 0, 0, 0, 0, NULL, NULL,                                                                   \
       "exit 0 once nothing is due, nothing is leased, nothing is in flight and no row waits for a retry (rows "      \
       "delayed by the application, never attempted, do not count)")                                                 \

@@ -100,7 +100,7 @@ void relay_config_usage(FILE *f, const char *prog)
                "Signals: SIGTERM or SIGINT stop gracefully (in-flight replies are awaited up to\n"
                "--shutdown-timeout-ms, unfinished rows are handed back); a second one exits at once.\n"
                "Exit status: 0 clean stop or drained, 1 fatal runtime error or --drain-timeout-ms\n"
-               "expired, 2 usage or configuration error. Logs are logfmt lines on stderr.\n");
+               "expired, 2 usage or configuration error. Logs go to stderr (--log-format).\n");
 }
 
 static int fail(relay_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -127,6 +127,8 @@ static int set_opt(relay_config *c, const opt *o, const char *value, const char 
     case OUTBOX__OPT_STR:
         if (!*value)
             return fail(c, "%s: empty value", source);
+        if (o->off == offsetof(outbox_relay_settings, log_format) && !outbox_log_sink(value))
+            return fail(c, "%s: unknown log format '%s' (logfmt, json)", source, value);
         if (c->nowned == RELAY_CONFIG_OWNED_MAX)
             return fail(c, "%s: too many options", source);
         c->owned[c->nowned] = strdup(value);
@@ -331,6 +333,7 @@ int relay_config_parse(relay_config *c, int argc, char **argv, int first, relay_
     if ((c->config_path && load_file(c) != 0) || relay_config_env(c, getenv_fn, env_data) != 0 ||
         relay_config_flags(c, argc, argv, first, 1) != 0)
         return RELAY_CONFIG_ERROR;
+    c->s.log = outbox_log_sink(c->s.log_format);
     return relay_config_require(c);
 }
 

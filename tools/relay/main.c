@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "internal.h"
 #include "outbox.h"
 
 enum { EXIT_OK = 0, EXIT_FATAL = 1, EXIT_USAGE = 2 };
@@ -81,6 +82,7 @@ typedef struct daemon_state {
     uv_loop_t loop;
     uv_signal_t sigterm, sigint;
     outbox_relay *relay;
+    outbox_log_fn log;
     int signals;
     int exit_code;
 } daemon_state;
@@ -97,9 +99,12 @@ static void on_signal(uv_signal_t *h, int signum)
 {
     daemon_state *d = h->data;
     if (++d->signals > 1) {
-        fprintf(stderr, "level=warn msg=\"second signal: exiting at once; unfinished rows are taken over when "
-                        "their leases expire\" signal=%d\n",
-                signum);
+        char line[160];
+        snprintf(line, sizeof line,
+                 "msg=\"second signal: exiting at once; unfinished rows are taken over when their leases expire\" "
+                 "signal=%d",
+                 signum);
+        d->log(NULL, OUTBOX_LOG_WARN, line);
         _exit(EXIT_FATAL);
     }
     outbox_relay_stop(d->relay, on_stopped, d);
@@ -112,6 +117,15 @@ static void on_drained(outbox_relay *r, void *data)
     if (outbox_relay_drain_result(r) == OUTBOX_ETIMEDOUT)
         d->exit_code = EXIT_FATAL;
     outbox_relay_stop(r, on_stopped, d);
+}
+
+/* msg="what" error="why" err=NAME through the sink. */
+static void log_error(outbox_log_fn log, const char *what, const char *why, int e)
+{
+    char q[600], line[800];
+    outbox__logfmt_quote(q, sizeof q, why);
+    snprintf(line, sizeof line, "msg=\"%s\" error=%s err=%s", what, q, outbox_err_name(e));
+    log(NULL, OUTBOX_LOG_ERROR, line);
 }
 
 static int cmd_run(int argc, char **argv, int first)
@@ -134,18 +148,20 @@ static int cmd_run(int argc, char **argv, int first)
         relay_config_finish(&c);
         return rc == RELAY_CONFIG_ERROR ? EXIT_USAGE : EXIT_OK;
     }
+    /* From here on problems are log lines, in the format asked for. */
+    d.log = c.s.log;
     if (c.s.drain) {
         c.s.on_drained = on_drained;
         c.s.on_drained_data = &d;
     }
     if (uv_loop_init(&d.loop) != 0) {
-        fprintf(stderr, "%s: cannot create the event loop\n", prog);
+        d.log(NULL, OUTBOX_LOG_ERROR, "msg=\"cannot create the event loop\"");
         relay_config_finish(&c);
         return EXIT_FATAL;
     }
     e = outbox_relay_create(&d.relay, &d.loop, &c.s, err, sizeof err);
     if (e != 0) {
-        fprintf(stderr, "%s: %s (%s)\n", prog, err[0] ? err : outbox_strerror(e), outbox_err_name(e));
+        log_error(d.log, "cannot create the relay", err[0] ? err : outbox_strerror(e), e);
         uv_loop_close(&d.loop);
         relay_config_finish(&c);
         /* A database that stays locked is a runtime failure, not a usage
@@ -159,7 +175,7 @@ static int cmd_run(int argc, char **argv, int first)
     uv_signal_start(&d.sigint, on_signal, SIGINT);
     signal(SIGPIPE, SIG_IGN);
     if (outbox_relay_start(d.relay) != 0) {
-        fprintf(stderr, "%s: cannot start (see the log above)\n", prog);
+        d.log(NULL, OUTBOX_LOG_ERROR, "msg=\"cannot start (see the log above)\"");
         uv_close((uv_handle_t *)&d.sigterm, NULL);
         uv_close((uv_handle_t *)&d.sigint, NULL);
         outbox_relay_destroy(d.relay);
@@ -172,7 +188,7 @@ static int cmd_run(int argc, char **argv, int first)
     outbox_relay_destroy(d.relay);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     if (uv_loop_close(&d.loop) != 0)
-        fprintf(stderr, "level=warn msg=\"event loop closed with handles still open\"\n");
+        d.log(NULL, OUTBOX_LOG_WARN, "msg=\"event loop closed with handles still open\"");
     relay_config_finish(&c);
     return d.exit_code;
 }
