@@ -192,7 +192,7 @@ static int lower_hex(const char *s, size_t n, int nonzero)
     return any || !nonzero;
 }
 
-static int check_traceparent(const char *tp, char *err, size_t errlen)
+int outbox_validate_traceparent(const char *tp, char *err, size_t errlen)
 {
     size_t n;
     if (!tp)
@@ -264,7 +264,7 @@ int outbox_headers_trace(const void *headers, size_t headers_len, const char *tr
         return outbox__errf(err, errlen, OUTBOX_EINVAL, "out and out_len must not be NULL");
     *out = NULL;
     *out_len = 0;
-    if ((e = check_traceparent(traceparent, err, errlen)) != 0 ||
+    if ((e = outbox_validate_traceparent(traceparent, err, errlen)) != 0 ||
         (has_state && (e = check_tracestate(tracestate, err, errlen)) != 0))
         return e;
     if ((headers || headers_len) && (e = outbox_validate_headers(headers, headers_len, err, errlen)) != 0)

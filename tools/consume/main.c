@@ -14,6 +14,7 @@
 #include <msgpack.h>
 #include <uv.h>
 
+#include "internal.h"
 #include "json.h"
 #include "outbox.h"
 
@@ -23,6 +24,7 @@ typedef struct tool {
     uv_loop_t loop;
     uv_signal_t sigterm, sigint;
     outbox_consumer *c;
+    outbox__logger log; /* the consumer's sink, for the tool's own lines */
     const char *exec_cmd;
     uint64_t exec_timeout_ms;
     int print;
@@ -58,9 +60,58 @@ static void json_headers(outbox__sbuf *b, const outbox_envelope *m)
     msgpack_unpacked_destroy(&u);
 }
 
+/* The W3C trace context of a message: its "traceparent" header when that is
+ * a valid traceparent, and then its "tracestate" header (printable ASCII,
+ * at most OUTBOX_TRACESTATE_MAX bytes) if any; "" for what is absent. A
+ * trace context that is not valid is ignored, as W3C Trace Context asks. */
+typedef struct trace_ctx {
+    char parent[OUTBOX_TRACEPARENT_LEN + 1];
+    char state[OUTBOX_TRACESTATE_MAX + 1];
+} trace_ctx;
+
+static void header_str(const msgpack_object_map *map, const char *name, char *out, size_t cap)
+{
+    out[0] = '\0';
+    for (uint32_t i = 0; i < map->size; i++) {
+        const msgpack_object *k = &map->ptr[i].key, *v = &map->ptr[i].val;
+        if (k->type != MSGPACK_OBJECT_STR || k->via.str.size != strlen(name) ||
+            memcmp(k->via.str.ptr, name, k->via.str.size) != 0)
+            continue;
+        if (v->type == MSGPACK_OBJECT_STR && v->via.str.size < cap && !memchr(v->via.str.ptr, '\0', v->via.str.size)) {
+            memcpy(out, v->via.str.ptr, v->via.str.size);
+            out[v->via.str.size] = '\0';
+        }
+        return;
+    }
+}
+
+static void trace_context(const outbox_envelope *m, trace_ctx *t)
+{
+    msgpack_unpacked u;
+    size_t off = 0;
+    t->parent[0] = t->state[0] = '\0';
+    if (!m->headers)
+        return;
+    msgpack_unpacked_init(&u);
+    if (msgpack_unpack_next(&u, m->headers, m->headers_len, &off) == MSGPACK_UNPACK_SUCCESS &&
+        u.data.type == MSGPACK_OBJECT_MAP) {
+        header_str(&u.data.via.map, OUTBOX_HEADER_TRACEPARENT, t->parent, sizeof t->parent);
+        header_str(&u.data.via.map, OUTBOX_HEADER_TRACESTATE, t->state, sizeof t->state);
+    }
+    msgpack_unpacked_destroy(&u);
+    if (outbox_validate_traceparent(t->parent, NULL, 0) != 0)
+        t->parent[0] = t->state[0] = '\0';
+    for (const char *p = t->state; *p; p++)
+        if (*p < ' ' || *p > '~') {
+            t->state[0] = '\0';
+            break;
+        }
+}
+
 static void json_line(outbox__sbuf *b, const outbox_delivery *dv)
 {
     const outbox_envelope *m = dv->msg;
+    trace_ctx trace;
     outbox__sbuf_puts(b, "{\"id\":");
     tools_json_cstr(b, m->id);
     outbox__sbuf_puts(b, ",\"topic\":");
@@ -74,6 +125,11 @@ static void json_line(outbox__sbuf *b, const outbox_delivery *dv)
     json_bytes(b, "payload", m->payload, m->payload_len);
     outbox__sbuf_puts(b, ",\"headers\":");
     json_headers(b, m);
+    trace_context(m, &trace);
+    outbox__sbuf_puts(b, ",\"traceparent\":");
+    tools_json_cstr(b, trace.parent[0] ? trace.parent : NULL);
+    outbox__sbuf_puts(b, ",\"tracestate\":");
+    tools_json_cstr(b, trace.state[0] ? trace.state : NULL);
     outbox__sbuf_printf(b, ",\"created_at\":%lld,\"stream\":", (long long)m->created_at);
     tools_json_cstr(b, dv->stream);
     outbox__sbuf_puts(b, ",\"entry_id\":");
@@ -114,10 +170,11 @@ typedef struct job {
     uv_timer_t timer;
     outbox_consumer *c;
     const outbox_delivery *dv;
+    const outbox__logger *log;
     int open_handles;
     int64_t exit_status;
     int term_signal, timed_out, spawned;
-    char *envbuf[12];
+    char *envbuf[16];
 } job;
 
 static void job_handle_closed(uv_handle_t *h)
@@ -137,8 +194,8 @@ static void job_exited(uv_process_t *p, int64_t status, int sig)
     j->exit_status = status;
     j->term_signal = sig;
     if (status != 0 || sig != 0)
-        fprintf(stderr, "level=warn msg=\"command failed; message left pending for retry\" id=%s exit=%lld signal=%d\n",
-                j->dv->msg->id, (long long)status, sig);
+        outbox__log(j->log, OUTBOX_LOG_WARN, "msg=\"command failed; message left pending for retry\" id=%s exit=%lld "
+                    "signal=%d", j->dv->msg->id, (long long)status, sig);
     uv_close((uv_handle_t *)&j->proc, job_handle_closed);
     uv_close((uv_handle_t *)&j->timer, job_handle_closed);
     if (!uv_is_closing((uv_handle_t *)&j->in))
@@ -149,7 +206,7 @@ static void job_timeout(uv_timer_t *t)
 {
     job *j = t->data;
     j->timed_out = 1;
-    fprintf(stderr, "level=warn msg=\"command timed out; killing it\" id=%s\n", j->dv->msg->id);
+    outbox__log(j->log, OUTBOX_LOG_WARN, "msg=\"command timed out; killing it\" id=%s", j->dv->msg->id);
     uv_process_kill(&j->proc, SIGKILL);
 }
 
@@ -188,6 +245,7 @@ static int exec_handler(outbox_consumer *c, const outbox_delivery *dv, void *dat
     extern char **environ;
     uv_buf_t buf;
     outbox__sbuf hb = {0};
+    trace_ctx trace;
     int e;
 
     if (!j) {
@@ -196,6 +254,7 @@ static int exec_handler(outbox_consumer *c, const outbox_delivery *dv, void *dat
     }
     j->c = c;
     j->dv = dv;
+    j->log = &t->log;
     snprintf(num, sizeof num, "%lld", (long long)dv->msg->created_at);
     snprintf(num2, sizeof num2, "%llu", (unsigned long long)dv->deliveries);
     json_headers(&hb, dv->msg);
@@ -209,6 +268,11 @@ static int exec_handler(outbox_consumer *c, const outbox_delivery *dv, void *dat
     j->envbuf[k++] = env_pair("OUTBOX_DELIVERIES", num2, strlen(num2));
     j->envbuf[k++] = env_pair("OUTBOX_HEADERS", hb.p, hb.len);
     outbox__sbuf_free(&hb);
+    trace_context(dv->msg, &trace);
+    if (trace.parent[0])
+        j->envbuf[k++] = env_pair("TRACEPARENT", trace.parent, strlen(trace.parent));
+    if (trace.state[0])
+        j->envbuf[k++] = env_pair("TRACESTATE", trace.state, strlen(trace.state));
     for (char **p = environ; *p; p++)
         nenv++;
     env = calloc(nenv + k + 1, sizeof *env);
@@ -220,8 +284,11 @@ static int exec_handler(outbox_consumer *c, const outbox_delivery *dv, void *dat
         return 0;
     }
     nenv = 0;
+    /* The message's own variables only: none inherited from our environment,
+     * not even a trace context of the process that started us. */
     for (char **p = environ; *p; p++)
-        if (strncmp(*p, "OUTBOX_", 7) != 0)
+        if (strncmp(*p, "OUTBOX_", 7) != 0 && strncmp(*p, "TRACEPARENT=", 12) != 0 &&
+            strncmp(*p, "TRACESTATE=", 11) != 0)
             env[nenv++] = *p;
     for (size_t i = 0; i < k; i++)
         if (j->envbuf[i])
@@ -248,7 +315,7 @@ static int exec_handler(outbox_consumer *c, const outbox_delivery *dv, void *dat
     e = uv_spawn(&t->loop, &j->proc, &o);
     free(env);
     if (e != 0) {
-        fprintf(stderr, "level=error msg=\"cannot run the command\" err=\"%s\"\n", uv_strerror(e));
+        outbox__log(&t->log, OUTBOX_LOG_ERROR, "msg=\"cannot run the command\" error=\"%s\"", uv_strerror(e));
         uv_close((uv_handle_t *)&j->proc, NULL);
         uv_close((uv_handle_t *)&j->in, job_handle_closed);
         uv_close((uv_handle_t *)&j->timer, job_handle_closed);
@@ -275,11 +342,13 @@ static void usage(FILE *f)
             "prints it as one JSON line on stdout (--print) or runs CMD with /bin/sh -c,\n"
             "the payload on stdin and the envelope in environment variables (--exec):\n"
             "OUTBOX_ID, OUTBOX_TOPIC, OUTBOX_KEY, OUTBOX_STREAM, OUTBOX_ENTRY_ID,\n"
-            "OUTBOX_CREATED_AT, OUTBOX_DELIVERIES, OUTBOX_HEADERS (JSON). Exit status 0 of\n"
-            "CMD is success: the message is marked done and acknowledged; anything else\n"
-            "leaves it pending and it is retried. JSON lines have id, topic, key, payload\n"
-            "(UTF-8 text, or base64 with payload_encoding \"base64\"), headers, created_at,\n"
-            "stream, entry_id, deliveries.\n"
+            "OUTBOX_CREATED_AT, OUTBOX_DELIVERIES, OUTBOX_HEADERS (JSON), and TRACEPARENT\n"
+            "and TRACESTATE when the headers traceparent and tracestate carry a valid W3C\n"
+            "trace context. Exit status 0 of CMD is success: the message is marked done\n"
+            "and acknowledged; anything else leaves it pending and it is retried. JSON\n"
+            "lines have id, topic, key, payload (UTF-8 text, or base64 with\n"
+            "payload_encoding \"base64\"), headers, traceparent and tracestate (null when\n"
+            "absent), created_at, stream, entry_id, deliveries.\n"
             "\n"
             "Options:\n"
             "  --redis URL               redis://[[user]:password@]host[:port][/db] or unix:///path[?db=N]\n"
@@ -302,10 +371,11 @@ static void usage(FILE *f)
             "  --retry-ms MS             retry a failed message after (default 1000)\n"
             "  --drain                   exit 0 once nothing is new and nothing is pending for this consumer\n"
             "  --log-level LEVEL         debug, info, warn, error (default info)\n"
+            "  --log-format FORMAT       logfmt, or json for one JSON object per line (default logfmt)\n"
             "  -h, --help, -V, --version\n"
             "\n"
             "SIGTERM/SIGINT stop gracefully (running commands finish); a second signal exits at once.\n"
-            "Exit status: 0 clean stop or drained, 1 fatal error, 2 usage error. Logs: logfmt on stderr.\n",
+            "Exit status: 0 clean stop or drained, 1 fatal error, 2 usage error. Logs go to stderr.\n",
             prog);
 }
 
@@ -349,7 +419,7 @@ static void on_signal(uv_signal_t *h, int signum)
 {
     tool *t = h->data;
     if (++t->signals > 1) {
-        fprintf(stderr, "level=warn msg=\"second signal: exiting at once\" signal=%d\n", signum);
+        outbox__log(&t->log, OUTBOX_LOG_WARN, "msg=\"second signal: exiting at once\" signal=%d", signum);
         _exit(1);
     }
     outbox_consumer_stop(t->c, on_stopped, t);
@@ -437,6 +507,13 @@ int main(int argc, char **argv)
                 fprintf(stderr, "%s: --log-level: unknown log level '%s' (debug, info, warn, error)\n", prog, val);
                 return 2;
             }
+        } else if (!strcmp(a, "--log-format")) {
+            NEED_VALUE;
+            s.log = outbox_log_sink(val);
+            if (!s.log) {
+                fprintf(stderr, "%s: --log-format: unknown log format '%s' (logfmt, json)\n", prog, val);
+                return 2;
+            }
         }
         U64("--exec-timeout-ms", 1, 86400000, t.exec_timeout_ms, uint64_t)
         U64("--dedup-lease-ms", 1, 86400000, s.dedup_lease_ms, uint64_t)
@@ -463,13 +540,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: give exactly one of --print and --exec CMD\n", prog);
         return 2;
     }
+    t.log.fn = s.log;
+    t.log.min_level = s.log_level;
     s.handler = t.print ? print_handler : exec_handler;
     s.on_drained = on_drained;
     if (uv_loop_init(&t.loop) != 0)
         return 1;
     e = outbox_consumer_create(&t.c, &t.loop, &s, err, sizeof err);
     if (e != 0) {
-        fprintf(stderr, "%s: %s (%s)\n", prog, err[0] ? err : outbox_strerror(e), outbox_err_name(e));
+        char q[600];
+        outbox__logfmt_quote(q, sizeof q, err[0] ? err : outbox_strerror(e));
+        outbox__log(&t.log, OUTBOX_LOG_ERROR, "msg=\"cannot create the consumer\" error=%s err=%s", q,
+                    outbox_err_name(e));
         uv_loop_close(&t.loop);
         return e == OUTBOX_ENOMEM ? 1 : 2;
     }
@@ -480,7 +562,7 @@ int main(int argc, char **argv)
     uv_signal_start(&t.sigterm, on_signal, SIGTERM);
     uv_signal_start(&t.sigint, on_signal, SIGINT);
     if (outbox_consumer_start(t.c) != 0) {
-        fprintf(stderr, "%s: cannot start\n", prog);
+        outbox__log(&t.log, OUTBOX_LOG_ERROR, "msg=\"cannot start\"");
         return 1;
     }
     uv_run(&t.loop, UV_RUN_DEFAULT);

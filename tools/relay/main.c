@@ -82,7 +82,7 @@ typedef struct daemon_state {
     uv_loop_t loop;
     uv_signal_t sigterm, sigint;
     outbox_relay *relay;
-    outbox_log_fn log;
+    outbox__logger log; /* the relay's sink, for the daemon's own lines */
     int signals;
     int exit_code;
 } daemon_state;
@@ -99,12 +99,10 @@ static void on_signal(uv_signal_t *h, int signum)
 {
     daemon_state *d = h->data;
     if (++d->signals > 1) {
-        char line[160];
-        snprintf(line, sizeof line,
-                 "msg=\"second signal: exiting at once; unfinished rows are taken over when their leases expire\" "
-                 "signal=%d",
-                 signum);
-        d->log(NULL, OUTBOX_LOG_WARN, line);
+        outbox__log(&d->log, OUTBOX_LOG_WARN,
+                    "msg=\"second signal: exiting at once; unfinished rows are taken over when their leases "
+                    "expire\" signal=%d",
+                    signum);
         _exit(EXIT_FATAL);
     }
     outbox_relay_stop(d->relay, on_stopped, d);
@@ -117,15 +115,6 @@ static void on_drained(outbox_relay *r, void *data)
     if (outbox_relay_drain_result(r) == OUTBOX_ETIMEDOUT)
         d->exit_code = EXIT_FATAL;
     outbox_relay_stop(r, on_stopped, d);
-}
-
-/* msg="what" error="why" err=NAME through the sink. */
-static void log_error(outbox_log_fn log, const char *what, const char *why, int e)
-{
-    char q[600], line[800];
-    outbox__logfmt_quote(q, sizeof q, why);
-    snprintf(line, sizeof line, "msg=\"%s\" error=%s err=%s", what, q, outbox_err_name(e));
-    log(NULL, OUTBOX_LOG_ERROR, line);
 }
 
 static int cmd_run(int argc, char **argv, int first)
@@ -149,19 +138,23 @@ static int cmd_run(int argc, char **argv, int first)
         return rc == RELAY_CONFIG_ERROR ? EXIT_USAGE : EXIT_OK;
     }
     /* From here on problems are log lines, in the format asked for. */
-    d.log = c.s.log;
+    d.log.fn = c.s.log;
+    d.log.min_level = c.s.log_level;
     if (c.s.drain) {
         c.s.on_drained = on_drained;
         c.s.on_drained_data = &d;
     }
     if (uv_loop_init(&d.loop) != 0) {
-        d.log(NULL, OUTBOX_LOG_ERROR, "msg=\"cannot create the event loop\"");
+        outbox__log(&d.log, OUTBOX_LOG_ERROR, "msg=\"cannot create the event loop\"");
         relay_config_finish(&c);
         return EXIT_FATAL;
     }
     e = outbox_relay_create(&d.relay, &d.loop, &c.s, err, sizeof err);
     if (e != 0) {
-        log_error(d.log, "cannot create the relay", err[0] ? err : outbox_strerror(e), e);
+        char q[600];
+        outbox__logfmt_quote(q, sizeof q, err[0] ? err : outbox_strerror(e));
+        outbox__log(&d.log, OUTBOX_LOG_ERROR, "msg=\"cannot create the relay\" error=%s err=%s", q,
+                    outbox_err_name(e));
         uv_loop_close(&d.loop);
         relay_config_finish(&c);
         /* A database that stays locked is a runtime failure, not a usage
@@ -175,7 +168,7 @@ static int cmd_run(int argc, char **argv, int first)
     uv_signal_start(&d.sigint, on_signal, SIGINT);
     signal(SIGPIPE, SIG_IGN);
     if (outbox_relay_start(d.relay) != 0) {
-        d.log(NULL, OUTBOX_LOG_ERROR, "msg=\"cannot start (see the log above)\"");
+        outbox__log(&d.log, OUTBOX_LOG_ERROR, "msg=\"cannot start (see the log above)\"");
         uv_close((uv_handle_t *)&d.sigterm, NULL);
         uv_close((uv_handle_t *)&d.sigint, NULL);
         outbox_relay_destroy(d.relay);
@@ -188,7 +181,7 @@ static int cmd_run(int argc, char **argv, int first)
     outbox_relay_destroy(d.relay);
     uv_run(&d.loop, UV_RUN_DEFAULT);
     if (uv_loop_close(&d.loop) != 0)
-        d.log(NULL, OUTBOX_LOG_WARN, "msg=\"event loop closed with handles still open\"");
+        outbox__log(&d.log, OUTBOX_LOG_WARN, "msg=\"event loop closed with handles still open\"");
     relay_config_finish(&c);
     return d.exit_code;
 }
