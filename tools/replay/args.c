@@ -44,6 +44,7 @@ static const struct optdef {
     [O_LIMIT] = {"limit", 1, 0, FOR(CMD_LIST)},
     [O_BATCH] = {"batch", 1, 0, FOR_CHANGES},
     [O_THRESHOLD] = {"threshold", 1, 0, FOR_CHANGES},
+    [O_LOG_FORMAT] = {"log-format", 1, 0, FOR_ALL},
 };
 
 /* Records the message of a usage error; always returns -1. */
@@ -322,6 +323,13 @@ static int set_option(replay_options *o, enum optid id, const char *v)
         return 0;
     case O_JSON:
         o->json = 1;
+        return 0;
+    case O_LOG_FORMAT:
+        o->log = outbox_log_sink(v);
+        if (!o->log) {
+            fail(o, "--log-format: unknown log format '%s' (logfmt, json)", v);
+            return -1;
+        }
         return 0;
     case O_COUNT:
         break;

@@ -47,6 +47,7 @@ enum optid {
     O_LIMIT,
     O_BATCH,
     O_THRESHOLD,
+    O_LOG_FORMAT,
     O_COUNT
 };
 
@@ -68,6 +69,9 @@ typedef struct replay_options {
     const char *since_arg, *until_arg;
     const char *reason;
     int dry_run, yes, force, json;
+    /* --log-format: the sink of the messages on stderr; NULL (not given)
+     * for plain "outbox-replay: ..." lines. */
+    outbox_log_fn log;
     int64_t limit, batch, threshold;
     int seen[O_COUNT];
     /* After REPLAY_ARGS_ERROR: what was wrong, without the program name;

@@ -226,7 +226,8 @@ int replay_cmd_change(const replay_options *o)
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
 
-    pg.on = isatty(STDERR_FILENO) && touch > o->batch;
+    /* On a terminal only, and not among log lines. */
+    pg.on = isatty(STDERR_FILENO) && touch > o->batch && !o->log;
     pg.total = touch;
     rc = EXIT_OK;
     while (!interrupted) {

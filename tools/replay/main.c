@@ -80,6 +80,9 @@ static void usage(FILE *f)
             "  --force             requeue: also take sending messages whose lease is live\n"
             "  --batch N           requeue, purge: messages per transaction (BEGIN IMMEDIATE ...\n"
             "                      COMMIT, in seq order), 1..%d (default 500)\n"
+            "  --log-format FORMAT messages on stderr as log lines: logfmt, or json for one JSON\n"
+            "                      object per line (ts, level, msg); without it they are plain\n"
+            "                      \"outbox-replay: ...\" lines\n"
             "  -h, --help          show this help\n"
             "  -V, --version       show the version\n"
             "\n"
@@ -102,7 +105,10 @@ int main(int argc, char **argv)
     replay_options o;
     int rc;
 
-    switch (replay_args_parse(&o, argc, argv)) {
+    enum replay_args_result parsed = replay_args_parse(&o, argc, argv);
+    /* Also for a usage error after --log-format. */
+    replay_log = o.log;
+    switch (parsed) {
     case REPLAY_ARGS_GO_ON:
         break;
     case REPLAY_ARGS_HELP:

@@ -10,14 +10,27 @@
 #include "internal.h"
 #include "replay.h"
 
+outbox_log_fn replay_log;
+
 void replay_errorf(const char *fmt, ...)
 {
+    static const char warning[] = "warning: ";
+    char text[OUTBOX__LOG_LINE_MAX], q[OUTBOX__LOG_LINE_MAX];
     va_list ap;
-    fprintf(stderr, "%s: ", REPLAY_PROG);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    if (!replay_log) {
+        fprintf(stderr, "%s: ", REPLAY_PROG);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+    } else {
+        int warn;
+        vsnprintf(text, sizeof text, fmt, ap);
+        warn = !strncmp(text, warning, sizeof warning - 1);
+        outbox__logfmt_quote(q, sizeof q, warn ? text + sizeof warning - 1 : text);
+        outbox__log(&(outbox__logger){replay_log, NULL, OUTBOX_LOG_DEBUG}, warn ? OUTBOX_LOG_WARN : OUTBOX_LOG_ERROR,
+                    "msg=%s", q);
+    }
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 int replay_finish_output(void)

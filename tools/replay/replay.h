@@ -29,8 +29,12 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2 };
 
 /* ---- output.c: messages and text for humans ------------------------------ */
 
-/* "outbox-replay: <message>" on stderr. */
+/* "outbox-replay: <message>" on stderr, or with --log-format a log line
+ * (level error, or warn for a message that starts with "warning: ") through
+ * replay_log. */
 void replay_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The sink of --log-format; NULL for plain lines. Set once by main(). */
+extern outbox_log_fn replay_log;
 /* Flushes stdout. Returns EXIT_OK, or EXIT_FAIL after a message when the
  * output could not be written. */
 int replay_finish_output(void);
