@@ -4,7 +4,8 @@
 # programs meson installs are the ones debian/outbox-relay.install ships,
 # the shipped relay.ini parses (as shipped and with every commented default
 # set), and systemd-analyze verify accepts the unit (its ExecStart pointed
-# at the build's binary; skipped without systemd-analyze). TAP output.
+# at the build's binary, its Documentation= at the built man page; skipped
+# without systemd-analyze). TAP output.
 set -u
 src=${OUTBOX_SOURCE_DIR:?}
 build=${OUTBOX_BUILD_DIR:?}
@@ -68,13 +69,17 @@ check "the unit starts /usr/bin/outbox-relay with /etc/outbox/relay.ini" \
 if command -v systemd-analyze >/dev/null; then
     mkdir -p "$tmp/unit"
     sed "s|^ExecStart=/usr/bin/outbox-relay |ExecStart=$relay |" "$unit" >"$tmp/unit/outbox-relay.service"
+    # Documentation=man:outbox-relay(1): the page as built.
+    mkdir -p "$tmp/man/man1"
+    cp "$build/man/outbox-relay.1" "$tmp/man/man1/"
     verify() {
         local out
-        out=$(systemd-analyze verify --man=no "$tmp/unit/outbox-relay.service" 2>&1) || { echo "$out"; return 1; }
+        out=$(MANPATH=$tmp/man systemd-analyze verify --man=yes "$tmp/unit/outbox-relay.service" 2>&1) ||
+            { echo "$out"; return 1; }
         echo "$out"
         [ -z "$out" ]
     }
-    check "systemd-analyze verify: the unit is clean" verify
+    check "systemd-analyze verify --man=yes: the unit is clean and its man page is found" verify
 else
     n=$((n + 1))
     echo "ok $n - # SKIP systemd-analyze verify: systemd-analyze is not installed"

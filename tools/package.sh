@@ -5,8 +5,9 @@
 # temporary root where the system user and the state directory are made as
 # the postinst makes them, the installed outbox-relay runs (--version, the
 # shipped relay.ini) and a program builds against liboutbox-dev through
-# pkg-config and runs on liboutbox0, systemd-analyze verifies the installed
-# unit and scores its sandbox, and lintian finds nothing but the documented
+# pkg-config and runs on liboutbox0, the four man pages are packaged,
+# systemd-analyze verifies the installed unit (and finds its man page) and
+# scores its sandbox, and lintian finds nothing but the documented
 # overrides (debian/*.lintian-overrides), on the source package and the
 # binaries. Exits non-zero on the first failure.
 # The build runs in a copy of the tree (git's files, committed or not), so
@@ -118,14 +119,17 @@ unit=$root/lib/systemd/system/outbox-relay.service
     die "ExecStart is not one /usr/bin/outbox-relay command"
 mkdir -p "$work/unit"
 sed "s|^ExecStart=/usr/bin/|ExecStart=$root/usr/bin/|" "$unit" >"$work/unit/outbox-relay.service"
-# Documentation=man:outbox-relay(1) is checked once the package ships it.
-man=yes
-[ -e "$root/usr/share/man/man1/outbox-relay.1.gz" ] || man=no
-if ! out=$(systemd-analyze verify --man=$man "$work/unit/outbox-relay.service" 2>&1) || [ -n "$out" ]; then
+# The man pages are packaged; the unit's Documentation=man:outbox-relay(1)
+# is found among them (man reads MANPATH).
+for p in man1/outbox-relay.1 man1/outbox-consume.1 man1/outbox-replay.1 man5/outbox-relay.ini.5; do
+    [ -e "$root/usr/share/man/$p.gz" ] || die "no /usr/share/man/$p.gz in outbox-relay"
+done
+if ! out=$(MANPATH=$root/usr/share/man systemd-analyze verify --man=yes "$work/unit/outbox-relay.service" 2>&1) ||
+        [ -n "$out" ]; then
     printf '%s\n' "$out" >&2
     die "systemd-analyze verify"
 fi
-say "systemd-analyze verify --man=$man: clean"
+say "man pages packaged; systemd-analyze verify --man=yes: clean"
 security=$(systemd-analyze security --offline=yes "$work/unit/outbox-relay.service" 2>&1 | tail -n 1)
 say "systemd-analyze security: $security"
 
