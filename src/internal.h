@@ -28,7 +28,8 @@ void outbox__log(const outbox__logger *lg, outbox_log_level level, const char *f
     __attribute__((format(printf, 3, 4)));
 
 /* One JSON line (with its newline, NUL-terminated) for a logfmt fragment,
- * written into out (cap bytes, at least 16) and its length returned: ts and
+ * written into out (cap bytes with the NUL, at least 16) and its length
+ * returned (0 when cap is smaller): ts and
  * level, then every key=value of msg in order, each value a JSON string.
  * Quoted values are decoded as outbox__logfmt_quote() encodes them; a word
  * without '=' becomes "word":"true". Whatever msg holds (raw quotes, bytes

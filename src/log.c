@@ -171,7 +171,7 @@ static size_t unquote(const char **pp, char *out, size_t cap)
 
 size_t outbox__log_json_format(char *out, size_t cap, const char *ts, outbox_log_level level, const char *msg)
 {
-    json_line j = {out, 0, cap, 0};
+    json_line j = {out, 0, cap - 1, 0}; /* room for the NUL */
     char value[OUTBOX__LOG_LINE_MAX];
     const char *p = msg ? msg : "";
     if (cap < 2 * JSON_CLOSING)
@@ -217,7 +217,7 @@ void outbox_log_json(void *data, outbox_log_level level, const char *msg)
     size_t n;
     (void)data;
     timestamp(when);
-    n = outbox__log_json_format(line, sizeof line - 1, when, level, msg);
+    n = outbox__log_json_format(line, sizeof line, when, level, msg);
     /* One write per line, as for logfmt. */
     fwrite(line, 1, n, stderr);
 }
