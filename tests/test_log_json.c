@@ -9,7 +9,8 @@
  * stopping; outbox-consume connecting, failing to connect, a failing
  * command and stopping; outbox-replay's errors and warnings. Every line of
  * their stderr is parsed as JSON (tests/check_json_lines.py) and the lines
- * that must be there are looked for by their fields.
+ * that must be there are looked for by their fields. An unknown format is
+ * refused by each tool.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -261,16 +262,40 @@ static void check_replay(void)
     check_lines(log, "outbox-replay", "{\"level\":\"warn\",\"msg\":\"no message with id nosuch\"}",
                 "{\"level\":\"error\",\"msg\":\"~nothing matches\"}",
                 "{\"level\":\"error\",\"msg\":\"~/nonexistent/x.db\"}", NULL);
-    {
-        char *argv[] = {replay, "stats", "--db", db, "--log-format", "xml", NULL};
-        code = th_run(argv, NULL, &out, &err, 15000);
-        ok(code == 2 && strstr(err, "unknown log format 'xml' (logfmt, json)"), "--log-format xml refused: %s",
-           err);
+    free(log);
+    free(db);
+    free(replay);
+}
+
+/* An unknown format is a usage error in each tool, naming its source. */
+static void check_refused(void)
+{
+    char *relay = th_bin("tools/relay/outbox-relay"), *consume = th_bin("tools/consume/outbox-consume"),
+         *replay = th_bin("tools/replay/outbox-replay");
+    char *relay_argv[] = {relay, "--db", "x.db", "--redis", "unix:///x.sock", NULL};
+    char *consume_argv[] = {consume, "--log-format", "xml", "--redis", "unix:///x.sock", "--stream", "s", "--group",
+                            "g", "--print", NULL};
+    char *replay_argv[] = {replay, "stats", "--db", "x.db", "--log-format", "xml", NULL};
+    char *env[] = {"OUTBOX_LOG_FORMAT=xml", NULL};
+    struct {
+        char **argv, **env;
+        const char *want;
+    } cases[] = {
+        {relay_argv, env, "outbox-relay: environment variable OUTBOX_LOG_FORMAT: unknown log format 'xml' (logfmt, "
+                          "json)"},
+        {consume_argv, NULL, "outbox-consume: --log-format: unknown log format 'xml' (logfmt, json)"},
+        {replay_argv, NULL, "outbox-replay: --log-format: unknown log format 'xml' (logfmt, json)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *out = NULL, *err = NULL;
+        int code = th_run(cases[i].argv, cases[i].env, &out, &err, 15000);
+        ok(code == 2 && strstr(err, cases[i].want), "%s: exit 2 and '%s' (exit %d: %s)", cases[i].argv[0],
+           cases[i].want, code, err);
         free(out);
         free(err);
     }
-    free(log);
-    free(db);
+    free(relay);
+    free(consume);
     free(replay);
 }
 
@@ -288,6 +313,7 @@ int main(void)
     check_relay(&srv);
     check_consume(&srv);
     check_replay();
+    check_refused();
     th_redis_destroy(&srv);
     th_rmtree(dir);
     free(dir);
