@@ -9,22 +9,8 @@
 set -u
 src=${OUTBOX_SOURCE_DIR:?}
 build=${OUTBOX_BUILD_DIR:?}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-n=0
-fail=0
-check() { # check DESCRIPTION COMMAND...
-    local what=$1
-    shift
-    n=$((n + 1))
-    if "$@" >"$tmp/out" 2>&1; then
-        echo "ok $n - $what"
-    else
-        echo "not ok $n - $what"
-        sed 's/^/# /' "$tmp/out"
-        fail=1
-    fi
-}
+# shellcheck source=tests/tap.sh
+. "$src/tests/tap.sh"
 relay=$build/tools/relay/outbox-relay
 unit=$src/tools/systemd/outbox-relay.service
 
