@@ -121,7 +121,7 @@ static int is_key_char(char c)
  * the value. */
 static int closes_value(const char *q)
 {
-    const char *k = q + 1;
+    const char *k = q + 1, *key;
     if (*k == '\0')
         return 1;
     if (*k != ' ')
@@ -129,9 +129,9 @@ static int closes_value(const char *q)
     k += strspn(k, " ");
     if (*k == '\0')
         return 1;
-    while (is_key_char(*k))
-        k++;
-    return k > q + 1 && *k == '=' && k[-1] != ' ';
+    for (key = k; is_key_char(*k); k++)
+        ;
+    return k > key && *k == '=';
 }
 
 /* Decodes the quoted value that starts after the '"' at *pp into out (at
@@ -171,11 +171,12 @@ static size_t unquote(const char **pp, char *out, size_t cap)
 
 size_t outbox__log_json_format(char *out, size_t cap, const char *ts, outbox_log_level level, const char *msg)
 {
-    json_line j = {out, 0, cap - 1, 0}; /* room for the NUL */
+    json_line j = {out, 0, 0, 0};
     char value[OUTBOX__LOG_LINE_MAX];
     const char *p = msg ? msg : "";
     if (cap < 2 * JSON_CLOSING)
         return 0;
+    j.cap = cap - 1; /* room for the NUL */
     json_raw(&j, "{", 1, JSON_CLOSING);
     json_field(&j, "ts", 2, ts, strlen(ts));
     json_field(&j, "level", 5, level_name(level), strlen(level_name(level)));

@@ -295,6 +295,12 @@ int outbox_headers_trace(const void *headers, size_t headers_len, const char *tr
     }
     *out_len = sb.size;
     *out = msgpack_sbuffer_release(&sb);
+    /* The buffer grows in steps of 8 KiB; a headers map is much smaller. */
+    {
+        void *fit = realloc(*out, *out_len);
+        if (fit)
+            *out = fit;
+    }
     return 0;
 }
 

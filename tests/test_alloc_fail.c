@@ -196,6 +196,21 @@ static int sc_envelope(void)
     return e;
 }
 
+static int sc_trace(void)
+{
+    unsigned char hdrs[] = {0x81, 0xa1, 'a', 0x01};
+    void *out = NULL;
+    size_t len;
+    int e = outbox_headers_trace(hdrs, sizeof hdrs, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                                 "rojo=00f067aa0ba902b7", &out, &len, NULL, 0);
+    if (e == 0 && outbox_validate_headers(out, len, NULL, 0) != 0)
+        e = OUTBOX_EMALFORMED;
+    if (e != 0 && out)
+        e = OUTBOX_ESTATE; /* a failure must return nothing */
+    free(out);
+    return e;
+}
+
 static int sc_url(void)
 {
     outbox__redis_url u, c;
@@ -270,7 +285,7 @@ typedef struct scenario {
 int main(void)
 {
     static const scenario scs[] = {
-        {"writer", sc_writer},     {"envelope", sc_envelope}, {"redis url", sc_url},
+        {"writer", sc_writer},     {"envelope", sc_envelope}, {"headers trace", sc_trace}, {"redis url", sc_url},
         {"relay create/destroy", sc_relay}, {"consumer create/destroy", sc_consumer},
     };
     dir = th_tmpdir();
