@@ -222,7 +222,7 @@ int outbox_validate_traceparent(const char *tp, char *err, size_t errlen)
     return 0;
 }
 
-static int check_tracestate(const char *ts, char *err, size_t errlen)
+int outbox_validate_tracestate(const char *ts, char *err, size_t errlen)
 {
     size_t n = strlen(ts);
     if (n > OUTBOX_TRACESTATE_MAX)
@@ -265,7 +265,7 @@ int outbox_headers_trace(const void *headers, size_t headers_len, const char *tr
     *out = NULL;
     *out_len = 0;
     if ((e = outbox_validate_traceparent(traceparent, err, errlen)) != 0 ||
-        (has_state && (e = check_tracestate(tracestate, err, errlen)) != 0))
+        (has_state && (e = outbox_validate_tracestate(tracestate, err, errlen)) != 0))
         return e;
     if ((headers || headers_len) && (e = outbox_validate_headers(headers, headers_len, err, errlen)) != 0)
         return e;

@@ -100,9 +100,11 @@ typedef struct outbox_message {
 /* The longest tracestate accepted, as W3C Trace Context bounds it. */
 #define OUTBOX_TRACESTATE_MAX 512
 
-/* 0 when traceparent is one as outbox_headers_trace() requires, else
- * OUTBOX_EINVAL with the reason in err (may be NULL). */
+/* 0 when traceparent (or tracestate, not NULL) is one as
+ * outbox_headers_trace() requires, else OUTBOX_EINVAL with the reason in err
+ * (may be NULL). Consumers use them to ignore a bad trace context. */
 OUTBOX_API int outbox_validate_traceparent(const char *traceparent, char *err, size_t errlen);
+OUTBOX_API int outbox_validate_tracestate(const char *tracestate, char *err, size_t errlen);
 
 /*
  * Puts trace context into a headers map for outbox_message.headers: a copy

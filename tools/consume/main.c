@@ -61,9 +61,9 @@ static void json_headers(outbox__sbuf *b, const outbox_envelope *m)
 }
 
 /* The W3C trace context of a message: its "traceparent" header when that is
- * a valid traceparent, and then its "tracestate" header (printable ASCII,
- * at most OUTBOX_TRACESTATE_MAX bytes) if any; "" for what is absent. A
- * trace context that is not valid is ignored, as W3C Trace Context asks. */
+ * valid, and then its "tracestate" header if any and valid (the rules of
+ * outbox_headers_trace()); "" for what is absent. A trace context that is
+ * not valid is ignored, as W3C Trace Context asks. */
 typedef struct trace_ctx {
     char parent[OUTBOX_TRACEPARENT_LEN + 1];
     char state[OUTBOX_TRACESTATE_MAX + 1];
@@ -101,11 +101,8 @@ static void trace_context(const outbox_envelope *m, trace_ctx *t)
     msgpack_unpacked_destroy(&u);
     if (outbox_validate_traceparent(t->parent, NULL, 0) != 0)
         t->parent[0] = t->state[0] = '\0';
-    for (const char *p = t->state; *p; p++)
-        if (*p < ' ' || *p > '~') {
-            t->state[0] = '\0';
-            break;
-        }
+    if (outbox_validate_tracestate(t->state, NULL, 0) != 0)
+        t->state[0] = '\0';
 }
 
 static void json_line(outbox__sbuf *b, const outbox_delivery *dv)
