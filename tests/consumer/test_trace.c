@@ -5,9 +5,9 @@
  * the headers, keeping the other entries and replacing old trace entries.
  * End to end: messages enqueued with it, published by outbox-relay --drain,
  * reach outbox-consume --exec as TRACEPARENT and TRACESTATE (equal to what
- * was written; absent for a message without trace context even when the
- * consumer's own environment has them) and --print as traceparent and
- * tracestate.
+ * was written; absent for a message without trace context, or with a
+ * traceparent that is not valid, even when the consumer's own environment
+ * has them) and --print as traceparent and tracestate.
  */
 #include <msgpack.h>
 #include <stdio.h>
@@ -166,13 +166,37 @@ int main(void)
     enqueue(w, "traced", TP, TS);
     enqueue(w, "parent-only", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00", NULL);
     enqueue(w, "untraced", NULL, NULL);
+    {
+        /* Another writer's headers with a traceparent that is not valid
+         * (upper case): the consumer ignores it, and its tracestate. */
+        msgpack_sbuffer sb;
+        msgpack_packer pk;
+        outbox_message m = {.id = "bad-trace", .topic = "orders", .payload = "{}", .payload_len = 2};
+        static const char bad[] = "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01";
+        msgpack_sbuffer_init(&sb);
+        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+        msgpack_pack_map(&pk, 2);
+        msgpack_pack_str(&pk, 11);
+        msgpack_pack_str_body(&pk, "traceparent", 11);
+        msgpack_pack_str(&pk, sizeof bad - 1);
+        msgpack_pack_str_body(&pk, bad, sizeof bad - 1);
+        msgpack_pack_str(&pk, 10);
+        msgpack_pack_str_body(&pk, "tracestate", 10);
+        msgpack_pack_str(&pk, 3);
+        msgpack_pack_str_body(&pk, "a=b", 3);
+        m.headers = sb.data;
+        m.headers_len = sb.size;
+        if (outbox_enqueue(w, &m, NULL) != 0)
+            bail("enqueue: %s", outbox_writer_errmsg(w));
+        msgpack_sbuffer_destroy(&sb);
+    }
     outbox_writer_destroy(w);
     sqlite3_close_v2(h);
 
     {
         char *argv[] = {relay, "--db", db, "--redis", srv.url, "--drain", NULL};
         code = th_run(argv, NULL, NULL, &err, 30000 * th_slow());
-        is_int(code, 0, "outbox-relay --drain published the three messages");
+        is_int(code, 0, "outbox-relay --drain published the four messages");
         if (code != 0)
             th_diag_tail("relay", err, INT_MAX);
         free(err);
@@ -198,8 +222,9 @@ int main(void)
     is_str(got,
            "traced|" TP "|" TS "\n"
            "parent-only|00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00|unset\n"
-           "untraced|unset|unset\n",
-           "--exec: TRACEPARENT and TRACESTATE as written, unset without trace context");
+           "untraced|unset|unset\n"
+           "bad-trace|unset|unset\n",
+           "--exec: TRACEPARENT and TRACESTATE as written, unset without a valid trace context");
     free(got);
 
     {
