@@ -45,6 +45,17 @@
 
 #include "outbox/common.h"
 
+/* Where to ask for the master of a Sentinel URL (see sentinel.h). */
+typedef struct outbox__redis_sentinels {
+    char **hosts;   /* the sentinels' host names or addresses, in URL order */
+    int *ports;     /* their ports, default 26379 */
+    size_t n;       /* at least 1 */
+    char *master;   /* the master's name (the URL's #fragment) */
+    char *user;     /* the sentinels' own ACL user, or NULL */
+    char *password; /* the sentinels' own password, or NULL */
+    int tls;        /* rediss-sentinel://: TLS to the sentinels and the data nodes */
+} outbox__redis_sentinels;
+
 /* A parsed Redis URL. Strings are owned by the struct (see _free). */
 typedef struct outbox__redis_url {
     char *host;     /* TCP host name or address; NULL for a Unix socket */
@@ -53,6 +64,9 @@ typedef struct outbox__redis_url {
     char *user;     /* ACL user name or NULL */
     char *password; /* password or NULL */
     int db;         /* database number, default 0 */
+    /* A Sentinel URL: the sentinels to ask; host and path are then NULL
+     * until a connection is made to the node they name. NULL otherwise. */
+    outbox__redis_sentinels *sentinel;
 } outbox__redis_url;
 
 /*
@@ -64,6 +78,11 @@ typedef struct outbox__redis_url {
  * "port 99999 out of range 1..65535", "database 'x' is not a number", ...)
  * written to err (always NUL-terminated when errlen > 0). On error *out is
  * left zeroed. OUTBOX_ENOMEM on allocation failure.
+ *
+ * Also Sentinel URLs, `redis-sentinel://[[user]:password@]host[:port][,host
+ * [:port]...][/db]#master-name` (and `rediss-sentinel://`): the hosts are the
+ * sentinels (default port 26379), the user, password and db are the data
+ * nodes'. "missing master name ...", "empty sentinel list", ...
  */
 int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, size_t errlen);
 /* Deep copy; 0 or OUTBOX_ENOMEM. */
