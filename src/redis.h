@@ -140,6 +140,13 @@ int outbox__redis_command_argv(outbox__redis *r, int argc, const char **argv, co
 int outbox__redis_command_raw(outbox__redis *r, const char *cmd, size_t len, uint64_t timeout_ms,
                               outbox__redis_reply_cb cb, void *data);
 
+/* Replies that answer no command: pub/sub messages (arrays starting with
+ * "message" or "pmessage") on a subscribed connection. Once a callback is
+ * set, they go to it, in order with the replies, instead of failing the
+ * connection as a protocol error; reply is valid during the call only. */
+typedef void (*outbox__redis_push_cb)(outbox__redis *r, redisReply *reply, void *data);
+void outbox__redis_set_push_cb(outbox__redis *r, outbox__redis_push_cb cb, void *data);
+
 /* Commands waiting for their reply, and bytes queued but not yet written. */
 size_t outbox__redis_pending(const outbox__redis *r);
 size_t outbox__redis_queued_bytes(const outbox__redis *r);
