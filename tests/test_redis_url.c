@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "redis.h"
+#include "sentinel.h"
 #include "tap.h"
 
 typedef struct accept_case {
@@ -223,6 +224,26 @@ static void test_sentinel_describe(void)
     describe("redis-sentinel://alice:topsecret@[::1]:5,h/3#mymaster", "redis-sentinel://alice:***@[::1]:5,h:26379/3#mymaster");
 }
 
+static void test_sentinel_credentials(void)
+{
+    outbox__redis_url u;
+    char err[256];
+    is_int(outbox__sentinel_url_parse("redis-sentinel://h#m", "sam", "pw", &u, err, sizeof err), 0,
+           "sentinel credentials with a Sentinel URL");
+    is_str(u.sentinel->user, "sam", "  sentinel user");
+    is_str(u.sentinel->password, "pw", "  sentinel password");
+    ok(!u.user && !u.password, "  the data nodes' stay unset");
+    outbox__redis_url_free(&u);
+    is_int(outbox__sentinel_url_parse("redis://h", NULL, "pw", &u, err, sizeof err), OUTBOX_EINVAL,
+           "sentinel password with a redis:// URL");
+    is_str(err, "sentinel_password needs a redis-sentinel:// URL", "  message");
+    is_int(outbox__sentinel_url_parse("unix:///s", "sam", NULL, &u, err, sizeof err), OUTBOX_EINVAL,
+           "sentinel user with a unix:// URL");
+    is_str(err, "sentinel_user needs a redis-sentinel:// URL", "  message");
+    is_int(outbox__sentinel_url_parse("redis://h", NULL, NULL, &u, err, sizeof err), 0, "no sentinel credentials: any URL");
+    outbox__redis_url_free(&u);
+}
+
 static void check_accepted(const accept_case *c)
 {
     outbox__redis_url u;
@@ -373,5 +394,6 @@ int main(void)
     for (i = 0; i < sizeof sentinel_rejected / sizeof sentinel_rejected[0]; i++)
         check_rejected(&sentinel_rejected[i]);
     test_sentinel_describe();
+    test_sentinel_credentials();
     return tap_done();
 }
