@@ -55,6 +55,11 @@ typedef struct outbox_dedup_settings {
     outbox_log_fn log;      /* default outbox_log_stderr */
     void *log_data;
     outbox_log_level log_level; /* default OUTBOX_LOG_INFO */
+    /* A redis-sentinel:// URL's sentinels' own credentials (the URL's are
+     * the data nodes'); default NULL; copied. With another URL:
+     * OUTBOX_EINVAL. */
+    const char *sentinel_user;
+    const char *sentinel_password;
 } outbox_dedup_settings;
 
 OUTBOX_API void outbox_dedup_defaults(outbox_dedup_settings *s);
@@ -168,6 +173,9 @@ typedef struct outbox_consumer_settings {
     outbox_log_fn log;       /* default outbox_log_stderr */
     void *log_data;
     outbox_log_level log_level;
+    /* As in outbox_dedup_settings; also used by the dedup module. */
+    const char *sentinel_user;
+    const char *sentinel_password;
 } outbox_consumer_settings;
 
 OUTBOX_API void outbox_consumer_defaults(outbox_consumer_settings *s);

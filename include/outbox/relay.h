@@ -61,7 +61,8 @@ typedef struct outbox_relay_settings {
     /* Database file with the outbox schema (required; copied). The relay
      * opens its own connection. */
     const char *db_path;
-    /* redis://[[user]:password@]host[:port][/db] or unix:///path[?db=N]
+    /* redis://[[user]:password@]host[:port][/db], unix:///path[?db=N] or
+     * redis-sentinel://[[user]:password@]host[:port][,host[:port]...][/db]#master
      * (required; copied). */
     const char *redis_url;
     /* Lease owner name; default NULL means "<hostname>:<pid>". Copied. */
@@ -125,6 +126,12 @@ typedef struct outbox_relay_settings {
      * them forever. Dead rows are never deleted. */
     uint64_t retention_ms;
     unsigned retention_batch; /* default 1000 */
+    /* The sentinels' own credentials, when redis_url is a
+     * redis-sentinel:// URL and the sentinels need other ones than the
+     * URL's (those are the data nodes'); default NULL: no AUTH to the
+     * sentinels. Copied. Set with another URL: OUTBOX_EINVAL. */
+    const char *sentinel_user;
+    const char *sentinel_password;
 } outbox_relay_settings;
 
 /* Fills s with the defaults documented above (db_path, redis_url NULL). */
