@@ -1,0 +1,328 @@
+/*
+ * sentinel_env.c: see sentinel_env.h.
+ */
+#include "sentinel_env.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+
+#include "tap.h"
+
+/* Sentinels to kill if the test exits without se_stop (a bail-out). */
+static pid_t *tracked[SE_SENTINELS * 4];
+static int exit_hook;
+
+static void kill_tracked(void)
+{
+    for (size_t i = 0; i < sizeof tracked / sizeof tracked[0]; i++)
+        if (tracked[i] && *tracked[i] > 0) {
+            kill(*tracked[i], SIGKILL);
+            waitpid(*tracked[i], NULL, 0);
+            *tracked[i] = 0;
+        }
+}
+
+static void track(pid_t *p)
+{
+    size_t i, free_slot = sizeof tracked / sizeof tracked[0];
+    if (!exit_hook) {
+        atexit(kill_tracked);
+        exit_hook = 1;
+    }
+    for (i = 0; i < sizeof tracked / sizeof tracked[0]; i++) {
+        if (tracked[i] == p)
+            return;
+        if (!tracked[i] && free_slot == sizeof tracked / sizeof tracked[0])
+            free_slot = i;
+    }
+    if (free_slot < sizeof tracked / sizeof tracked[0])
+        tracked[free_slot] = p;
+}
+
+static redisContext *tcp_client(int port, int timeout_ms)
+{
+    struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (!c)
+        return NULL;
+    if (c->err) {
+        redisFree(c);
+        return NULL;
+    }
+    redisSetTimeout(c, tv);
+    return c;
+}
+
+redisContext *se_sentinel_client(const se_env *e, int i)
+{
+    return e->spid[i] > 0 ? tcp_client(e->sport[i], 2000) : NULL;
+}
+
+static int write_sentinel_conf(se_env *e, int i)
+{
+    char *path = th_path(e->sdir[i], "sentinel.conf");
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        diag("cannot write %s: %s", path, strerror(errno));
+        free(path);
+        return -1;
+    }
+    fprintf(f,
+            "port %d\n"
+            "bind 127.0.0.1\n"
+            "dir %s\n"
+            "logfile %s/sentinel.log\n"
+            "daemonize no\n"
+            "sentinel monitor " SE_MASTER_NAME " 127.0.0.1 %d 2\n"
+            "sentinel down-after-milliseconds " SE_MASTER_NAME " 1000\n"
+            "sentinel failover-timeout " SE_MASTER_NAME " 5000\n"
+            "sentinel parallel-syncs " SE_MASTER_NAME " 1\n",
+            e->sport[i], e->sdir[i], e->sdir[i], e->node[0].port);
+    fclose(f);
+    free(path);
+    return 0;
+}
+
+/* Starts sentinel i on its port and configuration; waits until it answers
+ * PING (5 s). Returns 0, or -1 (not running). */
+static int launch_sentinel(se_env *e, int i)
+{
+    char *conf = th_path(e->sdir[i], "sentinel.conf");
+    char *out = th_path(e->sdir[i], "sentinel.stdout");
+    char *argv[] = {"redis-server", conf, "--sentinel", NULL};
+    int64_t deadline;
+    e->spid[i] = th_spawn(argv, NULL, out, out);
+    free(conf);
+    free(out);
+    if (e->spid[i] < 0) {
+        e->spid[i] = 0;
+        return -1;
+    }
+    track(&e->spid[i]);
+    deadline = th_now_ms() + 5000;
+    while (th_now_ms() < deadline) {
+        redisContext *c;
+        if (th_wait(e->spid[i], 0) != -2) {
+            e->spid[i] = 0;
+            return -1;
+        }
+        if ((c = tcp_client(e->sport[i], 500)) != NULL) {
+            redisReply *r = redisCommand(c, "PING");
+            int up = r && r->type == REDIS_REPLY_STATUS;
+            if (r)
+                freeReplyObject(r);
+            redisFree(c);
+            if (up)
+                return 0;
+        }
+        th_sleep_ms(20);
+    }
+    se_sentinel_kill(e, i);
+    return -1;
+}
+
+void se_sentinel_kill(se_env *e, int i)
+{
+    if (e->spid[i] <= 0)
+        return;
+    kill(e->spid[i], SIGKILL);
+    th_wait(e->spid[i], -1);
+    e->spid[i] = 0;
+}
+
+int se_sentinel_restart(se_env *e, int i)
+{
+    se_sentinel_kill(e, i);
+    return launch_sentinel(e, i);
+}
+
+/* A field of SENTINEL MASTER mymaster (a flat name/value array), as a
+ * number; -1 if missing. */
+static long long master_field(redisContext *c, const char *name)
+{
+    redisReply *r = redisCommand(c, "SENTINEL MASTER " SE_MASTER_NAME);
+    long long v = -1;
+    if (r && r->type == REDIS_REPLY_ARRAY)
+        for (size_t k = 0; k + 1 < r->elements; k += 2)
+            if (r->element[k]->type == REDIS_REPLY_STRING && strcmp(r->element[k]->str, name) == 0 &&
+                r->element[k + 1]->type == REDIS_REPLY_STRING)
+                v = atoll(r->element[k + 1]->str);
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+int se_named_master(const se_env *e, int i)
+{
+    redisContext *c = se_sentinel_client(e, i);
+    redisReply *r;
+    int who = -1;
+    if (!c)
+        return -1;
+    r = redisCommand(c, "SENTINEL get-master-addr-by-name " SE_MASTER_NAME);
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->type == REDIS_REPLY_STRING) {
+        int port = atoi(r->element[1]->str);
+        for (int n = 0; n < 2; n++)
+            if (e->node[n].port == port)
+                who = n;
+    }
+    if (r)
+        freeReplyObject(r);
+    redisFree(c);
+    return who;
+}
+
+static int node_role_is(const th_redis *n, const char *role)
+{
+    redisContext *c;
+    redisReply *r;
+    int yes;
+    if (n->pid <= 0)
+        return 0;
+    c = tcp_client(n->port, 1000);
+    if (!c)
+        return 0;
+    r = redisCommand(c, "ROLE");
+    yes = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 && r->element[0]->type == REDIS_REPLY_STRING &&
+          strcmp(r->element[0]->str, role) == 0;
+    if (r)
+        freeReplyObject(r);
+    redisFree(c);
+    return yes;
+}
+
+int se_wait_master(const se_env *e, int want, int timeout_ms)
+{
+    int64_t deadline = th_now_ms() + timeout_ms;
+    do {
+        int running = 0, naming = 0;
+        for (int i = 0; i < SE_SENTINELS; i++)
+            if (e->spid[i] > 0) {
+                running++;
+                naming += se_named_master(e, i) == want;
+            }
+        if (running && naming * 2 > running && node_role_is(&e->node[want], "master"))
+            return 1;
+        th_sleep_ms(50);
+    } while (th_now_ms() < deadline);
+    return 0;
+}
+
+int se_wait_replica(const se_env *e, int i, int timeout_ms)
+{
+    int64_t deadline = th_now_ms() + timeout_ms;
+    const th_redis *m = &e->node[1 - i];
+    do {
+        if (node_role_is(&e->node[i], "slave") && m->pid > 0) {
+            redisContext *c = tcp_client(m->port, 1000);
+            if (c) {
+                redisReply *r = redisCommand(c, "SET se:probe x");
+                int acked = 0;
+                if (r)
+                    freeReplyObject(r);
+                r = redisCommand(c, "WAIT 1 200");
+                acked = r && r->type == REDIS_REPLY_INTEGER && r->integer >= 1;
+                if (r)
+                    freeReplyObject(r);
+                redisFree(c);
+                if (acked)
+                    return 1;
+            }
+        }
+        th_sleep_ms(50);
+    } while (th_now_ms() < deadline);
+    return 0;
+}
+
+int se_failover(const se_env *e, int i)
+{
+    redisContext *c = se_sentinel_client(e, i);
+    redisReply *r;
+    int ok_ = -1;
+    if (!c)
+        return -1;
+    r = redisCommand(c, "SENTINEL FAILOVER " SE_MASTER_NAME);
+    if (r && r->type == REDIS_REPLY_STATUS)
+        ok_ = 0;
+    else if (r && r->type == REDIS_REPLY_ERROR)
+        diag("SENTINEL FAILOVER: %s", r->str);
+    if (r)
+        freeReplyObject(r);
+    redisFree(c);
+    return ok_;
+}
+
+/* Every sentinel knows the replica and the two other sentinels. */
+static int sentinels_settled(const se_env *e)
+{
+    for (int i = 0; i < SE_SENTINELS; i++) {
+        redisContext *c = se_sentinel_client(e, i);
+        long long slaves, others;
+        if (!c)
+            return 0;
+        slaves = master_field(c, "num-slaves");
+        others = master_field(c, "num-other-sentinels");
+        redisFree(c);
+        if (slaves < 1 || others < SE_SENTINELS - 1)
+            return 0;
+    }
+    return 1;
+}
+
+int se_start(se_env *e)
+{
+    char conf[128];
+    int64_t deadline;
+    memset(e, 0, sizeof *e);
+    if (th_redis_start(&e->node[0], 1, NULL) != 0)
+        return -1;
+    snprintf(conf, sizeof conf, "replicaof 127.0.0.1 %d\n", e->node[0].port);
+    if (th_redis_start(&e->node[1], 1, conf) != 0) {
+        th_redis_destroy(&e->node[0]);
+        return -1;
+    }
+    for (int i = 0; i < SE_SENTINELS; i++) {
+        int attempt;
+        e->sdir[i] = th_tmpdir();
+        for (attempt = 0; attempt < 5; attempt++) {
+            e->sport[i] = th_free_port();
+            if (e->sport[i] > 0 && write_sentinel_conf(e, i) == 0 && launch_sentinel(e, i) == 0)
+                break;
+        }
+        if (attempt == 5) {
+            diag("could not start sentinel %d", i);
+            se_stop(e);
+            return -1;
+        }
+    }
+    snprintf(e->url, sizeof e->url, "redis-sentinel://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d#" SE_MASTER_NAME,
+             e->sport[0], e->sport[1], e->sport[2]);
+    deadline = th_now_ms() + 30000 * th_slow();
+    while (!(se_wait_replica(e, 1, 100) && sentinels_settled(e)) && th_now_ms() < deadline)
+        th_sleep_ms(100);
+    if (!sentinels_settled(e)) {
+        diag("the sentinels did not learn of each other and the replica in time");
+        se_stop(e);
+        return -1;
+    }
+    return 0;
+}
+
+void se_stop(se_env *e)
+{
+    for (int i = 0; i < SE_SENTINELS; i++) {
+        se_sentinel_kill(e, i);
+        if (e->sdir[i]) {
+            th_rmtree(e->sdir[i]);
+            free(e->sdir[i]);
+            e->sdir[i] = NULL;
+        }
+    }
+    th_redis_destroy(&e->node[1]);
+    th_redis_destroy(&e->node[0]);
+}
