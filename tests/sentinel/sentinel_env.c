@@ -236,6 +236,21 @@ int se_wait_replica(const se_env *e, int i, int timeout_ms)
         }
         th_sleep_ms(50);
     } while (th_now_ms() < deadline);
+    if (timeout_ms >= 1000) {
+        redisContext *c = e->node[i].pid > 0 ? tcp_client(e->node[i].port, 1000) : NULL;
+        redisReply *r = c ? redisCommand(c, "INFO replication") : NULL;
+        diag("node %d is not a linked replica: %s", i, r && r->type == REDIS_REPLY_STRING ? r->str : "no answer");
+        if (r)
+            freeReplyObject(r);
+        if (c)
+            redisFree(c);
+        {
+            char *path = th_path(e->node[i].dir, "redis.log"), *log = th_slurp(path);
+            th_diag_tail("redis.log", log, 15);
+            free(log);
+            free(path);
+        }
+    }
     return 0;
 }
 
