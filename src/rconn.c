@@ -217,6 +217,13 @@ static void rc_on_master(outbox__sentinel *s, int status, const char *host, int 
     if (!asked) {
         if (same_node(&rc->node, host, port) && (rc->conn || !switched))
             return;
+        if (rc->down_pending) { /* a redirect's, due from the timer stopped below */
+            rc->down_pending = 0;
+            if (rc->on_down)
+                rc->on_down(rc, OUTBOX_ECLOSED, rc->data);
+            if (!rc->running || rc->closing)
+                return;
+        }
         if (rc->conn) {
             int was_up = rc->up;
             outbox__log(rc->log, OUTBOX_LOG_WARN,

@@ -27,7 +27,8 @@ typedef struct opt {
 static const opt options[] = {
     {"db", T_STR, S(db_path), 0, 0, "PATH", "SQLite database holding the outbox table (required)"},
     {"redis", T_STR, S(redis_url), 0, 0, "URL",
-     "redis://[[user]:password@]host[:port][/db] or unix:///path/to/sock[?db=N] (required)"},
+     "redis://[[user]:password@]host[:port][/db], unix:///path/to/sock[?db=N] or "
+     "redis-sentinel://[[user]:password@]host[:port][,host[:port]...][/db]#master (required)"},
     {"batch", T_UINT, S(batch), 1, 100000, "N", "rows claimed per transaction (default 512)"},
     {"inflight", T_UINT, S(inflight), 1, 1000000, "N",
      "messages claimed and not yet marked, at most; bounds memory (default 8192)"},
