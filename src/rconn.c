@@ -107,6 +107,14 @@ static void rc_up(outbox__rconn *rc)
         rc->on_up(rc, rc->data);
 }
 
+/* A connection attempt failed: the connection's own words for the log. */
+static void rc_attempt_failed(outbox__rconn *rc, const outbox__redis *c, int status)
+{
+    char detail[256];
+    quote_free(detail, sizeof detail, outbox__redis_errstr(c));
+    rc_retry(rc, status, detail);
+}
+
 /* Sentinel URLs: the node the sentinels named must say it is the master
  * before anything is sent (it may have been demoted since they answered). */
 static void rc_role_reply(outbox__redis *c, int status, redisReply *reply, void *data)
@@ -117,8 +125,7 @@ static void rc_role_reply(outbox__redis *c, int status, redisReply *reply, void 
     if (c != rc->conn)
         return;
     if (status != 0) {
-        quote_free(detail, sizeof detail, outbox__redis_errstr(c));
-        rc_retry(rc, status, detail);
+        rc_attempt_failed(rc, c, status);
         return;
     }
     role = reply->type == REDIS_REPLY_ARRAY && reply->elements > 0 ? reply->element[0] : NULL;
@@ -139,12 +146,10 @@ static void rc_role_reply(outbox__redis *c, int status, redisReply *reply, void 
 static void rc_connected(outbox__redis *c, int status, void *data)
 {
     outbox__rconn *rc = data;
-    char detail[256];
     if (c != rc->conn)
         return;
     if (status != 0) {
-        quote_free(detail, sizeof detail, outbox__redis_errstr(c));
-        rc_retry(rc, status, detail);
+        rc_attempt_failed(rc, c, status);
         return;
     }
     if (rc->url.sentinel) {

@@ -42,6 +42,16 @@ static int64_t published(const char *topic)
     return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2", topic);
 }
 
+/* Waits (20 s) until more rows of topic are published than now; returns
+ * when, or -1. */
+static int64_t wait_more_published(const char *topic)
+{
+    int64_t base = published(topic), deadline = th_now_ms() + 20000 * th_slow();
+    while (published(topic) <= base && th_now_ms() < deadline)
+        th_sleep_ms(10);
+    return published(topic) > base ? th_now_ms() : -1;
+}
+
 typedef struct phase {
     const char *topic;
     int wait_replicas;
@@ -84,11 +94,7 @@ static void run_phase(se_env *e, const char *dir, const char *dbpath, const phas
     snprintf(marked, sizeof marked, "%lld", (long long)published(ph->topic));
     if (!ph->wait_replicas) {
         /* Publishing resumes on the new master by itself. */
-        int64_t base = published(ph->topic), deadline = th_now_ms() + 20000 * th_slow();
-        while (published(ph->topic) <= base && th_now_ms() < deadline)
-            th_sleep_ms(10);
-        if (published(ph->topic) > base)
-            t_resumed = th_now_ms();
+        t_resumed = wait_more_published(ph->topic);
         ok(t_resumed > 0, "%s: publishing resumed on the new master", ph->topic);
     } else {
         /* No replica to acknowledge: nothing more may count as published. */
@@ -100,11 +106,7 @@ static void run_phase(se_env *e, const char *dir, const char *dbpath, const phas
     ok(th_redis_restart(&e->node[ph->victim]) == 0, "%s: the old master is started again", ph->topic);
     ok(se_wait_replica(e, ph->victim, 40000 * th_slow()), "%s: and demoted to a replica of node %d", ph->topic, next);
     if (ph->wait_replicas) {
-        int64_t base = published(ph->topic), deadline = th_now_ms() + 20000 * th_slow();
-        while (published(ph->topic) <= base && th_now_ms() < deadline)
-            th_sleep_ms(10);
-        if (published(ph->topic) > base)
-            t_resumed = th_now_ms();
+        t_resumed = wait_more_published(ph->topic);
         ok(t_resumed > 0, "%s: publishing resumed once the new master has a replica", ph->topic);
     }
     rt_insert_rows(db, ph->topic, committed, TRICKLE, ph->topic, 0);
