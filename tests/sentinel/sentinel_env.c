@@ -332,6 +332,9 @@ void se_stop(se_env *e)
 {
     for (int i = 0; i < SE_SENTINELS; i++) {
         se_sentinel_kill(e, i);
+        for (size_t k = 0; k < sizeof tracked / sizeof tracked[0]; k++)
+            if (tracked[k] == &e->spid[i])
+                tracked[k] = NULL; /* e may be on a stack that is gone by exit */
         if (e->sdir[i]) {
             th_rmtree(e->sdir[i]);
             free(e->sdir[i]);
