@@ -10,6 +10,7 @@
 #include "outbox/envelope.h"
 #include "outbox/relay.h"
 #include "outbox/schema.h"
+#include "outbox/tls.h"
 #include "outbox/writer.h"
 
 #endif

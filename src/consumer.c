@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "outbox/consumer.h"
+#include "dedup.h"
 #include "rconn.h"
 #include "sqlite_util.h"
 #include "outbox/schema.h"
@@ -43,6 +44,7 @@ struct outbox_consumer {
     char *redis_url, *stream, *group, *consumer, *inbox_path, *ns, *dead_stream;
     char *sentinel_user, *sentinel_password; /* for the dedup module */
     outbox__rconn rd, cmd;
+    outbox__tls_config *tls; /* rediss://: shared by rd, cmd and the dedup module */
     outbox_dedup *dedup;
     sqlite3 *db;
     sqlite3_stmt *q_insert, *q_gc;
@@ -84,6 +86,7 @@ void outbox_consumer_defaults(outbox_consumer_settings *s)
     s->retry_ms = 1000;
     s->log = outbox_log_stderr;
     s->log_level = OUTBOX_LOG_INFO;
+    outbox_tls_defaults(&s->tls);
 }
 
 /* ------------------------------------------------------------------ */
@@ -840,6 +843,7 @@ static void consumer_free(outbox_consumer *c)
     sqlite3_finalize(c->q_insert);
     sqlite3_finalize(c->q_gc);
     sqlite3_close_v2(c->db);
+    outbox__tls_config_unref(c->tls);
     free(c->redis_url);
     free(c->stream);
     free(c->group);
@@ -864,7 +868,7 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
 {
     outbox_consumer *c;
     outbox__redis_url url;
-    char msg[300], host[200], name[260];
+    char msg[600], host[200], name[260];
     int e;
 
     if (err && errlen)
@@ -912,6 +916,7 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
     }
     c->loop = loop;
     c->s = *s;
+    outbox_tls_defaults(&c->s.tls); /* the caller's strings; c->tls holds what they said */
     c->log.fn = s->log;
     c->log.data = s->log_data;
     c->log.min_level = s->log_level;
@@ -946,6 +951,14 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
     }
     sprintf(c->dead_stream, "%s:dead", s->stream);
     strcpy(c->claim_cursor, "0-0");
+    e = outbox__tls_config_for_url(url.tls, &s->tls, &c->tls, msg, sizeof msg);
+    if (e != 0) {
+        if (err && errlen)
+            snprintf(err, errlen, "tls: %s", msg);
+        outbox__redis_url_free(&url);
+        consumer_free(c);
+        return e;
+    }
 
     if (s->dedup == OUTBOX_DEDUP_SQLITE) {
         char *m = NULL;
@@ -979,6 +992,7 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
         outbox__redis_options o;
         outbox__redis_options_defaults(&o);
         o.client_name = "outbox-consumer";
+        o.tls = c->tls;
         e = outbox__rconn_init(&c->rd, loop, &url, &o, &c->log, "read");
         if (e == 0) {
             e = outbox__rconn_init(&c->cmd, loop, &url, &o, &c->log, "command");
@@ -1018,7 +1032,7 @@ int outbox_consumer_start(outbox_consumer *c)
         ds.log = c->s.log;
         ds.log_data = c->s.log_data;
         ds.log_level = c->s.log_level;
-        if (outbox_dedup_create(&c->dedup, c->loop, &ds, err, sizeof err) != 0) {
+        if (outbox__dedup_create_shared(&c->dedup, c->loop, &ds, c->tls, err, sizeof err) != 0) {
             LOG(c, OUTBOX_LOG_ERROR, "msg=\"cannot create the dedup module\" detail=\"%s\"", err);
             return OUTBOX_EINVAL;
         }

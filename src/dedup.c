@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "outbox/consumer.h"
+#include "dedup.h"
 #include "outbox/writer.h"
 #include "rconn.h"
 
@@ -52,6 +52,7 @@ void outbox_dedup_defaults(outbox_dedup_settings *s)
     s->reply_timeout_ms = 5000;
     s->log = outbox_log_stderr;
     s->log_level = OUTBOX_LOG_INFO;
+    outbox_tls_defaults(&s->tls);
 }
 
 static void set_errstr(outbox_dedup *d, const char *s, size_t len)
@@ -97,13 +98,14 @@ static void on_up(outbox__rconn *rc, void *data)
     load_scripts(data);
 }
 
-int outbox_dedup_create(outbox_dedup **out, uv_loop_t *loop, const outbox_dedup_settings *s, char *err,
-                        size_t errlen)
+int outbox__dedup_create_shared(outbox_dedup **out, uv_loop_t *loop, const outbox_dedup_settings *s,
+                                outbox__tls_config *tls, char *err, size_t errlen)
 {
     outbox_dedup *d;
     outbox__redis_url url;
     outbox__redis_options o;
-    char owner[64], msg[300];
+    outbox__tls_config *own_tls = NULL;
+    char owner[64], msg[600];
     int e;
 
     if (err && errlen)
@@ -125,9 +127,16 @@ int outbox_dedup_create(outbox_dedup **out, uv_loop_t *loop, const outbox_dedup_
             snprintf(err, errlen, "redis: %s", msg);
         return e;
     }
+    if (!tls && (e = outbox__tls_config_for_url(url.tls, &s->tls, &own_tls, msg, sizeof msg)) != 0) {
+        if (err && errlen)
+            snprintf(err, errlen, "tls: %s", msg);
+        outbox__redis_url_free(&url);
+        return e;
+    }
     d = calloc(1, sizeof *d);
     if (!d) {
         outbox__redis_url_free(&url);
+        outbox__tls_config_unref(own_tls);
         return OUTBOX_ENOMEM;
     }
     d->loop = loop;
@@ -147,14 +156,17 @@ int outbox_dedup_create(outbox_dedup **out, uv_loop_t *loop, const outbox_dedup_
         free(d->owner_value);
         free(d);
         outbox__redis_url_free(&url);
+        outbox__tls_config_unref(own_tls);
         return OUTBOX_ENOMEM;
     }
     sprintf(d->owner_value, "P:%s", s->owner ? s->owner : owner);
     outbox__redis_options_defaults(&o);
     o.reply_timeout_ms = s->reply_timeout_ms;
     o.client_name = "outbox-dedup";
+    o.tls = tls ? tls : own_tls;
     e = outbox__rconn_init(&d->rc, loop, &url, &o, &d->log, "dedup");
     outbox__redis_url_free(&url);
+    outbox__tls_config_unref(own_tls); /* the rconn holds its own reference */
     if (e != 0) {
         free(d->ns);
         free(d->owner_value);
@@ -166,6 +178,12 @@ int outbox_dedup_create(outbox_dedup **out, uv_loop_t *loop, const outbox_dedup_
     outbox__rconn_start(&d->rc);
     *out = d;
     return 0;
+}
+
+int outbox_dedup_create(outbox_dedup **out, uv_loop_t *loop, const outbox_dedup_settings *s, char *err,
+                        size_t errlen)
+{
+    return outbox__dedup_create_shared(out, loop, s, NULL, err, errlen);
 }
 
 static void dedup_closed(void *data)

@@ -33,6 +33,10 @@ void outbox__logfmt_quote(char *buf, size_t len, const char *value);
  * valid): overlong forms, surrogates and code points above U+10FFFF are
  * invalid. */
 size_t outbox__utf8_prefix(const unsigned char *s, size_t len);
+/* The length (1..4) of the valid UTF-8 sequence at the start of s (n bytes),
+ * with its code point in *cp; 0 if the bytes there are not valid UTF-8 (by
+ * the rules above) or n is 0. */
+size_t outbox__utf8_seq(const unsigned char *s, size_t n, uint32_t *cp);
 
 /* Copies at most len-1 bytes and NUL-terminates; returns src's length. */
 size_t outbox__strlcpy(char *dst, const char *src, size_t len);

@@ -1,50 +1,8 @@
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "metrics.h"
-
-void outbox__sbuf_printf(outbox__sbuf *b, const char *fmt, ...)
-{
-    va_list ap;
-    int n;
-    if (b->oom)
-        return;
-    for (;;) {
-        size_t room = b->cap - b->len;
-        va_start(ap, fmt);
-        n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->p && (size_t)n < room) {
-            b->len += (size_t)n;
-            return;
-        }
-        {
-            size_t nc = b->cap ? b->cap * 2 : 4096;
-            char *np;
-            while (nc < b->len + (size_t)n + 1)
-                nc *= 2;
-            np = realloc(b->p, nc);
-            if (!np) {
-                b->oom = 1;
-                return;
-            }
-            b->p = np;
-            b->cap = nc;
-        }
-    }
-}
-
-void outbox__sbuf_free(outbox__sbuf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
 
 void outbox__hist_init(outbox__hist *h, const double *bounds, size_t n)
 {

@@ -1,6 +1,6 @@
 /*
- * metrics.h: Prometheus text exposition helpers (internal): a growable
- * buffer, histograms with fixed buckets, per-topic counters.
+ * metrics.h: Prometheus text exposition helpers (internal): histograms
+ * with fixed buckets and per-topic counters, written into an outbox__sbuf.
  */
 #ifndef OUTBOX_SRC_METRICS_H
 #define OUTBOX_SRC_METRICS_H
@@ -8,14 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct outbox__sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} outbox__sbuf;
-
-void outbox__sbuf_printf(outbox__sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void outbox__sbuf_free(outbox__sbuf *b);
+#include "sbuf.h"
 
 #define OUTBOX_HIST_MAX_BUCKETS 24
 

@@ -11,6 +11,8 @@ static void rc_handle_gone(outbox__rconn *rc)
     if (--rc->handles == 0 && rc->closing) {
         outbox__redis_url_free(&rc->url);
         outbox__redis_url_free(&rc->node);
+        outbox__tls_config_unref(rc->opt.tls);
+        rc->opt.tls = NULL;
         if (rc->close_cb)
             rc->close_cb(rc->close_data);
     }
@@ -96,6 +98,11 @@ static void rc_up(outbox__rconn *rc)
     rc->up = 1;
     if (rc->url.sentinel)
         snprintf(node, sizeof node, " node=%s:%d", rc->node.host, rc->node.port);
+    if (outbox__tls_config_insecure(rc->opt.tls))
+        outbox__log(rc->log, OUTBOX_LOG_WARN,
+                    "msg=\"TLS without verification: the server's certificate and name are not checked\" conn=%s "
+                    "redis=%s",
+                    rc->what, rc->desc);
     if (rc->failures)
         outbox__log(rc->log, OUTBOX_LOG_INFO, "msg=\"redis reachable again\" conn=%s redis=%s%s attempts=%u",
                     rc->what, rc->desc, node, rc->failures);
@@ -314,9 +321,24 @@ int outbox__rconn_init(outbox__rconn *rc, uv_loop_t *loop, const outbox__redis_u
     rc->loop = loop;
     rc->log = log;
     rc->opt = *opt;
+    rc->opt.tls = NULL;
     outbox__strlcpy(rc->what, what, sizeof rc->what);
-    if (outbox__redis_url_copy(&rc->url, url) != 0)
+    if (!url->tls && opt->tls)
+        return OUTBOX_EINVAL;
+    if (url->tls) {
+        /* One configuration for every attempt: the trust store is read
+         * once, not at each reconnect. */
+        int e = opt->tls ? 0 : outbox__tls_config_create(&rc->opt.tls, NULL, NULL, 0);
+        if (e != 0)
+            return e;
+        if (opt->tls)
+            rc->opt.tls = outbox__tls_config_ref(opt->tls);
+    }
+    if (outbox__redis_url_copy(&rc->url, url) != 0) {
+        outbox__tls_config_unref(rc->opt.tls);
+        rc->opt.tls = NULL;
         return OUTBOX_ENOMEM;
+    }
     outbox__redis_url_describe(&rc->url, rc->desc, sizeof rc->desc);
     return 0;
 }
@@ -339,6 +361,8 @@ void outbox__rconn_discard(outbox__rconn *rc)
 {
     outbox__redis_url_free(&rc->url);
     outbox__redis_url_free(&rc->node);
+    outbox__tls_config_unref(rc->opt.tls);
+    rc->opt.tls = NULL;
 }
 
 outbox__redis *outbox__rconn_get(const outbox__rconn *rc)

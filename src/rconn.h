@@ -41,7 +41,12 @@ struct outbox__rconn {
     int locating, down_pending, sentinel_failed;
 };
 
-/* url is copied; opt copied (client_name must stay valid); log borrowed. */
+/* url is copied; opt copied (client_name must stay valid; opt->tls gets a
+ * reference of the rconn's own, and a rediss:// URL without opt->tls gets
+ * the default TLS configuration, built once here); log borrowed. Returns 0,
+ * OUTBOX_EINVAL (opt->tls with a URL that is not rediss://), OUTBOX_ENOMEM.
+ * A TLS configuration without verification is logged as a warning at
+ * every connect. */
 int outbox__rconn_init(outbox__rconn *rc, uv_loop_t *loop, const outbox__redis_url *url,
                        const outbox__redis_options *opt, const outbox__logger *log, const char *what);
 /* Creates the timer and starts connecting (and keeps reconnecting). */

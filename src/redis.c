@@ -29,6 +29,15 @@
  * At most one write is in flight; while it is, new commands accumulate in
  * `obuf` and are written as soon as the write completes.
  *
+ * TLS (rediss://): after the TCP connect the state is ST_TLS until the
+ * TLS handshake (tls.c) completes. Ciphertext from the socket is fed to the
+ * session and the plaintext that comes out goes to the redisReader through
+ * rbuf, which is free again once the session has copied the ciphertext.
+ * On output, flush() encrypts at most TLS_CHUNK bytes of obuf (`osent`
+ * marks how far) and writes the records from wbuf, so a large burst never
+ * sits in memory twice in full; the write's completion encrypts the next
+ * chunk.
+ *
  * Deadlines: a single timer. Before the connection is up it is the connect
  * timeout. Afterwards it is armed for the earliest deadline among pending
  * commands. Because replies arrive in order, one expired command means the
@@ -56,18 +65,21 @@
 /* A write buffer larger than this is released after use instead of being
  * kept for the next write, so one burst does not pin memory forever. */
 #define OBUF_KEEP_MAX (4 * 1024 * 1024)
+/* Plaintext encrypted per write on a TLS connection. */
+#define TLS_CHUNK (128 * 1024)
 
 enum state {
     ST_NEW,        /* created, connect() not called */
     ST_RESOLVING,  /* uv_getaddrinfo in flight */
     ST_CONNECTING, /* uv_tcp_connect / uv_pipe_connect in flight */
+    ST_TLS,        /* connected, TLS handshake in progress (rediss://) */
     ST_HANDSHAKE,  /* connected, waiting for AUTH/SELECT/SETNAME replies */
     ST_CONNECTED,  /* usable */
     ST_FAILED,     /* connect or connection failed; waiting for close() */
     ST_CLOSING     /* close() done its part; waiting for handles to close */
 };
 
-enum kind { K_USER = 0, K_AUTH, K_SELECT, K_SETNAME };
+enum kind { K_USER = 0, K_AUTH, K_SELECT, K_SETNAME, K_PING };
 
 typedef struct pending {
     outbox__redis_reply_cb cb;
@@ -83,6 +95,7 @@ struct outbox__redis {
     uint64_t connect_timeout_ms;
     uint64_t reply_timeout_ms;
     char *client_name;
+    outbox__tls_config *tls_cfg; /* a reference; NULL without TLS */
     void *data;
 
     outbox__redis_connect_cb connect_cb;
@@ -117,11 +130,14 @@ struct outbox__redis {
     int write_active;
     char *obuf; /* queued output */
     size_t olen, ocap;
+    size_t osent; /* TLS: bytes of obuf already encrypted */
     char *wbuf; /* the write in flight */
     size_t wlen, wcap;
 
     char *rbuf; /* READ_BUF_SIZE, reused by every read */
     redisReader *reader;
+    int got_input; /* plaintext: a byte arrived (else a reset hints at a TLS port) */
+    outbox__tls *tls; /* the TLS session while connected */
 
     pending *ring;
     size_t ring_cap; /* a power of two */
@@ -164,6 +180,8 @@ static void destroy(outbox__redis *r)
     free(r->wbuf);
     free(r->rbuf);
     free(r->client_name);
+    outbox__tls_destroy(r->tls);
+    outbox__tls_config_unref(r->tls_cfg);
     outbox__redis_url_free(&r->url);
     free(r);
 }
@@ -270,6 +288,13 @@ static int obuf_reserve(outbox__redis *r, size_t extra)
     char *n;
     if (r->ocap - r->olen >= extra)
         return 0;
+    if (r->osent > 0) {
+        memmove(r->obuf, r->obuf + r->osent, r->olen - r->osent);
+        r->olen -= r->osent;
+        r->osent = 0;
+        if (r->ocap - r->olen >= extra)
+            return 0;
+    }
     cap = r->ocap ? r->ocap : OBUF_MIN;
     while (cap - r->olen < extra) {
         if (cap > SIZE_MAX / 2)
@@ -296,16 +321,64 @@ static void schedule_flush(outbox__redis *r)
 
 static void fail_conn(outbox__redis *r, int status);
 
+/* The TLS session failed; its error text says why. */
+static void fail_tls(outbox__redis *r)
+{
+    set_err(r, "%s", outbox__tls_errstr(r->tls));
+    fail_conn(r, OUTBOX_ETLS);
+}
+
+static void start_write(outbox__redis *r)
+{
+    uv_buf_t b = uv_buf_init(r->wbuf, (unsigned int)r->wlen);
+    int rc = uv_write(&r->wreq, r->stream, &b, 1, on_write);
+    if (rc < 0) {
+        set_err(r, "write: %s", uv_strerror(rc));
+        fail_conn(r, r->state == ST_CONNECTED ? OUTBOX_ECLOSED : OUTBOX_ECONNECT);
+        return;
+    }
+    r->write_active = 1;
+}
+
+/* flush() on a TLS connection: encrypts the next chunk of obuf (once the
+ * TLS handshake is done) and writes whatever records the session holds,
+ * its own handshake messages included. */
+static void flush_tls(outbox__redis *r)
+{
+    size_t used = 0, n = r->olen - r->osent;
+    if (r->state != ST_TLS && n > 0) {
+        if (outbox__tls_encrypt(r->tls, r->obuf + r->osent, n < TLS_CHUNK ? n : TLS_CHUNK, &used) < 0) {
+            fail_tls(r);
+            return;
+        }
+        r->osent += used;
+        if (r->osent == r->olen)
+            r->osent = r->olen = 0;
+    }
+    r->wlen = 0;
+    if (outbox__tls_take(r->tls, &r->wbuf, &r->wlen, &r->wcap) < 0) {
+        set_err(r, "TLS: out of memory");
+        fail_conn(r, OUTBOX_ENOMEM);
+        return;
+    }
+    if (r->wlen > 0)
+        start_write(r);
+}
+
 /* Starts writing obuf if nothing is in flight. Only called from an entry. */
 static void flush(outbox__redis *r)
 {
-    uv_buf_t b;
     char *tmp;
     size_t tcap;
-    int rc;
-    if (r->write_active || r->olen == 0 || !r->stream)
+    if (r->write_active || !r->stream)
         return;
-    if (r->state != ST_HANDSHAKE && r->state != ST_CONNECTED)
+    if (r->state != ST_TLS && r->state != ST_HANDSHAKE && r->state != ST_CONNECTED)
+        return;
+    if (r->tls) {
+        flush_tls(r);
+        return;
+    }
+    if (r->olen == 0)
         return;
     /* Swap the buffers: the queued bytes become the write in flight and the
      * old write buffer collects what is queued meanwhile. */
@@ -317,14 +390,7 @@ static void flush(outbox__redis *r)
     r->obuf = tmp;
     r->ocap = tcap;
     r->olen = 0;
-    b = uv_buf_init(r->wbuf, (unsigned int)r->wlen);
-    rc = uv_write(&r->wreq, r->stream, &b, 1, on_write);
-    if (rc < 0) {
-        set_err(r, "write: %s", uv_strerror(rc));
-        fail_conn(r, r->state == ST_CONNECTED ? OUTBOX_ECLOSED : OUTBOX_ECONNECT);
-        return;
-    }
-    r->write_active = 1;
+    start_write(r);
 }
 
 static void process_replies(outbox__redis *r);
@@ -359,7 +425,7 @@ static void on_write(uv_write_t *req, int status)
     r->write_active = 0;
     if (status < 0) {
         /* UV_ECANCELED: the stream was closed on purpose; already handled. */
-        if (status != UV_ECANCELED && (r->state == ST_HANDSHAKE || r->state == ST_CONNECTED)) {
+        if (status != UV_ECANCELED && (r->state == ST_TLS || r->state == ST_HANDSHAKE || r->state == ST_CONNECTED)) {
             set_err(r, "write: %s", uv_strerror(status));
             fail_conn(r, r->state == ST_CONNECTED ? OUTBOX_ECLOSED : OUTBOX_ECONNECT);
         }
@@ -419,7 +485,10 @@ static void drop_transport(outbox__redis *r)
     if (r->gai_active)
         uv_cancel((uv_req_t *)&r->gai);
     r->olen = 0;
+    r->osent = 0;
     r->wlen = 0;
+    outbox__tls_destroy(r->tls);
+    r->tls = NULL;
 }
 
 /*
@@ -573,7 +642,7 @@ static void connected(outbox__redis *r)
 
 static void handshake_reply(outbox__redis *r, const pending *p, redisReply *reply)
 {
-    static const char *const names[] = {"", "AUTH", "SELECT", "CLIENT SETNAME"};
+    static const char *const names[] = {"", "AUTH", "SELECT", "CLIENT SETNAME", "PING"};
     if (reply->type == REDIS_REPLY_ERROR) {
         const char *msg = reply->str ? reply->str : "";
         int auth = p->kind == K_AUTH || strncmp(msg, "NOAUTH", 6) == 0 || strncmp(msg, "WRONGPASS", 9) == 0;
@@ -647,25 +716,103 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init(r->rbuf, READ_BUF_SIZE);
 }
 
+/* The connection ended with a read error or EOF (nread < 0). */
+static void read_failed(outbox__redis *r, ssize_t nread)
+{
+    int hs = r->state != ST_CONNECTED;
+    const char *where = r->state == ST_TLS ? "TLS handshake: " : hs ? "handshake: " : "";
+    const char *hint = "";
+    if (r->tls && hs && outbox__tls_cert_requested(r->tls)) {
+        /* A TLS 1.2 server may close without saying why. */
+        set_err(r, "TLS: the server asked for a client certificate and none is configured (set a certificate "
+                   "and key file); then it closed the connection");
+        fail_conn(r, OUTBOX_ETLS);
+        return;
+    }
+    if (r->tls && outbox__tls_buffered(r->tls) > 0)
+        hint = " in the middle of a TLS record";
+    else if (!r->tls && r->url.host && !r->got_input && (nread == UV_ECONNRESET || nread == UV_EOF))
+        hint = " before any reply (a TLS port? use rediss://)"; /* a TLS server drops what is not TLS */
+    if (nread == UV_EOF)
+        set_err(r, "%sconnection closed by the server%s", where, hint);
+    else
+        set_err(r, "%sread: %s%s", where, uv_strerror((int)nread), hint);
+    fail_conn(r, hs ? OUTBOX_ECONNECT : OUTBOX_ECLOSED);
+}
+
+static void start_handshake(outbox__redis *r);
+
+/* Advances the TLS handshake; once it is done, the Redis handshake starts
+ * over TLS. */
+static void tls_step(outbox__redis *r)
+{
+    int rc = outbox__tls_handshake(r->tls);
+    if (rc < 0) {
+        fail_tls(r);
+        return;
+    }
+    if (rc == 0)
+        start_handshake(r);
+    flush(r);
+}
+
+/* Ciphertext arrived (TLS connections). */
+static void tls_input(outbox__redis *r, const char *data, size_t len)
+{
+    size_t n;
+    int rc;
+    if (outbox__tls_feed(r->tls, data, len) < 0) {
+        set_err(r, "TLS: out of memory");
+        fail_conn(r, OUTBOX_ENOMEM);
+        return;
+    }
+    if (r->state == ST_TLS) {
+        tls_step(r);
+        if (r->state == ST_TLS || !r->tls)
+            return;
+    }
+    /* The session copied the ciphertext: rbuf is free for the plaintext. */
+    while ((rc = outbox__tls_read(r->tls, r->rbuf, READ_BUF_SIZE, &n)) == 0) {
+        if (redisReaderFeed(r->reader, r->rbuf, n) != REDIS_OK) {
+            set_err(r, "out of memory buffering a reply");
+            fail_conn(r, OUTBOX_ENOMEM);
+            return;
+        }
+    }
+    if (rc == OUTBOX__TLS_EOF) {
+        set_err(r, "%sconnection closed by the server (TLS close_notify)",
+                r->state == ST_HANDSHAKE ? "handshake: " : "");
+        fail_conn(r, r->state == ST_HANDSHAKE ? OUTBOX_ECONNECT : OUTBOX_ECLOSED);
+        return;
+    }
+    if (rc < 0) {
+        fail_tls(r);
+        return;
+    }
+    process_replies(r);
+    /* Reading may have produced records to send (a key update), or let a
+     * write that waited for input go on. */
+    if (r->tls && (outbox__tls_pending(r->tls) > 0 || r->olen > r->osent))
+        flush(r);
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     outbox__redis *r = s->data;
     if (nread == 0)
         return;
     enter(r);
-    if (s != r->stream || (r->state != ST_HANDSHAKE && r->state != ST_CONNECTED)) {
+    if (s != r->stream || (r->state != ST_TLS && r->state != ST_HANDSHAKE && r->state != ST_CONNECTED)) {
         /* late data for a connection already given up */
     } else if (nread < 0) {
-        int hs = r->state == ST_HANDSHAKE;
-        if (nread == UV_EOF)
-            set_err(r, "%sconnection closed by the server", hs ? "handshake: " : "");
-        else
-            set_err(r, "%sread: %s", hs ? "handshake: " : "", uv_strerror((int)nread));
-        fail_conn(r, hs ? OUTBOX_ECONNECT : OUTBOX_ECLOSED);
+        read_failed(r, nread);
+    } else if (r->tls) {
+        tls_input(r, buf->base, (size_t)nread);
     } else if (redisReaderFeed(r->reader, buf->base, (size_t)nread) != REDIS_OK) {
         set_err(r, "out of memory buffering a reply");
         fail_conn(r, OUTBOX_ENOMEM);
     } else {
+        r->got_input = 1;
         process_replies(r);
     }
     leave(r);
@@ -704,12 +851,30 @@ static void start_handshake(outbox__redis *r)
         rc = queue_argv(r, 3, argv, NULL, 0, NULL, NULL, K_SETNAME);
         r->hs_remaining += !rc;
     }
+    if (!rc && r->tls && r->hs_remaining == 0) {
+        argv[0] = "PING";
+        rc = queue_argv(r, 1, argv, NULL, 0, NULL, NULL, K_PING);
+        r->hs_remaining += !rc;
+    }
     if (rc) {
         set_err(r, "handshake: out of memory");
         fail_conn(r, OUTBOX_ENOMEM);
     } else if (r->hs_remaining == 0) {
         connected(r);
     }
+}
+
+static void start_tls(outbox__redis *r)
+{
+    int rc = outbox__tls_create(&r->tls, r->tls_cfg, r->url.host);
+    if (rc < 0) {
+        set_err(r, rc == OUTBOX_ENOMEM ? "TLS: out of memory" : "TLS: cannot use '%s' as the server name",
+                r->url.host);
+        fail_conn(r, rc == OUTBOX_ENOMEM ? OUTBOX_ENOMEM : OUTBOX_ETLS);
+        return;
+    }
+    r->state = ST_TLS;
+    tls_step(r);
 }
 
 static void on_connect(uv_connect_t *req, int status)
@@ -731,6 +896,8 @@ static void on_connect(uv_connect_t *req, int status)
     } else if ((rc = uv_read_start(s, on_alloc, on_read)) < 0) {
         set_err(r, "read: %s", uv_strerror(rc));
         fail_conn(r, OUTBOX_ECONNECT);
+    } else if (r->tls_cfg) {
+        start_tls(r);
     } else {
         start_handshake(r);
     }
@@ -871,6 +1038,15 @@ static void on_timer(uv_timer_t *t)
         int st = r->deferred_status;
         r->deferred_status = 0;
         fail_conn(r, st);
+    } else if (r->state == ST_TLS) {
+        if (outbox__tls_received(r->tls) == 0)
+            set_err(r, "connect timeout after %llu ms: no answer to the TLS handshake (a port without TLS? use "
+                       "redis://)",
+                    (unsigned long long)r->connect_timeout_ms);
+        else
+            set_err(r, "connect timeout after %llu ms in the TLS handshake (the server stopped answering)",
+                    (unsigned long long)r->connect_timeout_ms);
+        fail_conn(r, OUTBOX_ETIMEDOUT);
     } else if (r->state == ST_RESOLVING || r->state == ST_CONNECTING || r->state == ST_HANDSHAKE) {
         set_err(r, "connect timeout after %llu ms", (unsigned long long)r->connect_timeout_ms);
         fail_conn(r, OUTBOX_ETIMEDOUT);
@@ -909,6 +1085,7 @@ void outbox__redis_options_defaults(outbox__redis_options *o)
     o->connect_timeout_ms = 5000;
     o->reply_timeout_ms = 10000;
     o->client_name = NULL;
+    o->tls = NULL;
 }
 
 int outbox__redis_create(outbox__redis **out, uv_loop_t *loop, const outbox__redis_url *url,
@@ -932,6 +1109,8 @@ int outbox__redis_create(outbox__redis **out, uv_loop_t *loop, const outbox__red
         outbox__redis_options_defaults(&defaults);
         opt = &defaults;
     }
+    if ((url->tls && !url->host) || (!url->tls && opt->tls))
+        return OUTBOX_EINVAL;
 
     r = calloc(1, sizeof *r);
     if (!r)
@@ -940,6 +1119,15 @@ int outbox__redis_create(outbox__redis **out, uv_loop_t *loop, const outbox__red
     r->data = data;
     r->connect_timeout_ms = opt->connect_timeout_ms;
     r->reply_timeout_ms = opt->reply_timeout_ms;
+    if (url->tls) {
+        int rc = opt->tls ? 0 : outbox__tls_config_create(&r->tls_cfg, NULL, NULL, 0);
+        if (rc) {
+            free(r);
+            return rc;
+        }
+        if (opt->tls)
+            r->tls_cfg = outbox__tls_config_ref(opt->tls);
+    }
     if (outbox__redis_url_copy(&r->url, url) ||
         (opt->client_name && !(r->client_name = strdup(opt->client_name))) ||
         !(r->rbuf = malloc(READ_BUF_SIZE)) || !(r->reader = redisReaderCreate())) {
@@ -977,7 +1165,7 @@ size_t outbox__redis_pending(const outbox__redis *r)
 
 size_t outbox__redis_queued_bytes(const outbox__redis *r)
 {
-    return r ? r->olen + r->wlen : 0;
+    return r ? r->olen - r->osent + r->wlen : 0;
 }
 
 int outbox__redis_is_connected(const outbox__redis *r)
@@ -996,6 +1184,8 @@ const char *outbox__redis_failure_text(int status)
         return "redis refused the credentials (check the URL's user and password)";
     if (status == OUTBOX_EREDIS)
         return "redis refused the connection set-up";
+    if (status == OUTBOX_ETLS)
+        return "TLS with redis failed";
     return "redis unreachable";
 }
 

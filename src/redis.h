@@ -13,12 +13,19 @@
  *   create -> connect -> (connect_cb status 0) -> commands ... -> close
  *                     \-> (connect_cb status <0) -> close
  *
+ * With a rediss:// URL the TLS handshake (tls.h) runs right after the TCP
+ * connect, inside the connect timeout, and everything after it (AUTH,
+ * SELECT, SETNAME, commands) is encrypted; a TLS connection also sends a
+ * PING in the handshake when it has nothing else to send, so that a server
+ * that refuses the client only after the TLS handshake (a missing client
+ * certificate under TLS 1.3) fails the connect, not the first command.
+ *
  * Contract:
  * - Every command accepted (return 0) gets its reply callback called exactly
  *   once: with status 0 and a reply (which may be a REDIS_REPLY_ERROR reply),
  *   or with a negative status (OUTBOX_ECLOSED, OUTBOX_ETIMEDOUT, OUTBOX_EPROTO,
- *   OUTBOX_ECONNECT) and reply NULL when the connection fails or is closed
- *   before the reply arrived. Callbacks run in FIFO order.
+ *   OUTBOX_ECONNECT, OUTBOX_ETLS) and reply NULL when the connection fails or
+ *   is closed before the reply arrived. Callbacks run in FIFO order.
  * - A function that returns an error calls no callback.
  * - When an established connection fails (EOF, read/write error, reply
  *   timeout, protocol error), every pending command is failed with the error,
@@ -44,6 +51,7 @@
 #include <uv.h>
 
 #include "outbox/common.h"
+#include "tls.h"
 
 /* Where to ask for the master of a Sentinel URL (see sentinel.h). */
 typedef struct outbox__redis_sentinels {
@@ -53,7 +61,6 @@ typedef struct outbox__redis_sentinels {
     char *master;   /* the master's name (the URL's #fragment) */
     char *user;     /* the sentinels' own ACL user, or NULL */
     char *password; /* the sentinels' own password, or NULL */
-    int tls;        /* rediss-sentinel://: TLS to the sentinels and the data nodes */
 } outbox__redis_sentinels;
 
 /* A parsed Redis URL. Strings are owned by the struct (see _free). */
@@ -64,6 +71,7 @@ typedef struct outbox__redis_url {
     char *user;     /* ACL user name or NULL */
     char *password; /* password or NULL */
     int db;         /* database number, default 0 */
+    int tls;        /* 1 for rediss:// (TCP only), and rediss-sentinel:// */
     /* A Sentinel URL: the sentinels to ask; host and path are then NULL
      * until a connection is made to the node they name. NULL otherwise. */
     outbox__redis_sentinels *sentinel;
@@ -72,9 +80,11 @@ typedef struct outbox__redis_url {
 /*
  * Parses `redis://[[user]:password@]host[:port][/db]` (host may be a name, an
  * IPv4 address or a bracketed IPv6 address; user and password are
- * percent-decoded) and `unix:///path/to/sock[?db=N]` (also `redis+unix://`, and
- * `?password=...` / `?user=...` query parameters). Returns 0, or OUTBOX_EURL
- * with a specific message ("bad scheme 'http', expected redis:// or unix://",
+ * percent-decoded), the same with `rediss://` for TLS (tls 1; default port
+ * 6379 as well), and `unix:///path/to/sock[?db=N]` (also `redis+unix://`, and
+ * `?password=...` / `?user=...` query parameters; no TLS). Returns 0, or
+ * OUTBOX_EURL with a specific message ("bad scheme 'http', expected
+ * redis://, rediss:// or unix://",
  * "port 99999 out of range 1..65535", "database 'x' is not a number", ...)
  * written to err (always NUL-terminated when errlen > 0). On error *out is
  * left zeroed. OUTBOX_ENOMEM on allocation failure.
@@ -82,30 +92,39 @@ typedef struct outbox__redis_url {
  * Also Sentinel URLs, `redis-sentinel://[[user]:password@]host[:port][,host
  * [:port]...][/db]#master-name` (and `rediss-sentinel://`): the hosts are the
  * sentinels (default port 26379), the user, password and db are the data
- * nodes'. "missing master name ...", "empty sentinel list", ...
+ * nodes'; with rediss-sentinel:// (tls 1) the sentinels and the data nodes
+ * are spoken to over TLS. "missing master name ...", "empty sentinel list",
+ * ...
  */
 int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, size_t errlen);
 /* Deep copy; 0 or OUTBOX_ENOMEM. */
 int outbox__redis_url_copy(outbox__redis_url *dst, const outbox__redis_url *src);
 /* Frees the strings and zeroes the struct; NULL is a no-op. */
 void outbox__redis_url_free(outbox__redis_url *u);
-/* Writes a printable form without the password ("redis://user:***@host:6379/0"
- * or "unix:///path?db=0"). */
+/* Writes a printable form without the password ("redis://user:***@host:6379/0",
+ * "rediss://host:6379/0" or "unix:///path?db=0"). */
 void outbox__redis_url_describe(const outbox__redis_url *u, char *buf, size_t len);
 
 typedef struct outbox__redis outbox__redis;
 
 typedef struct outbox__redis_options {
-    uint64_t connect_timeout_ms; /* resolve + connect + handshake; default 5000; 0 = none */
+    uint64_t connect_timeout_ms; /* resolve + connect + TLS + handshake; default 5000; 0 = none */
     uint64_t reply_timeout_ms;   /* default deadline of each command; default 10000; 0 = none */
     const char *client_name;     /* CLIENT SETNAME during the handshake if non-NULL (copied) */
+    /* TLS configuration for a rediss:// URL (tls.h); create takes its own
+     * reference. Default NULL: a rediss:// URL then gets the default
+     * configuration (system trust store, verification on), built by create.
+     * Must be NULL for other URLs. */
+    outbox__tls_config *tls;
 } outbox__redis_options;
 
 void outbox__redis_options_defaults(outbox__redis_options *o);
 
 /* connect_cb: status 0 once the handshake (AUTH, SELECT, SETNAME) succeeded;
  * otherwise OUTBOX_ECONNECT / OUTBOX_ETIMEDOUT / OUTBOX_EAUTH / OUTBOX_EREDIS /
- * OUTBOX_ECLOSED, with details in outbox__redis_errstr(). Called exactly once
+ * OUTBOX_ETLS / OUTBOX_ECLOSED, with details in outbox__redis_errstr() (for
+ * OUTBOX_ETLS the reason: "TLS: certificate verification failed for
+ * 'localhost': certificate has expired", ...). Called exactly once
  * per successful outbox__redis_connect(), unless close() comes first (then it
  * is called with OUTBOX_ECLOSED). */
 typedef void (*outbox__redis_connect_cb)(outbox__redis *r, int status, void *data);
@@ -117,7 +136,8 @@ typedef void (*outbox__redis_close_cb)(void *data);
 
 /*
  * Creates a connection object. url is copied. data is passed to the connect
- * and disconnect callbacks. Returns 0, OUTBOX_EINVAL or OUTBOX_ENOMEM.
+ * and disconnect callbacks. Returns 0, OUTBOX_EINVAL (also for opt->tls with
+ * a URL that is not rediss://) or OUTBOX_ENOMEM.
  */
 int outbox__redis_create(outbox__redis **out, uv_loop_t *loop, const outbox__redis_url *url,
                          const outbox__redis_options *opt, void *data);
@@ -159,8 +179,8 @@ const char *outbox__redis_errstr(const outbox__redis *r);
 /* What a failed connection attempt with this status means, for logs:
  * "redis refused the credentials (...)" for OUTBOX_EAUTH, "redis refused the
  * connection set-up" for another error reply during the handshake (SELECT),
- * else "redis unreachable". Redis answering but refusing is a configuration
- * problem, not an outage. */
+ * "TLS with redis failed" for OUTBOX_ETLS, else "redis unreachable". Redis
+ * answering but refusing is a configuration problem, not an outage. */
 const char *outbox__redis_failure_text(int status);
 
 /* See the contract above. close_cb may be NULL. NULL r is a no-op. */

@@ -375,7 +375,7 @@ static void parse_sentinel(url_parser *p, const char *s, int tls)
         fail(p, OUTBOX_ENOMEM, "out of memory");
         return;
     }
-    st->tls = tls;
+    p->u.tls = tls;
     if (!(st->master = decode(p, hash + 1, strlen(hash + 1), "master name")))
         return;
     for (const char *c = st->master; *c; c++)
@@ -409,10 +409,6 @@ static void parse_sentinel(url_parser *p, const char *s, int tls)
     }
     if (!p->status && slash && slash + 1 < hash)
         parse_db(p, slash + 1, (size_t)(hash - slash - 1));
-#ifndef OUTBOX_HAVE_TLS
-    if (tls)
-        fail(p, OUTBOX_EURL, "rediss-sentinel:// needs TLS support");
-#endif
 }
 
 static int copy_sentinels(outbox__redis_sentinels **dst, const outbox__redis_sentinels *src)
@@ -427,7 +423,6 @@ static int copy_sentinels(outbox__redis_sentinels **dst, const outbox__redis_sen
         sentinels_free(c);
         return OUTBOX_ENOMEM;
     }
-    c->tls = src->tls;
     for (i = 0; i < src->n; i++, c->n++) {
         c->ports[i] = src->ports[i];
         if (!(c->hosts[i] = strdup(src->hosts[i])))
@@ -447,7 +442,7 @@ static void describe_sentinels(const outbox__redis_url *u, char *buf, size_t len
     const outbox__redis_sentinels *s = u->sentinel;
     size_t used;
     int auth = u->user || u->password;
-    snprintf(buf, len, "%s://%s%s%s", s->tls ? "rediss-sentinel" : "redis-sentinel", u->user ? u->user : "",
+    snprintf(buf, len, "%s://%s%s%s", u->tls ? "rediss-sentinel" : "redis-sentinel", u->user ? u->user : "",
              u->password ? ":***" : "", auth ? "@" : "");
     for (size_t i = 0; i < s->n; i++) {
         int v6 = strchr(s->hosts[i], ':') != NULL;
@@ -480,23 +475,27 @@ int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, 
     }
     sep = strstr(url, "://");
     if (!sep) {
-        fail(&p, OUTBOX_EURL, "missing scheme in '%s', expected redis:// or unix://", url);
+        fail(&p, OUTBOX_EURL, "missing scheme in '%s', expected redis://, rediss:// or unix://", url);
         return p.status;
     }
     slen = (size_t)(sep - url);
-    if (slen == 5 && strncasecmp(url, "redis", 5) == 0)
+    if (slen == 5 && strncasecmp(url, "redis", 5) == 0) {
         parse_tcp(&p, sep + 3);
-    else if ((slen == 4 && strncasecmp(url, "unix", 4) == 0) ||
-             (slen == 10 && strncasecmp(url, "redis+unix", 10) == 0))
+    } else if (slen == 6 && strncasecmp(url, "rediss", 6) == 0) {
+        p.u.tls = 1;
+        parse_tcp(&p, sep + 3);
+    } else if ((slen == 4 && strncasecmp(url, "unix", 4) == 0) ||
+               (slen == 10 && strncasecmp(url, "redis+unix", 10) == 0)) {
         parse_unix(&p, sep + 3);
-    else if (slen == 14 && strncasecmp(url, "redis-sentinel", 14) == 0)
+    } else if (slen == 14 && strncasecmp(url, "redis-sentinel", 14) == 0) {
         parse_sentinel(&p, sep + 3, 0);
-    else if (slen == 15 && strncasecmp(url, "rediss-sentinel", 15) == 0)
+    } else if (slen == 15 && strncasecmp(url, "rediss-sentinel", 15) == 0) {
         parse_sentinel(&p, sep + 3, 1);
-    else if (slen == 6 && strncasecmp(url, "rediss", 6) == 0)
-        fail(&p, OUTBOX_EURL, "TLS (rediss://) is not supported, expected redis:// or unix://");
-    else
-        fail(&p, OUTBOX_EURL, "bad scheme '%.*s', expected redis:// or unix://", (int)slen, url);
+    } else if ((slen == 11 && strncasecmp(url, "rediss+unix", 11) == 0)) {
+        fail(&p, OUTBOX_EURL, "TLS over a unix socket (rediss+unix://) is not supported, expected unix://");
+    } else {
+        fail(&p, OUTBOX_EURL, "bad scheme '%.*s', expected redis://, rediss:// or unix://", (int)slen, url);
+    }
 
     if (p.status) {
         outbox__redis_url_free(&p.u);
@@ -522,6 +521,7 @@ int outbox__redis_url_copy(outbox__redis_url *dst, const outbox__redis_url *src)
     memset(&c, 0, sizeof c);
     c.port = src->port;
     c.db = src->db;
+    c.tls = src->tls;
     if (dup_or_null(&c.host, src->host) || dup_or_null(&c.path, src->path) ||
         dup_or_null(&c.user, src->user) || dup_or_null(&c.password, src->password) ||
         copy_sentinels(&c.sentinel, src->sentinel)) {
@@ -566,7 +566,7 @@ void outbox__redis_url_describe(const outbox__redis_url *u, char *buf, size_t le
         const char *host = u->host ? u->host : "";
         int v6 = strchr(host, ':') != NULL;
         int auth = u->user || u->password;
-        snprintf(buf, len, "redis://%s%s%s%s%s%s:%d/%d", u->user ? u->user : "",
+        snprintf(buf, len, "%s://%s%s%s%s%s%s:%d/%d", u->tls ? "rediss" : "redis", u->user ? u->user : "",
                  u->password ? ":***" : "", auth ? "@" : "", v6 ? "[" : "", host, v6 ? "]" : "",
                  u->port, u->db);
     }

@@ -60,6 +60,7 @@ static void handle_gone(outbox__sentinel *s)
     cb = s->close_cb;
     data = s->close_data;
     outbox__redis_url_free(&s->url);
+    outbox__tls_config_unref(s->opt.tls);
     free(s);
     if (cb)
         cb(data);
@@ -276,6 +277,7 @@ static void ask(outbox__sentinel *s)
     u.port = cur_port(s);
     u.user = s->url.sentinel->user;
     u.password = s->url.sentinel->password;
+    u.tls = s->url.tls; /* rediss-sentinel://: the sentinels too, with the data nodes' settings */
     o.client_name = NULL;
     if (!o.reply_timeout_ms || o.reply_timeout_ms > REPLY_TIMEOUT_MS)
         o.reply_timeout_ms = REPLY_TIMEOUT_MS;
@@ -337,6 +339,7 @@ int outbox__sentinel_create(outbox__sentinel **out, uv_loop_t *loop, const outbo
     }
     s->loop = loop;
     s->opt = *opt;
+    s->opt.tls = outbox__tls_config_ref(opt->tls);
     s->log = log;
     s->cb = cb;
     s->data = data;

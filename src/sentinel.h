@@ -36,7 +36,8 @@ typedef void (*outbox__sentinel_cb)(outbox__sentinel *s, int status, const char 
                                     void *data);
 
 /* url must be a Sentinel URL (url->sentinel set); it is copied. opt gives the
- * connect timeout (copied; replies from a sentinel wait at most 3 s). log
+ * connect timeout and, for rediss-sentinel://, the TLS configuration (a
+ * reference is taken); replies from a sentinel wait at most 3 s. log
  * is borrowed. Creates a timer, no connection yet: close it with
  * outbox__sentinel_close(). Returns 0, OUTBOX_EINVAL or OUTBOX_ENOMEM. */
 int outbox__sentinel_create(outbox__sentinel **out, uv_loop_t *loop, const outbox__redis_url *url,

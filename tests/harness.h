@@ -17,6 +17,15 @@
 #include <hiredis/hiredis.h>
 #include <sqlite3.h>
 
+/*
+ * Clean-up that also happens when a test bails out: directories made by
+ * th_tmpdir are removed at exit unless th_rmtree removed them before, and
+ * children started by th_spawn (or th_redis_start) are killed by pid
+ * (SIGKILL) and reaped at exit unless th_wait reaped them before. Reap a
+ * child through th_wait (or th_stop) only, so that its pid is never
+ * signalled after the system could reuse it.
+ */
+
 /* Creates a fresh directory under $TMPDIR (default /tmp) named
  * outbox-test-XXXXXX; returns a malloc'd path; bails out on failure. */
 char *th_tmpdir(void);
@@ -86,12 +95,17 @@ int th_relay_runv(int timeout_ms, char **err, const char *db, const char *url, v
 /* A loopback TCP port nobody listens on right now (-1 on error). */
 int th_free_port(void);
 
-/* Starts argv in the background (stdout/stderr to the given file paths, or
- * inherited when NULL); returns the pid or -1. */
+/* Starts argv in the background (stdout/stderr appended to the given file
+ * paths, which may be the same, or inherited when NULL); returns the pid or
+ * -1. */
 pid_t th_spawn(char *const argv[], char *const env_add[], const char *out_path, const char *err_path);
-/* Waits for pid up to timeout_ms; returns the exit status as th_run, or -2 on
- * timeout (the process is left running). */
+/* Waits for pid up to timeout_ms (-1: no limit); returns the exit status as
+ * th_run, or -2 on timeout (the process is left running). */
 int th_wait(pid_t pid, int timeout_ms);
+/* Sends sig to pid and waits up to timeout_ms; returns the status as
+ * th_wait: on -2 the process did not stop in time, and was then SIGKILLed
+ * and reaped. -1 for a pid <= 0 (nothing is signalled). */
+int th_stop(pid_t pid, int sig, int timeout_ms);
 
 /* Runs SQL (printf-style through sqlite3_vmprintf: %q, %Q, %lld ...);
  * bails on error. */

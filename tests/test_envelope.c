@@ -10,8 +10,12 @@
 
 static int decode_copy(const void *data, size_t len, outbox_envelope **out, char *err, size_t errlen)
 {
-    void *copy = malloc(len ? len : 1);
+    /* Zeroed, because with len 0 the one byte is never written: the decoder
+     * must not read it, and GCC would warn that it is uninitialized. */
+    void *copy = calloc(1, len ? len : 1);
     int e;
+    if (!copy)
+        bail("out of memory");
     memcpy(copy, data, len);
     e = outbox_envelope_decode(copy, len, out, err, errlen);
     free(copy);

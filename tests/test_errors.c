@@ -28,6 +28,13 @@ int main(void)
     is_str(outbox_strerror(0), "success", "0 is success");
     is_str(outbox_strerror(-9999), "unknown error", "unknown code");
     is_str(outbox_err_name(12345), "UNKNOWN", "unknown name");
+    is_str(outbox_err_name(OUTBOX_ETLS), "ETLS", "TLS failure has its name");
+    is_str(outbox_strerror(OUTBOX_ETLS), "TLS failure", "  and its message");
+    is_int(OUTBOX_ERRNO_MIN_, codes[n - 1], "OUTBOX_ERRNO_MIN_ is the last code");
+    for (i = 1; i < n; i++)
+        if (codes[i] != codes[i - 1] - 1)
+            break;
+    is_int(i, n, "the map is ordered and has no gaps");
     is_str(outbox_version(), OUTBOX_VERSION_STRING, "version string");
     ok(outbox_now_ms() > 1600000000000LL, "now_ms is unix milliseconds");
     return tap_done();

@@ -3,6 +3,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "redis.h"
 #include "sentinel.h"
@@ -44,6 +45,13 @@ static const accept_case accepted[] = {
     {"redis://:p@ss@h/2", "h", NULL, NULL, "p@ss", 6379, 2}, /* the last '@' ends the userinfo */
     {"redis://:a/b?c@h", "h", NULL, NULL, "a/b?c", 6379, 0},
     {"redis://alice:pw@[::1]:6380/3", "::1", NULL, "alice", "pw", 6380, 3},
+    /* TLS: the same grammar as redis:// (tls is expected for every rediss:// case) */
+    {"rediss://localhost", "localhost", NULL, NULL, NULL, 6379, 0},
+    {"rediss://127.0.0.1:6380/2", "127.0.0.1", NULL, NULL, NULL, 6380, 2},
+    {"REDISS://Host", "Host", NULL, NULL, NULL, 6379, 0},
+    {"rediss://alice:p%40w@redis.example.com:6390/4", "redis.example.com", NULL, "alice", "p@w", 6390, 4},
+    {"rediss://:s3cret@[::1]:7000", "::1", NULL, NULL, "s3cret", 7000, 0},
+    {"rediss://h/", "h", NULL, NULL, NULL, 6379, 0},
     /* Unix sockets */
     {"unix:///tmp/redis.sock", NULL, "/tmp/redis.sock", NULL, NULL, 0, 0},
     {"unix:///tmp/redis.sock?db=3", NULL, "/tmp/redis.sock", NULL, NULL, 0, 3},
@@ -64,11 +72,24 @@ typedef struct reject_case {
 
 static const reject_case rejected[] = {
     {"", "empty URL"},
-    {"localhost:6379", "missing scheme in 'localhost:6379', expected redis:// or unix://"},
-    {"http://localhost", "bad scheme 'http', expected redis:// or unix://"},
-    {"redis:/localhost", "missing scheme in 'redis:/localhost', expected redis:// or unix://"},
-    {"://h", "bad scheme '', expected redis:// or unix://"},
-    {"rediss://h", "TLS (rediss://) is not supported, expected redis:// or unix://"},
+    {"localhost:6379", "missing scheme in 'localhost:6379', expected redis://, rediss:// or unix://"},
+    {"http://localhost", "bad scheme 'http', expected redis://, rediss:// or unix://"},
+    {"redis:/localhost", "missing scheme in 'redis:/localhost', expected redis://, rediss:// or unix://"},
+    {"://h", "bad scheme '', expected redis://, rediss:// or unix://"},
+    /* TLS URLs: the TCP grammar's errors, and no TLS over a Unix socket */
+    {"redis+tls://h", "bad scheme 'redis+tls', expected redis://, rediss:// or unix://"},
+    {"redisss://h", "bad scheme 'redisss', expected redis://, rediss:// or unix://"},
+    {"tls://h", "bad scheme 'tls', expected redis://, rediss:// or unix://"},
+    {"rediss:/h", "missing scheme in 'rediss:/h', expected redis://, rediss:// or unix://"},
+    {"rediss://", "empty host"},
+    {"rediss://:6379", "empty host"},
+    {"rediss://h:0", "port 0 out of range 1..65535"},
+    {"rediss://h:65536", "port 65536 out of range 1..65535"},
+    {"rediss://h:tls", "port 'tls' is not a number"},
+    {"rediss://h/x", "database 'x' is not a number"},
+    {"rediss://[::1", "unterminated '[' in IPv6 address"},
+    {"rediss://:p%zz@h", "bad percent-encoding in password"},
+    {"rediss+unix:///tmp/r.sock", "TLS over a unix socket (rediss+unix://) is not supported, expected unix://"},
     /* host */
     {"redis://", "empty host"},
     {"redis://:6379", "empty host"},
@@ -176,10 +197,9 @@ static const reject_case sentinel_rejected[] = {
     {"redis-sentinel://h#my master", "invalid character in master name 'my master'"},
     {"redis-sentinel://h#m%zz", "bad percent-encoding in master name"},
     {"redis-sentinel://:p%zz@h#m", "bad percent-encoding in password"},
-    {"rediss-sentinel://h#m", "rediss-sentinel:// needs TLS support"},
     {"rediss-sentinel://h", "missing master name: expected rediss-sentinel://host:26379[,host...]#master-name"},
-    {"redis-sentinels://h#m", "bad scheme 'redis-sentinels', expected redis:// or unix://"},
-    {"sentinel://h#m", "bad scheme 'sentinel', expected redis:// or unix://"},
+    {"redis-sentinels://h#m", "bad scheme 'redis-sentinels', expected redis://, rediss:// or unix://"},
+    {"sentinel://h#m", "bad scheme 'sentinel', expected redis://, rediss:// or unix://"},
 };
 
 static void check_rejected(const reject_case *c);
@@ -208,7 +228,7 @@ static void check_sentinel_accepted(const sentinel_case *c)
     is_str(u.user, c->user, "  data nodes' user");
     is_str(u.password, c->password, "  data nodes' password");
     is_int(u.db, c->db, "  db");
-    ok(!u.sentinel->user && !u.sentinel->password && !u.sentinel->tls, "  no sentinel credentials, no TLS");
+    ok(!u.sentinel->user && !u.sentinel->password && !u.tls, "  no sentinel credentials, no TLS");
     is_int(outbox__redis_url_copy(&copy, &u), 0, "  copy");
     ok(copy.sentinel && copy.sentinel != u.sentinel && copy.sentinel->n == u.sentinel->n &&
            strcmp(copy.sentinel->master, u.sentinel->master) == 0 &&
@@ -216,6 +236,17 @@ static void check_sentinel_accepted(const sentinel_case *c)
        "  the copy is deep");
     outbox__redis_url_free(&copy);
     outbox__redis_url_free(&u);
+}
+
+static void test_sentinel_tls(void)
+{
+    outbox__redis_url u;
+    char err[256];
+    is_int(outbox__redis_url_parse("rediss-sentinel://:pw@a,b:5/1#m", &u, err, sizeof err), 0, "accept rediss-sentinel://");
+    ok(u.tls && u.sentinel && u.sentinel->n == 2 && u.sentinel->ports[1] == 5, "  TLS, two sentinels");
+    is_str(u.password, "pw", "  data nodes' password");
+    outbox__redis_url_free(&u);
+    describe("rediss-sentinel://a#m", "rediss-sentinel://a:26379/0#m");
 }
 
 static void test_sentinel_describe(void)
@@ -263,6 +294,7 @@ static void check_accepted(const accept_case *c)
     is_str(u.password, c->password, "  password");
     is_int(u.port, c->port, "  port");
     is_int(u.db, c->db, "  db");
+    is_int(u.tls, strncasecmp(c->url, "rediss://", 9) == 0, "  tls");
     outbox__redis_url_free(&u);
 }
 
@@ -337,6 +369,8 @@ static void test_describe(void)
     describe("redis://:topsecret@10.0.0.1", "redis://:***@10.0.0.1:6379/0");
     describe("redis://:p%40ss@h", "redis://:***@h:6379/0");
     describe("redis://[::1]:7000/1", "redis://[::1]:7000/1");
+    describe("rediss://alice:topsecret@h:6380/2", "rediss://alice:***@h:6380/2");
+    describe("rediss://[::1]", "rediss://[::1]:6379/0");
     describe("unix:///tmp/r.sock", "unix:///tmp/r.sock?db=0");
     describe("unix:///tmp/r.sock?db=4&password=topsecret", "unix:///tmp/r.sock?db=4&password=***");
     describe("unix:///tmp/r.sock?user=bob&password=topsecret", "unix:///tmp/r.sock?db=0&user=bob&password=***");
@@ -376,6 +410,13 @@ static void test_copy_free(void)
     ok(b.host == NULL && b.user == NULL && b.password == NULL, "  others NULL");
     outbox__redis_url_free(&a);
     outbox__redis_url_free(&b);
+
+    outbox__redis_url_parse("rediss://h:6390", &a, NULL, 0);
+    is_int(outbox__redis_url_copy(&b, &a), 0, "copy rediss");
+    is_int(b.tls, 1, "  tls kept");
+    is_int(b.port, 6390, "  port");
+    outbox__redis_url_free(&a);
+    outbox__redis_url_free(&b);
 }
 
 int main(void)
@@ -394,6 +435,7 @@ int main(void)
     for (i = 0; i < sizeof sentinel_rejected / sizeof sentinel_rejected[0]; i++)
         check_rejected(&sentinel_rejected[i]);
     test_sentinel_describe();
+    test_sentinel_tls();
     test_sentinel_credentials();
     return tap_done();
 }

@@ -436,9 +436,38 @@ static void test_durability(void)
     free(p);
 }
 
+/* The public state constants are the values the table's CHECK admits, and
+ * the indexes name: SQL spells them as literals (partial indexes need it). */
+static void test_state_constants(void)
+{
+    char *p = th_path(dir, "states.db"), err[256], check[200];
+    sqlite3 *db = NULL;
+    char *table;
+    if (outbox_db_open(p, OUTBOX_OPEN_CREATE, &db, err, sizeof err) != 0 || outbox_schema_apply(db, err, sizeof err) != 0)
+        bail("schema: %s", err);
+    snprintf(check, sizeof check, "CHECK (state = %d OR state = %d OR state = %d OR state = %d)", OUTBOX_STATE_PENDING,
+             OUTBOX_STATE_SENDING, OUTBOX_STATE_PUBLISHED, OUTBOX_STATE_DEAD);
+    table = one_text(db, "SELECT sql FROM sqlite_master WHERE name = 'outbox'");
+    ok(table && strstr(table, check) != NULL, "the table's CHECK admits exactly the OUTBOX_STATE_* values");
+    is_int(OUTBOX_STATE_COUNT, 4, "four states");
+    is_int(th_sql_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_published' AND sql LIKE '%%state = %d'",
+                      OUTBOX_STATE_PUBLISHED),
+           1, "outbox_published indexes OUTBOX_STATE_PUBLISHED");
+    is_int(th_sql_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_dead' AND sql LIKE '%%state = %d'",
+                      OUTBOX_STATE_DEAD),
+           1, "outbox_dead indexes OUTBOX_STATE_DEAD");
+    is_int(th_sql_int(db, "SELECT count(*) FROM sqlite_master WHERE name = 'outbox_leased' AND sql LIKE '%%state = %d'",
+                      OUTBOX_STATE_SENDING),
+           1, "outbox_leased indexes OUTBOX_STATE_SENDING");
+    free(table);
+    sqlite3_close(db);
+    free(p);
+}
+
 int main(void)
 {
     dir = th_tmpdir();
+    test_state_constants();
     test_create_and_idempotent();
     test_refusals();
     test_cursor_trigger();

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what building and testing outbox needs, from Debian's packages.
 # Runs apt-get only when something is missing, so repeated runs are quick.
-# Extra package names may be given as arguments (tools/fuzz.sh adds clang).
+# Extra package names may be given as arguments: tools/fuzz.sh adds clang,
+# tools/package.sh debhelper, lintian and systemd, tools/monitoring.sh
+# prometheus (for promtool), so the default list stays quick to install.
 set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build python3
       libuv1-dev libhiredis-dev libsqlite3-dev libmsgpack-dev libinih-dev
       redis-server redis-tools sqlite3 valgrind curl
-      libhttp-parser-dev php-cli php-sqlite3 nodejs "$@")
+      libhttp-parser-dev libssl-dev openssl php-cli php-sqlite3 nodejs "$@")
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

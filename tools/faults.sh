@@ -31,6 +31,9 @@
 #   SOAK=1 bash tools/faults.sh          the soak (60 relay kills, 5 Redis restarts, 3 OOM phases)
 #   KILLS=N REDIS_RESTARTS=M OOM_ROUNDS=O OOM_SECONDS=S IDEMPOTENT=1 ...   overrides; IDEMPOTENT=1
 #                                        also requires duplicates=0
+# TLS=1 makes the relays publish over TLS (rediss://localhost:PORT, a TLS port of the same
+# redis-server, certificates made with the openssl command; the relays trust the test CA
+# through OpenSSL's SSL_CERT_FILE).
 # RELAY_WRAPPER="valgrind --error-exitcode=99 ..." runs every relay under that command; its
 # output goes to the relay logs, and the harness fails if any relay exited with 99.
 # Exit status 0 when every check holds. Uses OUTBOX_BUILD_DIR (default ./build).
@@ -72,15 +75,34 @@ cleanup() {
 }
 trap cleanup EXIT
 
+redis_url="unix://$sock"
+tls_args=()
+if [ "${TLS:-0}" = 1 ]; then
+    command -v openssl >/dev/null || { echo "faults: openssl is missing" >&2; exit 2; }
+    ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >"$work/server.ext"
+    { openssl req -x509 "${ec[@]}" -keyout "$work/ca.key" -out "$work/ca.crt" -days 2 -subj "/CN=faults CA" &&
+      openssl req "${ec[@]}" -keyout "$work/server.key" -out "$work/server.csr" -subj /CN=localhost &&
+      openssl x509 -req -in "$work/server.csr" -CA "$work/ca.crt" -CAkey "$work/ca.key" -CAcreateserial \
+          -out "$work/server.crt" -days 2 -extfile "$work/server.ext"; } >"$work/openssl.log" 2>&1 ||
+        { cat "$work/openssl.log" >&2; echo "faults: openssl failed" >&2; exit 1; }
+    tls_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    tls_args=(--bind 127.0.0.1 --tls-port "$tls_port" --tls-cert-file "$work/server.crt"
+              --tls-key-file "$work/server.key" --tls-ca-cert-file "$work/ca.crt" --tls-auth-clients no)
+    redis_url="rediss://localhost:$tls_port"
+    export SSL_CERT_FILE=$work/ca.crt
+    echo "faults: the relays publish over TLS to $redis_url" >&2
+fi
+
 start_redis() {
     redis-server --port 0 --unixsocket "$sock" --dir "$work" --save "" --appendonly yes \
-        --appendfsync always >>"$work/redis.log" 2>&1 &
+        --appendfsync always "${tls_args[@]}" >>"$work/redis.log" 2>&1 &
     redis_pid=$!
     for _ in $(seq 100); do redis-cli -s "$sock" ping >/dev/null 2>&1 && return 0; sleep 0.05; done
     echo "faults: redis-server did not start" >&2
     exit 1
 }
-relay_args=(--db "$db" --redis "unix://$sock" --lease-ms 1000 --reply-timeout-ms 500 --connect-timeout-ms 500
+relay_args=(--db "$db" --redis "$redis_url" --lease-ms 1000 --reply-timeout-ms 500 --connect-timeout-ms 500
             --backoff-min-ms 20 --backoff-max-ms 200 --scan-interval-ms 100 --max-attempts 60 --log-level warn
             "${idem[@]}")
 start_relay() { # start_relay NAME

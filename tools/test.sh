@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # The whole test suite: installs and builds what it needs (warnings are
-# errors), runs every meson test (each starts its own redis-server on a Unix
-# socket), then builds again with AddressSanitizer and UndefinedBehaviorSanitizer
-# and runs the library's own tests (units, allocation failures, fuzz corpus
-# replays, CLI) under them. Ends with "N passed, N failed" counted from meson's
-# test logs; exits non-zero if anything failed or no test ran.
+# errors), compiles a release build too (its optimiser finds warnings the
+# debug build does not), runs every meson test (each starts its own
+# redis-server on a Unix socket), then builds again with AddressSanitizer
+# and UndefinedBehaviorSanitizer and runs the library's own tests (units,
+# allocation failures, fuzz corpus replays, CLI) under them. Ends with
+# "N passed, N failed" counted from meson's test logs; exits non-zero if
+# anything failed or no test ran.
 #   SANITIZE=0   skip the sanitizer pass
 #   SETUP=valgrind  run the first pass under valgrind (slow; see README)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash tools/deps.sh || exit 1
 bash tools/build.sh || exit 1
+if [ ! -f build-rel/build.ninja ]; then
+    meson setup build-rel --buildtype=release -Dwerror=true >/dev/null || exit 1
+fi
+meson compile -C build-rel >/dev/null || exit 1
 logs=()
 status=0
 args=(--print-errorlogs --num-processes 2)
@@ -25,7 +31,8 @@ if [ "${SANITIZE:-1}" != 0 ]; then
     # The end-to-end suites (relay, consumer, ops, languages) run in the first
     # pass; under the sanitizers they are a separate, longer command (README).
     meson test -C build-asan --setup sanitize --print-errorlogs --num-processes 2 \
-        errors schema writer envelope redis_url redis_conn cli headers readme_examples alloc_fail replay \
+        errors schema writer envelope redis_url redis_conn_commands redis_conn_connect redis_conn_callbacks \
+        redis_conn_failures cli headers readme_examples alloc_fail replay_requeue replay_inspect replay_errors \
         fuzz_replay_envelope fuzz_replay_headers fuzz_replay_redis_url fuzz_replay_http_head || status=1
     logs+=(build-asan/meson-logs/testlog-sanitize.json)
 fi

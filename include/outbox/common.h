@@ -65,13 +65,14 @@ extern "C" {
     XX(ECANCELED, -26, "operation canceled")                                   \
     XX(EIO, -27, "I/O error")                                                  \
     XX(ERANGE, -28, "value out of range")                                      \
-    XX(ELEASE, -29, "lease lost: this owner no longer holds it")
+    XX(ELEASE, -29, "lease lost: this owner no longer holds it")             \
+    XX(ETLS, -30, "TLS failure")
 
 typedef enum outbox_errno {
 #define OUTBOX_ERRNO_ENUM(name, val, msg) OUTBOX_##name = (val),
     OUTBOX_ERRNO_MAP(OUTBOX_ERRNO_ENUM)
 #undef OUTBOX_ERRNO_ENUM
-    OUTBOX_ERRNO_MIN_ = -29
+    OUTBOX_ERRNO_MIN_ = -30
 } outbox_errno;
 
 /* A static message for an error code; "unknown error" for anything else.

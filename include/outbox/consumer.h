@@ -23,6 +23,7 @@
 
 #include "outbox/common.h"
 #include "outbox/envelope.h"
+#include "outbox/tls.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -55,6 +56,7 @@ typedef struct outbox_dedup_settings {
     outbox_log_fn log;      /* default outbox_log_stderr */
     void *log_data;
     outbox_log_level log_level; /* default OUTBOX_LOG_INFO */
+    outbox_tls_settings tls; /* for a rediss:// URL; default outbox_tls_defaults() (see tls.h) */
     /* A redis-sentinel:// URL's sentinels' own credentials (the URL's are
      * the data nodes'); default NULL; copied. With another URL:
      * OUTBOX_EINVAL. */
@@ -65,7 +67,8 @@ typedef struct outbox_dedup_settings {
 OUTBOX_API void outbox_dedup_defaults(outbox_dedup_settings *s);
 
 /* Creates the dedup object and starts connecting (reconnecting with backoff
- * whenever the connection is lost). Returns 0, OUTBOX_EINVAL, OUTBOX_EURL
+ * whenever the connection is lost). Returns 0, OUTBOX_EINVAL (also for a bad
+ * TLS file or TLS settings with a URL that is not rediss://), OUTBOX_EURL
  * (err says why), OUTBOX_ENOMEM. */
 OUTBOX_API int outbox_dedup_create(outbox_dedup **out, uv_loop_t *loop, const outbox_dedup_settings *s, char *err,
                                    size_t errlen);
@@ -173,6 +176,8 @@ typedef struct outbox_consumer_settings {
     outbox_log_fn log;       /* default outbox_log_stderr */
     void *log_data;
     outbox_log_level log_level;
+    outbox_tls_settings tls; /* for a rediss:// URL, used by both connections and the dedup
+                              * module; default outbox_tls_defaults() (see tls.h) */
     /* As in outbox_dedup_settings; also used by the dedup module. */
     const char *sentinel_user;
     const char *sentinel_password;
@@ -180,9 +185,10 @@ typedef struct outbox_consumer_settings {
 
 OUTBOX_API void outbox_consumer_defaults(outbox_consumer_settings *s);
 
-/* Validates the settings and opens the inbox database in SQLite mode. No
- * network activity yet. Returns 0, OUTBOX_EINVAL (err names the setting),
- * OUTBOX_EURL, SQLite open errors, OUTBOX_ENOMEM. */
+/* Validates the settings, reads the TLS files (rediss://) and opens the
+ * inbox database in SQLite mode. No network activity yet. Returns 0,
+ * OUTBOX_EINVAL (err names the setting or the TLS file), OUTBOX_EURL, SQLite
+ * open errors, OUTBOX_ENOMEM. */
 OUTBOX_API int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_consumer_settings *s,
                                       char *err, size_t errlen);
 /* Connects, creates the group if needed, starts reading. OUTBOX_ESTATE if

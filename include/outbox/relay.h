@@ -195,8 +195,8 @@ OUTBOX_API int outbox_relay_attach(outbox_relay *r, sqlite3 *db);
 OUTBOX_API void outbox_relay_detach(sqlite3 *db);
 
 typedef struct outbox_relay_stats {
-    /* Rows by state, from the database (a count over the table: not free on
-     * a large backlog). -1 when the query failed. */
+    /* Rows by state, from the database (see outbox_relay_stats_get for how
+     * fresh). -1 when not known. */
     int64_t pending, sending, published, dead;
     /* Age in ms of the oldest due pending row, 0 if none. */
     int64_t oldest_pending_ms;
@@ -208,9 +208,14 @@ typedef struct outbox_relay_stats {
     int redis_connected;
 } outbox_relay_stats;
 
-/* Fills st. Queries the database on the calling (loop) thread, through a
- * read-only connection of its own. Returns 0 or an OUTBOX_E* code (then the
- * database figures are -1). */
+/* Fills st (loop thread). Never queries the database itself: the figures
+ * by state and the oldest pending age are the ones /metrics shows, counted
+ * on a worker thread through a read-only connection of the relay's own and
+ * at most about a second old (a call finding them older starts a refresh,
+ * which a later call sees). The counters since start and the window are
+ * current. Returns 0; OUTBOX_EBUSY before the first refresh finished, or
+ * OUTBOX_ESQLITE when the last refresh failed (the database figures are
+ * then -1); OUTBOX_EINVAL for a NULL argument. */
 OUTBOX_API int outbox_relay_stats_get(outbox_relay *r, outbox_relay_stats *st);
 
 #ifdef __cplusplus

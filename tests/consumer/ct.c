@@ -3,7 +3,6 @@
  */
 #include "ct.h"
 
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,21 +205,6 @@ pid_t ct_consume_spawn(const char *const args[], char *const env_add[], const ch
     pid_t pid = th_spawn(argv, env_add, out_path, err_path);
     free(argv);
     return pid;
-}
-
-int ct_stop(pid_t pid, int timeout_ms)
-{
-    int st;
-    if (pid <= 0)
-        return -1;
-    kill(pid, SIGTERM);
-    st = th_wait(pid, timeout_ms);
-    if (st == -2) {
-        diag("pid %ld did not stop within %d ms after SIGTERM: SIGKILL", (long)pid, timeout_ms);
-        kill(pid, SIGKILL);
-        st = th_wait(pid, 5000);
-    }
-    return st;
 }
 
 /* ---- driving a uv loop ---------------------------------------------------- */

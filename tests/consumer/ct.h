@@ -53,11 +53,9 @@ const char *ct_consume_bin(void);
 /* Runs outbox-consume with args (NULL-terminated, without argv[0]) as
  * th_run does. */
 int ct_consume_run(const char *const args[], char *const env_add[], char **out, char **err, int timeout_ms);
-/* Starts outbox-consume in the background as th_spawn does. */
+/* Starts outbox-consume in the background as th_spawn does (stop it with
+ * th_stop). */
 pid_t ct_consume_spawn(const char *const args[], char *const env_add[], const char *out_path, const char *err_path);
-/* Sends SIGTERM, waits up to timeout_ms, then SIGKILL; returns th_wait's
- * status. */
-int ct_stop(pid_t pid, int timeout_ms);
 
 /* Runs the loop until *flag becomes non-zero or timeout_ms passes; returns
  * *flag. A repeating 5 ms timer keeps UV_RUN_ONCE from blocking for long. */

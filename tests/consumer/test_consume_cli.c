@@ -309,7 +309,7 @@ static void test_sigterm(void)
         bail("spawn");
     ok(th_wait_until(10000 * th_slow(), stream_exists, "outbox:idle"), "the group is created with MKSTREAM");
     th_sleep_ms(100);
-    st = ct_stop(pid, 10000);
+    st = th_stop(pid, SIGTERM, 10000);
     is_int(st, 0, "SIGTERM on an idle consumer: exit 0");
     t = th_slurp(log);
     ok(strstr(t, "consumer stopped") != NULL, "it logs its stop");

@@ -142,9 +142,9 @@ static void test_two_consumers(void)
     s1 = th_wait(p1, 60000 * th_slow());
     s2 = th_wait(p2, 60000 * th_slow());
     if (s1 == -2)
-        s1 = ct_stop(p1, 5000);
+        s1 = th_stop(p1, SIGTERM, 5000);
     if (s2 == -2)
-        s2 = ct_stop(p2, 5000);
+        s2 = th_stop(p2, SIGTERM, 5000);
     is_int(s1, 0, "consumer 1 drained and exited 0");
     is_int(s2, 0, "consumer 2 drained and exited 0");
     text = th_slurp(effects);

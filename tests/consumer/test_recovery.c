@@ -103,7 +103,7 @@ static void test_killed_mid_effect(void)
        (long long)(applied_at - expires_at));
     ok(th_wait_until(5000 * th_slow(), nothing_pending, &pa), "the entry is acknowledged");
     th_sleep_ms(300); /* time for a wrong second application */
-    is_int(ct_stop(b, 10000), 0, "consumer B stops on SIGTERM with status 0");
+    is_int(th_stop(b, SIGTERM, 10000), 0, "consumer B stops on SIGTERM with status 0");
     t = th_slurp(effects);
     is_int(th_count_lines(t), 1, "applied exactly once");
     ok(strncmp(t, "m-crash ", 8) == 0, "the effect is m-crash's (%.*s)", (int)strcspn(t, "\n"), t);
@@ -149,7 +149,7 @@ static void test_killed_before_ack(void)
         bail("cannot start consumer C");
     ok(th_wait_until(10000 * th_slow(), nothing_pending, &pa), "both entries acknowledged");
     th_sleep_ms(200);
-    is_int(ct_stop(c, 10000), 0, "consumer C stops with status 0");
+    is_int(th_stop(c, SIGTERM, 10000), 0, "consumer C stops with status 0");
     t = th_slurp(effects);
     is_int(ct_line_count(t, "m-done"), 0, "m-done (already done) not applied again");
     is_int(ct_line_count(t, "m-new"), 1, "m-new applied once");
@@ -194,7 +194,7 @@ static void test_autoclaim(void)
     ok(th_wait_until(15000 * th_slow(), has_lines, &le), "all %d messages applied", NREC);
     ok(th_wait_until(5000 * th_slow(), nothing_pending, &pa), "nothing pending in the group");
     th_sleep_ms(300);
-    is_int(ct_stop(d, 10000), 0, "consumer D stops with status 0");
+    is_int(th_stop(d, SIGTERM, 10000), 0, "consumer D stops with status 0");
     t = th_slurp(effects);
     is_int(th_count_lines(t), NREC, "exactly %d effects", NREC);
     for (int i = 0; i < NREC; i++) {
@@ -259,7 +259,7 @@ static void test_read_errors(void)
     acl("+xreadgroup");
     ct_xadd_msg(rc, stream, "m-acl-2", "acl", "2", 1, NULL);
     ok(th_wait_until(5000 * th_slow(), has_lines, &two), "once allowed again, reading resumes");
-    is_int(ct_stop(p, 10000), 0, "stops with status 0");
+    is_int(th_stop(p, SIGTERM, 10000), 0, "stops with status 0");
     free(out);
     free(log);
 }

@@ -484,7 +484,7 @@ int main(void)
     if (th_redis_start(&srv, 0, NULL) != 0)
         skip_all("redis-server not available");
     diag("seed %u (OUTBOX_TEST_SEED to repeat)", seed);
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     c = th_redis_client(&srv);
     /* Attached, the writer's commits wake the relay and its checkpoints are
      * the relay's; not attached, the writer checkpoints itself (SQLite's

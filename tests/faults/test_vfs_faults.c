@@ -475,7 +475,7 @@ int main(void)
     if (th_redis_start(&srv, 0, NULL) != 0)
         skip_all("redis-server not available");
     shim_register("faultshim", 1);
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     c = th_redis_client(&srv);
     part1(&srv, c, dir);
     part2(&srv, c, dir);

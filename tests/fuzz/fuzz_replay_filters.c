@@ -65,8 +65,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         check(o.db && *o.db);
         check(o.cmd != CMD_SHOW || o.show_id);
         check(o.cmd != CMD_REQUEUE || o.reason);
-        check(o.cmd != CMD_PURGE || (o.states & ~STATE_BIT(ST_DEAD)) == 0);
-        check(o.states < STATE_BIT(ST_COUNT));
+        check(o.cmd != CMD_PURGE || (o.states & ~STATE_BIT(OUTBOX_STATE_DEAD)) == 0);
+        check(o.states < STATE_BIT(OUTBOX_STATE_COUNT));
         check(o.nids <= IDS_MAX && o.nids < (size_t)argc);
         check(!o.has_since || !o.has_until || o.since < o.until);
         check(o.batch >= 1 && o.batch <= BATCH_MAX);

@@ -3,8 +3,8 @@
  * /healthz, the HTTP server's defences, retention, settings) share on top of
  * harness.h and the relay tests' helpers (relay/rt.h: databases in temp
  * dirs, rows by plain SQL, reading a stream back, the outbox-relay daemon
- * started and stopped by pid): a raw HTTP client over plain sockets and a
- * Prometheus text parser. Nothing here prints TAP results.
+ * started by pid): a raw HTTP client over plain sockets and a Prometheus
+ * text parser. Nothing here prints TAP results.
  */
 #ifndef OUTBOX_TESTS_OPS_OPS_H
 #define OUTBOX_TESTS_OPS_OPS_H

@@ -246,7 +246,7 @@ int main(void)
 
     if (th_redis_start(&redis, 0, NULL) != 0)
         bail("cannot start redis-server");
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "http.db");
     logpath = th_path(dir, "relay.log");
     db = rt_open(dbpath);
@@ -301,7 +301,7 @@ int main(void)
         bail("send: %s", strerror(errno));
     th_sleep_ms(50);
     t_slow = th_now_ms();
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM with a client mid-request");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM with a client mid-request");
     ok(th_now_ms() - t_slow < 2000, "at once (%lld ms)", (long long)(th_now_ms() - t_slow));
     close(slow_fd);
     log = th_slurp(logpath);
@@ -312,6 +312,7 @@ int main(void)
     th_redis_destroy(&redis);
     free(dbpath);
     free(logpath);
-    rt_rmdir(dir);
+    th_rmtree(dir);
+    free(dir);
     return tap_done();
 }

@@ -104,7 +104,7 @@ static void kill_loop(void)
         while (th_now_ms() < deadline && th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2") < target)
             th_sleep_ms(1);
         th_sleep_ms(rand() % 5);
-        rt_stop(pid, SIGKILL, 5000);
+        th_stop(pid, SIGKILL, 5000);
         kills++;
         published = th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
         xlen = th_xlen(rc, "outbox:orders");
@@ -185,7 +185,7 @@ static void lost_marks(void)
     is_int((long long)ot_prom_val(metrics, "outbox_published_total{topic=\"orders\"}"), reset,
            "outbox_published_total{topic=\"orders\"} counts them as published");
     free(metrics);
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM");
     log = th_slurp(logpath);
     is_int(rt_count_substr(log, "duplicate publish suppressed"), reset, "the log names each suppressed duplicate");
     free(log);
@@ -234,7 +234,7 @@ static void wrongtype(void)
            "each one spent exactly --max-attempts 2 (held-back rounds do not count)");
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'good' AND state = 2"), 200,
            "the other topic's 200 messages are published");
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     check_stream_exact("good", 200, "good topic");
     log = th_slurp(logpath);
     is_int(rt_count_substr(log, "msg=\"dead-lettered\""), 10, "the log reports the 10 dead letters");
@@ -297,7 +297,7 @@ static void script_flush(void)
        "the relay loads the script again instead of sending it with every call (EVAL %lld, EVALSHA %lld since the "
        "first flush)",
        eval_calls, evalsha_calls);
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     check_stream_exact("flush", n, "after SCRIPT FLUSH");
 }
 
@@ -306,7 +306,7 @@ int main(void)
     srand((unsigned)time(NULL) ^ (unsigned)getpid());
     if (th_redis_start(&redis, 0, NULL) != 0)
         bail("cannot start redis-server");
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "idem.db");
     logpath = th_path(dir, "relay.log");
     db = rt_open(dbpath);
@@ -322,6 +322,7 @@ int main(void)
     th_redis_destroy(&redis);
     free(dbpath);
     free(logpath);
-    rt_rmdir(dir);
+    th_rmtree(dir);
+    free(dir);
     return tap_done();
 }

@@ -334,7 +334,7 @@ static void health_flips(pid_t pid)
         ok(v >= 1, "outbox_redis_reconnects_total counts the lost connection (%g)", v);
         free(text);
     }
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly on SIGTERM");
 }
 
 /* /healthz names the Redis URL: a long one must not overrun the answer. */
@@ -367,7 +367,7 @@ static void long_url(void)
     ok(body && strlen(body) > 2 && !strcmp(body + strlen(body) - 2, ")\n"), "the body is the whole message");
     free(cl);
     free(resp);
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "that relay stops cleanly");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "that relay stops cleanly");
     free(log);
 }
 
@@ -377,7 +377,7 @@ int main(void)
     char *log;
     if (th_redis_start(&redis, 0, NULL) != 0)
         bail("cannot start redis-server");
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "metrics.db");
     logpath = th_path(dir, "relay.log");
     db = rt_open(dbpath);
@@ -397,6 +397,7 @@ int main(void)
     th_redis_destroy(&redis);
     free(dbpath);
     free(logpath);
-    rt_rmdir(dir);
+    th_rmtree(dir);
+    free(dir);
     return tap_done();
 }

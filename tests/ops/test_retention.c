@@ -85,7 +85,7 @@ static void only_eligible(void)
     ot_http_get(port, "/metrics", &text);
     is_int((long long)ot_prom_val(text, "outbox_retention_deleted_total"), 20, "outbox_retention_deleted_total");
     free(text);
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
 }
 
 static void large_set(void)
@@ -112,7 +112,7 @@ static void large_set(void)
         th_sleep_ms(10);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'ret2' AND state = 2"), 1000,
            "1,000 rows committed at the same time are published meanwhile, and kept");
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     log = th_slurp(logpath);
     batches = rt_count_substr(log, "retention deleted published rows\" count=100");
     is_int(batches, 30, "in 30 transactions of --retention-batch 100");
@@ -126,14 +126,14 @@ static void keep_forever(void)
     pid = rt_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "0", NULL);
     th_sleep_ms(1500);
     is_int(count_prefix("ancient"), 50, "--retention-ms 0 keeps published rows of any age");
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
 }
 
 int main(void)
 {
     if (th_redis_start(&redis, 0, NULL) != 0)
         bail("cannot start redis-server");
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "retention.db");
     logpath = th_path(dir, "relay.log");
     db = rt_open(dbpath);
@@ -146,6 +146,7 @@ int main(void)
     th_redis_destroy(&redis);
     free(dbpath);
     free(logpath);
-    rt_rmdir(dir);
+    th_rmtree(dir);
+    free(dir);
     return tap_done();
 }

@@ -115,14 +115,14 @@ static void good_listen(void)
     while (th_now_ms() < deadline && (st = ot_http_get(port, "/healthz", NULL)) != 200)
         th_sleep_ms(10);
     is_int(st, 200, "--metrics-listen localhost:PORT serves /healthz on 127.0.0.1");
-    is_int(rt_stop(pid, SIGTERM, 10000), 0, "and stops cleanly");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "and stops cleanly");
     th_redis_destroy(&redis);
     free(log);
 }
 
 int main(void)
 {
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "settings.db");
 
     bad_listen();
@@ -138,6 +138,7 @@ int main(void)
     good_listen();
 
     free(dbpath);
-    rt_rmdir(dir);
+    th_rmtree(dir);
+    free(dir);
     return tap_done();
 }

@@ -3,12 +3,10 @@
  */
 #include "rt.h"
 
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "harness.h"
 #include "outbox.h"
@@ -19,105 +17,11 @@ int64_t rt_unix_ms(void)
     return outbox_now_ms();
 }
 
-/* ---- clean-up at exit ------------------------------------------------- */
-
-#define MAX_KIDS 64
-static pid_t kids[MAX_KIDS];
-static char *dirs[8];
-static int cleanup_installed;
-
-static void cleanup_at_exit(void)
-{
-    int i;
-    for (i = 0; i < MAX_KIDS; i++)
-        if (kids[i] > 0) {
-            kill(kids[i], SIGKILL);
-            waitpid(kids[i], NULL, 0);
-            kids[i] = 0;
-        }
-    for (i = 0; i < 8; i++) {
-        th_rmtree(dirs[i]);
-        free(dirs[i]);
-        dirs[i] = NULL;
-    }
-}
-
-static void install_cleanup(void)
-{
-    if (!cleanup_installed) {
-        atexit(cleanup_at_exit);
-        cleanup_installed = 1;
-    }
-}
-
-char *rt_tmpdir(void)
-{
-    char *d = th_tmpdir();
-    int i;
-    install_cleanup();
-    for (i = 0; i < 8 && dirs[i]; i++)
-        ;
-    if (i < 8 && !(dirs[i] = strdup(d)))
-        bail("out of memory");
-    return d;
-}
-
-void rt_rmdir(char *dir)
-{
-    int i;
-    if (!dir)
-        return;
-    th_rmtree(dir);
-    for (i = 0; i < 8; i++)
-        if (dirs[i] && strcmp(dirs[i], dir) == 0) {
-            free(dirs[i]);
-            dirs[i] = NULL;
-        }
-    free(dir);
-}
-
-static void track(pid_t pid)
-{
-    int i;
-    install_cleanup();
-    for (i = 0; i < MAX_KIDS; i++)
-        if (kids[i] == 0) {
-            kids[i] = pid;
-            return;
-        }
-    bail("too many child processes");
-}
-
-static void untrack(pid_t pid)
-{
-    int i;
-    for (i = 0; i < MAX_KIDS; i++)
-        if (kids[i] == pid)
-            kids[i] = 0;
-}
-
-pid_t rt_spawn(char *const argv[], const char *log)
-{
-    pid_t pid = th_spawn(argv, NULL, log, log);
-    if (pid < 0)
-        bail("cannot start %s", argv[0]);
-    track(pid);
-    return pid;
-}
-
-int rt_wait(pid_t pid, int timeout_ms)
-{
-    int rc = th_wait(pid, timeout_ms);
-    if (rc != -2)
-        untrack(pid);
-    return rc;
-}
-
 void rt_world_start(th_redis *srv, char **dir, char **dbpath, sqlite3 **db, redisContext **c)
 {
     if (th_redis_start(srv, 0, NULL) != 0)
         skip_all("redis-server not available");
-    *dir = rt_tmpdir();
+    *dir = th_tmpdir();
     *dbpath = rt_make_db(*dir, "app.db");
     *db = rt_open(*dbpath);
     *c = th_redis_client(srv);
@@ -466,7 +370,9 @@ pid_t rt_relay_spawn(const char *err_path, const char *db, const char *url, ...)
     va_start(ap, url);
     argv = th_relay_argv(db, url, ap);
     va_end(ap);
-    pid = rt_spawn(argv, err_path);
+    pid = th_spawn(argv, NULL, err_path, err_path);
+    if (pid < 0)
+        bail("cannot start %s", argv[0]);
     th_argv_free(argv);
     return pid;
 }
@@ -478,18 +384,6 @@ int rt_relay_run(int timeout_ms, char **err, const char *db, const char *url, ..
     va_start(ap, url);
     rc = th_relay_runv(timeout_ms, err, db, url, ap);
     va_end(ap);
-    return rc;
-}
-
-int rt_stop(pid_t pid, int sig, int timeout_ms)
-{
-    int rc;
-    kill(pid, sig);
-    rc = rt_wait(pid, timeout_ms);
-    if (rc == -2) {
-        kill(pid, SIGKILL);
-        rt_wait(pid, -1);
-    }
     return rc;
 }
 

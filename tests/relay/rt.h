@@ -19,17 +19,6 @@
 
 #include "harness.h"
 
-/*
- * Clean-up that also happens when a test bails out: th_tmpdir() whose
- * tree is removed at exit, and child processes tracked from start to reap,
- * killed by pid (SIGKILL) and reaped at exit. A tracked child must be
- * reaped through rt_wait() or rt_stop() only, so that its pid is never
- * signalled after the system could reuse it.
- */
-char *rt_tmpdir(void);
-/* Removes a dir made by rt_tmpdir now and frees the path. */
-void rt_rmdir(char *dir);
-
 /* What most tests start with: a redis-server on a Unix socket (the whole
  * test is skipped without one), a temp dir with app.db (the outbox schema),
  * a writer connection to it and a Redis client. rt_world_end closes and
@@ -37,11 +26,6 @@ void rt_rmdir(char *dir);
  * counters are per file). */
 void rt_world_start(th_redis *srv, char **dir, char **dbpath, sqlite3 **db, redisContext **c);
 void rt_world_end(th_redis *srv, char *dir, char *dbpath, sqlite3 *db, redisContext *c);
-/* Starts argv (argv[0] a path) tracked, stdout and stderr appended to log
- * (may be NULL); bails if it cannot start. */
-pid_t rt_spawn(char *const argv[], const char *log);
-/* As th_wait, and untracks pid once it is reaped. */
-int rt_wait(pid_t pid, int timeout_ms);
 
 /* Creates <dir>/<name> with the outbox schema; returns the malloc'd path. */
 char *rt_make_db(const char *dir, const char *name);
@@ -101,14 +85,12 @@ typedef struct rt_audit {
 rt_audit rt_audit_topic(sqlite3 *db, redisContext *c, const char *prefix, const char *topic);
 
 /* The daemon: argv built from db, url and extra "--flag", "value" pairs up
- * to a NULL. rt_relay_spawn logs stderr (and stdout) to err_path. */
+ * to a NULL. rt_relay_spawn starts it with th_spawn, stderr (and stdout)
+ * appended to err_path, and bails if it cannot start. */
 pid_t rt_relay_spawn(const char *err_path, const char *db, const char *url, ...);
 /* Runs it to completion (e.g. with --drain); returns the exit status as
  * th_run; *err (may be NULL) gets stderr. */
 int rt_relay_run(int timeout_ms, char **err, const char *db, const char *url, ...);
-/* Sends sig to a tracked pid and waits up to timeout_ms; returns the status
- * as th_wait (-2 on timeout, then the process was SIGKILLed and reaped). */
-int rt_stop(pid_t pid, int sig, int timeout_ms);
 
 /* Occurrences of needle in text. */
 int rt_count_substr(const char *text, const char *needle);

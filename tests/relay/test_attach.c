@@ -70,7 +70,7 @@ int main(void)
     int64_t took;
     int rc;
 
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "app.db");
     uv_loop_init(&loop);
     outbox_relay_defaults(&s);

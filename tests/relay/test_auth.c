@@ -39,7 +39,7 @@ int main(void)
 
     if (th_redis_start(&srv, 1, "requirepass pass\nuser alice on >pw ~* &* +@all\n") != 0)
         skip_all("redis-server not available");
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     db_a = rt_make_db(dir, "a.db");
     db_b = rt_make_db(dir, "b.db");
     db_c = rt_make_db(dir, "c.db");
@@ -83,8 +83,8 @@ int main(void)
     snprintf(url, sizeof url, "redis://:N0tTheOne@127.0.0.1:%d/0", srv.port);
     pid = rt_relay_spawn(log, db_c, url, NULL);
     th_sleep_ms(1500 * th_slow()); /* long enough for a first AUTH, also under valgrind */
-    is_int(rt_wait(pid, 0), -2, "wrong password: the relay keeps running (and retrying)");
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "wrong password: SIGTERM exits 0");
+    is_int(th_wait(pid, 0), -2, "wrong password: the relay keeps running (and retrying)");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "wrong password: SIGTERM exits 0");
     text = th_slurp(log);
     ok(strstr(text, "EAUTH") != NULL && strstr(text, "AUTH") != NULL, "wrong password: the AUTH error is logged");
     ok(strstr(text, "WRONGPASS") != NULL, "wrong password: with Redis' reason");

@@ -37,7 +37,9 @@ static pid_t start_writer(const char *dbpath, const char *log)
 {
     char *demo = th_bin("tools/demo/outbox-demo");
     char *argv[] = {demo, "--db", (char *)dbpath, "--orders", "150", "--fail-every", "9", NULL};
-    pid_t pid = rt_spawn(argv, log);
+    pid_t pid = th_spawn(argv, NULL, log, log);
+    if (pid < 0)
+        bail("cannot start %s", demo);
     free(demo);
     return pid;
 }
@@ -58,7 +60,7 @@ int main(void)
         skip_all("redis-server not available");
     srand(seed);
     diag("random seed %u", seed);
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "app.db");
     rlog = th_path(dir, "relay.log");
     wlog = th_path(dir, "writer.log");
@@ -72,7 +74,7 @@ int main(void)
         int64_t until = th_now_ms() + wait_ms;
         /* Keep the writer going while the relay lives. */
         while (th_now_ms() < until) {
-            rc = rt_wait(writer, 0);
+            rc = th_wait(writer, 0);
             if (rc != -2) {
                 writer_runs++;
                 writer_failures += rc != 0;
@@ -81,7 +83,7 @@ int main(void)
             th_sleep_ms(5);
         }
         kill(relay, SIGKILL);
-        rc = rt_wait(relay, 5000);
+        rc = th_wait(relay, 5000);
         if (rc == 128 + SIGKILL)
             kills++;
         else {
@@ -94,10 +96,10 @@ int main(void)
         relay = start_relay(rlog, dbpath, srv.url);
     }
     /* The last relay runs until the writer's current run is done. */
-    rc = rt_wait(writer, 30000 * th_slow());
+    rc = th_wait(writer, 30000 * th_slow());
     writer_runs++;
     writer_failures += rc != 0;
-    is_int(rt_stop(relay, SIGKILL, 5000), 128 + SIGKILL, "the last relay is killed too");
+    is_int(th_stop(relay, SIGKILL, 5000), 128 + SIGKILL, "the last relay is killed too");
     kills++;
     ok(kills >= 20, "the relay was killed %d times", kills);
     is_int(early_exits, 0, "no relay exited by itself (e.g. on a database locked at start-up)");

@@ -76,7 +76,7 @@ int main(void)
     ok(rep->type == REDIS_REPLY_STRING && strcmp(rep->str, "x") == 0, "the string key was left alone");
     freeReplyObject(rep);
 
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "SIGTERM: the relay exits 0");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "SIGTERM: the relay exits 0");
     text = th_slurp(log);
     is_int(rt_count_substr(text, "msg=\"dead-lettered\""), N_BAD + N_BAD_KEYED, "each dead letter is logged once");
     {

@@ -26,7 +26,7 @@ int main(void)
 
     if (th_redis_start(&srv, 0, NULL) != 0)
         skip_all("redis-server not available");
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     demo = th_bin("tools/demo/outbox-demo");
     c = th_redis_client(&srv);
 

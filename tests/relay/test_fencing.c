@@ -111,7 +111,7 @@ int main(void)
     if (th_redis_start(&srv, 0, NULL) != 0)
         skip_all("redis-server not available");
     memset(&t, 0, sizeof t);
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "app.db");
     t.db = rt_open(dbpath);
     rt_insert_rows(t.db, "f", 0, N, "fence", 0);

@@ -57,7 +57,7 @@ int main(void)
     is_int(a.foreign, 0, "one key: no entry without a row");
     is_int(a.order_violations, 0, "one key: stream order is commit order");
     is_int(a.dups, 0, "one key: no duplicates");
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "one key: the relay exits 0 on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "one key: the relay exits 0 on SIGTERM");
 
     /* 2. A failing head with a backlog of 600 behind it (window: 4 x 8 rows),
      *    then 200 rows of another topic. */
@@ -87,7 +87,7 @@ int main(void)
     if (!done)
         th_diag_tail("relay", text, 15);
     free(text);
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "failing key: the relay exits 0 on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "failing key: the relay exits 0 on SIGTERM");
 
     /* 3. k: a (new), b (due in 1.5 s), c (new); j: d (new). */
     {
@@ -114,7 +114,7 @@ int main(void)
         a = rt_audit_topic(db, c, "outbox:", "delayed");
         is_int(a.missing, 0, "delayed row: every message is in the stream");
         is_int(a.order_violations, 0, "delayed row: stream order is commit order");
-        is_int(rt_stop(pid, SIGTERM, 15000), 0, "delayed row: the relay exits 0 on SIGTERM");
+        is_int(th_stop(pid, SIGTERM, 15000), 0, "delayed row: the relay exits 0 on SIGTERM");
     }
 
     /* 4. j1 leased by another relay for a minute, j2 (new) behind it; then
@@ -145,7 +145,7 @@ int main(void)
     is_int(a.order_violations, 0, "behind a failing head: stream order is commit order");
     is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'held-j2'"), 0,
            "the row behind the other relay's lease still waits");
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "behind a failing head: the relay exits 0 on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "behind a failing head: the relay exits 0 on SIGTERM");
 
     /* 5. h0 leased by another relay for a minute, 200 new rows of its key
      *    behind it (the walk looks 4 x 8 rows ahead), then 50 rows of another
@@ -170,7 +170,7 @@ int main(void)
     a = rt_audit_topic(db, c, "outbox:", "behind");
     is_int(a.missing, 0, "behind another relay's lease: every message is in the stream");
     is_int(a.order_violations, 0, "behind another relay's lease: stream order is commit order");
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "behind another relay's lease: the relay exits 0 on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "behind another relay's lease: the relay exits 0 on SIGTERM");
 
     free(log1);
     free(log2);

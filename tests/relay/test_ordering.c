@@ -87,7 +87,7 @@ int main(void)
     ok(done, "wrongtype: everything published after the DEL");
     a = rt_audit_topic(db, c, "outbox:", topic);
     report("wrongtype", &a, log1, 1);
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "wrongtype: the relay exits 0 on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "wrongtype: the relay exits 0 on SIGTERM");
     if (!done) {
         char *text = th_slurp(log1);
         th_diag_tail("relay", text, 15);
@@ -118,7 +118,7 @@ int main(void)
             th_diag_tail("relay", text, 15);
         free(text);
     }
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "oom: the relay exits 0 on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "oom: the relay exits 0 on SIGTERM");
 
     free(log1);
     free(log2);

@@ -39,7 +39,7 @@ int main(void)
         skip_all("redis-server not available");
     th_redis_stop(&srv);
 
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "app.db");
     log = th_path(dir, "relay.log");
     db = rt_open(dbpath);
@@ -47,7 +47,7 @@ int main(void)
 
     pid = rt_relay_spawn(log, dbpath, srv.url, NULL);
     th_sleep_ms(DOWN_MS);
-    is_int(rt_wait(pid, 0), -2, "the relay is still running after %d ms without Redis", DOWN_MS);
+    is_int(th_wait(pid, 0), -2, "the relay is still running after %d ms without Redis", DOWN_MS);
     text = th_slurp(log);
     lines_down = th_count_lines(text);
     diag("%d log lines during the outage", lines_down);
@@ -68,7 +68,7 @@ int main(void)
     is_int(th_xlen(c, "outbox:down"), N, "%d entries in the stream", N);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE attempts <> 1"), 0, "each row took one attempt");
 
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "SIGTERM: the relay exits 0");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "SIGTERM: the relay exits 0");
     text = th_slurp(log);
     ok(strstr(text, "redis reachable again") != NULL, "the recovery is logged");
     ok(th_count_lines(text) <= 10, "%d log lines in all", th_count_lines(text));

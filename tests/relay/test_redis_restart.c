@@ -31,7 +31,7 @@ int main(void)
 
     if (th_redis_start(&srv, 0, "appendonly yes\nappendfsync always\n") != 0)
         skip_all("redis-server not available");
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "app.db");
     log = th_path(dir, "relay.log");
     {
@@ -51,14 +51,14 @@ int main(void)
     diag("redis-server killed with %lld entries in the stream", xlen);
     ok(xlen >= KILL_AT && xlen < N, "killed mid-stream");
     th_sleep_ms(300);
-    is_int(rt_wait(pid, 0), -2, "the relay keeps running without Redis");
+    is_int(th_wait(pid, 0), -2, "the relay keeps running without Redis");
     is_int(th_redis_restart(&srv), 0, "redis-server restarted (from its AOF)");
 
-    rc = rt_wait(pid, 60000 * th_slow());
+    rc = th_wait(pid, 60000 * th_slow());
     is_int(rc, 0, "the drain finishes with exit 0");
     if (rc == -2) {
         kill(pid, SIGKILL);
-        rt_wait(pid, -1);
+        th_wait(pid, -1);
     }
     text = th_slurp(log);
     ok(strstr(text, "redis connection lost") != NULL, "the relay noticed the lost connection");

@@ -54,12 +54,12 @@ static int run_and_term(const char *log, const char *dbpath, const char *url, re
     th_sleep_ms(50 * th_slow());
     termed = th_now_ms();
     kill(pid, SIGTERM);
-    rc = rt_wait(pid, wait_ms);
+    rc = th_wait(pid, wait_ms);
     *since_pause = th_now_ms() - paused;
     *since_term = th_now_ms() - termed;
     if (rc == -2) {
         kill(pid, SIGKILL);
-        rt_wait(pid, -1);
+        th_wait(pid, -1);
     }
     return rc;
 }

@@ -123,7 +123,7 @@ int main(void)
     is_int(th_xlen(c, "outbox:takeover"), N_DEAD + N_LIVE, "each taken-over row is in the stream once");
     is_int(th_xlen(c, "outbox:normal"), N_NORMAL, "each ordinary row is in the stream once");
 
-    rc = rt_stop(pid, SIGTERM, 15000);
+    rc = th_stop(pid, SIGTERM, 15000);
     is_int(rc, 0, "SIGTERM: the relay exits 0");
     text = th_slurp(log);
     is_int(rt_count_substr(text, "took over an expired lease"), N_DEAD + N_LIVE, "each takeover is logged");

@@ -47,15 +47,15 @@ int main(void)
                         "2048", NULL);
     p2 = rt_relay_spawn(log2, dbpath, srv.url, "--drain", "--worker-id", "w2", "--batch", "256", "--inflight",
                         "2048", NULL);
-    rc1 = rt_wait(p1, 60000 * th_slow());
-    rc2 = rt_wait(p2, 60000 * th_slow());
+    rc1 = th_wait(p1, 60000 * th_slow());
+    rc2 = th_wait(p2, 60000 * th_slow());
     diag("both relays done in %lld ms", (long long)(th_now_ms() - t0));
     is_int(rc1, 0, "relay w1 drained and exited 0");
     is_int(rc2, 0, "relay w2 drained and exited 0");
     if (rc1 == -2)
-        rt_stop(p1, SIGKILL, 5000);
+        th_stop(p1, SIGKILL, 5000);
     if (rc2 == -2)
-        rt_stop(p2, SIGKILL, 5000);
+        th_stop(p2, SIGKILL, 5000);
 
     t1 = th_slurp(log1);
     t2 = th_slurp(log2);

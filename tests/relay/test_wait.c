@@ -85,7 +85,7 @@ int main(void)
         th_sleep_ms(20);
     ok(replica_acks(c), "the replica is linked and acknowledges writes");
 
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "app.db");
     log = th_path(dir, "relay.log");
     log1 = th_path(dir, "relay1.log");
@@ -107,9 +107,11 @@ int main(void)
                         "--backoff-max-ms", "40", NULL};
         if (!vg)
             diag("valgrind not found: the daemon runs without it");
-        pid = rt_spawn(vg ? argv : argv + 3, log1);
+        pid = th_spawn(vg ? argv : argv + 3, NULL, log1, log1);
+        if (pid < 0)
+            bail("cannot start %s", vg ? "valgrind" : relay);
         ok(th_wait_until(120000, settled, NULL), "replica up: every row settles");
-        rc = rt_stop(pid, SIGTERM, 30000);
+        rc = th_stop(pid, SIGTERM, 30000);
     }
     is_int(rc, 0, "replica up: SIGTERM exits 0%s", vg ? " (valgrind: no memory errors)" : "");
     text = th_slurp(log1);
@@ -140,7 +142,7 @@ int main(void)
     pid = rt_relay_spawn(log, dbpath, primary.url, "--wait-replicas", "1", "--wait-timeout-ms", "100",
                          "--max-attempts", "1000", "--backoff-min-ms", "100", "--backoff-max-ms", "200", NULL);
     th_sleep_ms(1500 * th_slow()); /* long enough for XADDs and WAITs, also under valgrind */
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "replica down: SIGTERM exits 0");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "replica down: SIGTERM exits 0");
     ok(th_xlen(c, "outbox:lonely") >= 50, "replica down: the XADDs were made (%lld entries)",
        th_xlen(c, "outbox:lonely"));
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'lonely' AND state = 2"), 0,

@@ -54,7 +54,7 @@ int main(void)
            (long long)worst);
     is_int(th_xlen(c, "outbox:wake"), SAMPLES, "all %d in the stream", SAMPLES);
 
-    rc = rt_stop(pid, SIGTERM, 15000);
+    rc = th_stop(pid, SIGTERM, 15000);
     is_int(rc, 0, "SIGTERM: the relay exits 0");
     text = th_slurp(log);
     if (rc != 0 || late)

@@ -73,7 +73,7 @@ int main(void)
     is_int(published, N, "all %d rows published after the pause", N);
     is_int(th_xlen(c, "outbox:window"), N, "the stream has %d entries", N);
 
-    rc = rt_stop(pid, SIGTERM, 15000);
+    rc = th_stop(pid, SIGTERM, 15000);
     is_int(rc, 0, "SIGTERM: the relay exits 0");
     text = th_slurp(log);
     if (rc != 0 || published != N)

@@ -13,37 +13,6 @@
 
 #include "tap.h"
 
-/* Sentinels to kill if the test exits without se_stop (a bail-out). */
-static pid_t *tracked[SE_SENTINELS * 4];
-static int exit_hook;
-
-static void kill_tracked(void)
-{
-    for (size_t i = 0; i < sizeof tracked / sizeof tracked[0]; i++)
-        if (tracked[i] && *tracked[i] > 0) {
-            kill(*tracked[i], SIGKILL);
-            waitpid(*tracked[i], NULL, 0);
-            *tracked[i] = 0;
-        }
-}
-
-static void track(pid_t *p)
-{
-    size_t i, free_slot = sizeof tracked / sizeof tracked[0];
-    if (!exit_hook) {
-        atexit(kill_tracked);
-        exit_hook = 1;
-    }
-    for (i = 0; i < sizeof tracked / sizeof tracked[0]; i++) {
-        if (tracked[i] == p)
-            return;
-        if (!tracked[i] && free_slot == sizeof tracked / sizeof tracked[0])
-            free_slot = i;
-    }
-    if (free_slot < sizeof tracked / sizeof tracked[0])
-        tracked[free_slot] = p;
-}
-
 static redisContext *tcp_client(int port, int timeout_ms)
 {
     struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
@@ -103,7 +72,6 @@ static int launch_sentinel(se_env *e, int i)
         e->spid[i] = 0;
         return -1;
     }
-    track(&e->spid[i]);
     deadline = th_now_ms() + 5000;
     while (th_now_ms() < deadline) {
         redisContext *c;
@@ -332,9 +300,6 @@ void se_stop(se_env *e)
 {
     for (int i = 0; i < SE_SENTINELS; i++) {
         se_sentinel_kill(e, i);
-        for (size_t k = 0; k < sizeof tracked / sizeof tracked[0]; k++)
-            if (tracked[k] == &e->spid[i])
-                tracked[k] = NULL; /* e may be on a stack that is gone by exit */
         if (e->sdir[i]) {
             th_rmtree(e->sdir[i]);
             free(e->sdir[i]);

@@ -6,7 +6,8 @@
  * temporary directory) monitoring them as "mymaster" with a quorum of 2,
  * down-after 1000 ms and failover-timeout 5000 ms. Ports are free loopback
  * ports; a sentinel that cannot bind its port is started again on another.
- * Every process is stopped by its pid, also when the test bails out.
+ * Every process is stopped by its pid, also when the test bails out (the
+ * harness kills what th_spawn started and th_wait did not reap).
  */
 #ifndef OUTBOX_TESTS_SENTINEL_ENV_H
 #define OUTBOX_TESTS_SENTINEL_ENV_H

@@ -17,6 +17,7 @@
 #include "../consumer/ct.h"
 #include "harness.h"
 #include "outbox.h"
+#include "rt.h"
 #include "sentinel_env.h"
 #include "tap.h"
 
@@ -130,14 +131,6 @@ static void test_helper(se_env *e)
     is_int(ct_loop_finish(&loop, 5000), 0, "helper: the loop closes cleanly");
 }
 
-static int count_substr(const char *text, const char *needle)
-{
-    int n = 0;
-    for (const char *p = text; (p = strstr(p, needle)) != NULL; p += strlen(needle))
-        n++;
-    return n;
-}
-
 static void test_cli(se_env *e, const char *dir)
 {
     char *out = th_path(dir, "consume.out"), *errp = th_path(dir, "consume.err"), *text, line[64];
@@ -156,7 +149,7 @@ static void test_cli(se_env *e, const char *dir)
     deadline = th_now_ms() + 30000;
     do {
         text = th_slurp(out);
-        missing = 2 * N - count_substr(text, "\"id\":\"m-");
+        missing = 2 * N - rt_count_substr(text, "\"id\":\"m-");
         free(text);
         if (missing > 0)
             th_sleep_ms(50);
@@ -196,10 +189,10 @@ static void test_cli(se_env *e, const char *dir)
     } while (th_now_ms() < deadline);
     is_int(missing, 0, "cli: every entry printed, before and after the failover");
     if (!missing) {
-        is_int(count_substr(text, "\"id\":\"m-0\""), 1, "cli: the duplicate of m-0 printed once");
+        is_int(rt_count_substr(text, "\"id\":\"m-0\""), 1, "cli: the duplicate of m-0 printed once");
         free(text);
     }
-    is_int(ct_stop(pid, 10000), 0, "cli: exits 0 on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "cli: exits 0 on SIGTERM");
     if (missing) {
         text = th_slurp(errp);
         th_diag_tail("outbox-consume", text, 30);

@@ -58,7 +58,7 @@ int main(void)
 
     if (se_start(&e) != 0)
         skip_all("cannot start a master, a replica and three sentinels");
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "app.db");
     log2 = th_path(dir, "relay2.log");
     log3 = th_path(dir, "relay3.log");
@@ -88,7 +88,7 @@ int main(void)
         ok(se_sentinel_restart(&e, i) == 0, "sentinel %d started again", i);
     ok(th_wait_until(30000 * th_slow(), settled, NULL), "sentinels back: every row published by itself");
     is_int(xlen_master(&e, "two"), 300, "sentinels back: on the master");
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "the relay exits 0 on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "the relay exits 0 on SIGTERM");
 
     /* 3 */
     pid = rt_relay_spawn(log3, dbpath, e.url, NULL);
@@ -107,13 +107,14 @@ int main(void)
     for (i = 0; i < 200 && !log_has(log3, "a sentinel answers again"); i++)
         th_sleep_ms(50);
     ok(log_has(log3, "a sentinel answers again"), "  and that one answers again");
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "the relay exits 0 on SIGTERM");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "the relay exits 0 on SIGTERM");
 
     sqlite3_close_v2(db);
     se_stop(&e);
     free(log2);
     free(log3);
     free(dbpath);
-    rt_rmdir(dir);
+    th_rmtree(dir);
+    free(dir);
     return tap_done();
 }

@@ -112,7 +112,7 @@ static void run_phase(se_env *e, const char *dir, const char *dbpath, const phas
     rt_insert_rows(db, ph->topic, committed, TRICKLE, ph->topic, 0);
     committed += TRICKLE;
     ok(th_wait_until(60000 * th_slow(), settled, NULL), "%s: every row settles", ph->topic);
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "%s: the relay exits 0 on SIGTERM", ph->topic);
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "%s: the relay exits 0 on SIGTERM", ph->topic);
 
     c = th_redis_client(&e->node[next]);
     a = rt_audit_topic(db, c, "outbox:", ph->topic);
@@ -146,7 +146,7 @@ int main(void)
     if (se_start(&e) != 0)
         skip_all("cannot start a master, a replica and three sentinels");
     ok(1, "master, replica and three sentinels up: %s", e.url);
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "app.db");
     db = rt_open(dbpath);
 
@@ -156,6 +156,7 @@ int main(void)
     sqlite3_close_v2(db);
     se_stop(&e);
     free(dbpath);
-    rt_rmdir(dir);
+    th_rmtree(dir);
+    free(dir);
     return tap_done();
 }

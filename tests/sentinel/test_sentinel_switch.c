@@ -91,7 +91,7 @@ static void switch_during_drain(se_env *e, const char *dir, const char *dbpath, 
         t_resumed = th_now_ms();
     ok(t_resumed > 0, "%s: rows committed after the switch are published", topic);
     ok(th_wait_until(60000 * th_slow(), settled, NULL), "%s: every row settles", topic);
-    is_int(rt_stop(pid, SIGTERM, 15000), 0, "%s: the relay exits 0 on SIGTERM", topic);
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "%s: the relay exits 0 on SIGTERM", topic);
 
     c = th_redis_client(&e->node[to]);
     a = rt_audit_topic(db, c, "outbox:", topic);
@@ -128,7 +128,7 @@ int main(void)
 
     if (se_start(&e) != 0)
         skip_all("cannot start a master, a replica and three sentinels");
-    dir = rt_tmpdir();
+    dir = th_tmpdir();
     dbpath = rt_make_db(dir, "app.db");
     db = rt_open(dbpath);
 
@@ -140,6 +140,7 @@ int main(void)
     sqlite3_close_v2(db);
     se_stop(&e);
     free(dbpath);
-    rt_rmdir(dir);
+    th_rmtree(dir);
+    free(dir);
     return tap_done();
 }

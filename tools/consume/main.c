@@ -14,7 +14,7 @@
 #include <msgpack.h>
 #include <uv.h>
 
-#include "internal.h"
+#include "json.h"
 #include "outbox.h"
 
 static const char *prog = "outbox-consume";
@@ -33,206 +33,62 @@ typedef struct tool {
 /* ------------------------------------------------------------------ */
 /* JSON output */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap * 2 : 1024;
-        while (nc < b->len + n + 1)
-            nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            fprintf(stderr, "%s: out of memory\n", prog);
-            exit(1);
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s)
-{
-    sb_put(b, s, strlen(s));
-}
-
-static int utf8_valid(const unsigned char *s, size_t n)
-{
-    return outbox__utf8_prefix(s, n) == n;
-}
-
-static void json_string(sbuf *b, const char *s, size_t n)
-{
-    static const char hex[] = "0123456789abcdef";
-    sb_put(b, "\"", 1);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') {
-            char e[2] = {'\\', (char)c};
-            sb_put(b, e, 2);
-        } else if (c == '\n') {
-            sb_put(b, "\\n", 2);
-        } else if (c == '\r') {
-            sb_put(b, "\\r", 2);
-        } else if (c == '\t') {
-            sb_put(b, "\\t", 2);
-        } else if (c < 0x20 || c == 0x7f) {
-            char e[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
-            sb_put(b, e, 6);
-        } else {
-            sb_put(b, (const char *)&s[i], 1);
-        }
-    }
-    sb_put(b, "\"", 1);
-}
-
-static void json_base64(sbuf *b, const unsigned char *s, size_t n)
-{
-    static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    sb_put(b, "\"", 1);
-    for (size_t i = 0; i < n; i += 3) {
-        unsigned v = (unsigned)s[i] << 16 | (i + 1 < n ? (unsigned)s[i + 1] << 8 : 0) | (i + 2 < n ? s[i + 2] : 0);
-        char o[4] = {t[v >> 18 & 63], t[v >> 12 & 63], i + 1 < n ? t[v >> 6 & 63] : '=', i + 2 < n ? t[v & 63] : '='};
-        sb_put(b, o, 4);
-    }
-    sb_put(b, "\"", 1);
-}
-
 /* Bytes as a JSON string when they are UTF-8, else base64 (say which). */
-static void json_bytes(sbuf *b, const char *name, const void *p, size_t n)
+static void json_bytes(outbox__sbuf *b, const char *name, const void *p, size_t n)
 {
-    sb_str(b, "\"");
-    sb_str(b, name);
-    sb_str(b, "\":");
-    if (utf8_valid(p, n)) {
-        json_string(b, p, n);
-        sb_str(b, ",\"");
-        sb_str(b, name);
-        sb_str(b, "_encoding\":\"utf-8\"");
-    } else {
-        json_base64(b, p, n);
-        sb_str(b, ",\"");
-        sb_str(b, name);
-        sb_str(b, "_encoding\":\"base64\"");
-    }
+    int text;
+    outbox__sbuf_printf(b, "\"%s\":", name);
+    text = tools_json_text_or_base64(b, p, n);
+    outbox__sbuf_printf(b, ",\"%s_encoding\":\"%s\"", name, text ? "utf-8" : "base64");
 }
 
-static void json_msgpack(sbuf *b, const msgpack_object *o, int depth)
-{
-    char num[64];
-    if (depth > 32) {
-        sb_str(b, "null");
-        return;
-    }
-    switch (o->type) {
-    case MSGPACK_OBJECT_NIL:
-        sb_str(b, "null");
-        break;
-    case MSGPACK_OBJECT_BOOLEAN:
-        sb_str(b, o->via.boolean ? "true" : "false");
-        break;
-    case MSGPACK_OBJECT_POSITIVE_INTEGER:
-        snprintf(num, sizeof num, "%llu", (unsigned long long)o->via.u64);
-        sb_str(b, num);
-        break;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
-        snprintf(num, sizeof num, "%lld", (long long)o->via.i64);
-        sb_str(b, num);
-        break;
-    case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64:
-        snprintf(num, sizeof num, "%.17g", o->via.f64);
-        sb_str(b, strchr(num, 'n') || strchr(num, 'i') ? "null" : num);
-        break;
-    case MSGPACK_OBJECT_STR:
-        if (utf8_valid((const unsigned char *)o->via.str.ptr, o->via.str.size))
-            json_string(b, o->via.str.ptr, o->via.str.size);
-        else
-            json_base64(b, (const unsigned char *)o->via.str.ptr, o->via.str.size);
-        break;
-    case MSGPACK_OBJECT_BIN:
-        json_base64(b, (const unsigned char *)o->via.bin.ptr, o->via.bin.size);
-        break;
-    case MSGPACK_OBJECT_ARRAY:
-        sb_str(b, "[");
-        for (uint32_t i = 0; i < o->via.array.size; i++) {
-            if (i)
-                sb_str(b, ",");
-            json_msgpack(b, &o->via.array.ptr[i], depth + 1);
-        }
-        sb_str(b, "]");
-        break;
-    case MSGPACK_OBJECT_MAP:
-        sb_str(b, "{");
-        for (uint32_t i = 0; i < o->via.map.size; i++) {
-            const msgpack_object *k = &o->via.map.ptr[i].key;
-            if (i)
-                sb_str(b, ",");
-            if (k->type == MSGPACK_OBJECT_STR)
-                json_string(b, k->via.str.ptr, k->via.str.size);
-            else
-                sb_str(b, "\"?\"");
-            sb_str(b, ":");
-            json_msgpack(b, &o->via.map.ptr[i].val, depth + 1);
-        }
-        sb_str(b, "}");
-        break;
-    default:
-        sb_str(b, "null");
-        break;
-    }
-}
-
-static void json_headers(sbuf *b, const outbox_envelope *m)
+static void json_headers(outbox__sbuf *b, const outbox_envelope *m)
 {
     msgpack_unpacked u;
     size_t off = 0;
     if (!m->headers) {
-        sb_str(b, "null");
+        outbox__sbuf_puts(b, "null");
         return;
     }
     msgpack_unpacked_init(&u);
     if (msgpack_unpack_next(&u, m->headers, m->headers_len, &off) == MSGPACK_UNPACK_SUCCESS)
-        json_msgpack(b, &u.data, 0);
+        tools_json_msgpack(b, &u.data, TOOLS_MSGPACK_PLAIN);
     else
-        sb_str(b, "null");
+        outbox__sbuf_puts(b, "null");
     msgpack_unpacked_destroy(&u);
 }
 
-static void json_line(sbuf *b, const outbox_delivery *dv)
+static void json_line(outbox__sbuf *b, const outbox_delivery *dv)
 {
     const outbox_envelope *m = dv->msg;
-    char num[32];
-    sb_str(b, "{\"id\":");
-    json_string(b, m->id, strlen(m->id));
-    sb_str(b, ",\"topic\":");
-    json_string(b, m->topic, strlen(m->topic));
-    sb_str(b, ",\"key\":");
+    outbox__sbuf_puts(b, "{\"id\":");
+    tools_json_cstr(b, m->id);
+    outbox__sbuf_puts(b, ",\"topic\":");
+    tools_json_cstr(b, m->topic);
+    outbox__sbuf_puts(b, ",\"key\":");
     if (m->key)
-        json_string(b, m->key, m->key_len);
+        tools_json_str(b, m->key, m->key_len);
     else
-        sb_str(b, "null");
-    sb_str(b, ",");
+        outbox__sbuf_puts(b, "null");
+    outbox__sbuf_puts(b, ",");
     json_bytes(b, "payload", m->payload, m->payload_len);
-    sb_str(b, ",\"headers\":");
+    outbox__sbuf_puts(b, ",\"headers\":");
     json_headers(b, m);
-    snprintf(num, sizeof num, "%lld", (long long)m->created_at);
-    sb_str(b, ",\"created_at\":");
-    sb_str(b, num);
-    sb_str(b, ",\"stream\":");
-    json_string(b, dv->stream, strlen(dv->stream));
-    sb_str(b, ",\"entry_id\":");
-    json_string(b, dv->entry_id, strlen(dv->entry_id));
-    snprintf(num, sizeof num, "%llu", (unsigned long long)dv->deliveries);
-    sb_str(b, ",\"deliveries\":");
-    sb_str(b, num);
-    sb_str(b, "}\n");
+    outbox__sbuf_printf(b, ",\"created_at\":%lld,\"stream\":", (long long)m->created_at);
+    tools_json_cstr(b, dv->stream);
+    outbox__sbuf_puts(b, ",\"entry_id\":");
+    tools_json_cstr(b, dv->entry_id);
+    outbox__sbuf_printf(b, ",\"deliveries\":%llu}\n", (unsigned long long)dv->deliveries);
+}
+
+/* The buffers only fail to grow when memory is exhausted, where this tool
+ * cannot do anything useful. */
+static void exit_if_oom(const outbox__sbuf *b)
+{
+    if (b->oom) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        exit(1);
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -240,12 +96,13 @@ static void json_line(sbuf *b, const outbox_delivery *dv)
 
 static int print_handler(outbox_consumer *c, const outbox_delivery *dv, void *data)
 {
-    sbuf b = {0};
+    outbox__sbuf b = {0};
     int ok;
     (void)data;
     json_line(&b, dv);
+    exit_if_oom(&b);
     ok = fwrite(b.p, 1, b.len, stdout) == b.len && fflush(stdout) == 0;
-    free(b.p);
+    outbox__sbuf_free(&b);
     outbox_consumer_done(c, dv, ok ? 0 : -1);
     return 0;
 }
@@ -330,7 +187,7 @@ static int exec_handler(outbox_consumer *c, const outbox_delivery *dv, void *dat
     size_t nenv = 0, k = 0;
     extern char **environ;
     uv_buf_t buf;
-    sbuf hb = {0};
+    outbox__sbuf hb = {0};
     int e;
 
     if (!j) {
@@ -342,6 +199,7 @@ static int exec_handler(outbox_consumer *c, const outbox_delivery *dv, void *dat
     snprintf(num, sizeof num, "%lld", (long long)dv->msg->created_at);
     snprintf(num2, sizeof num2, "%llu", (unsigned long long)dv->deliveries);
     json_headers(&hb, dv->msg);
+    exit_if_oom(&hb);
     j->envbuf[k++] = env_pair("OUTBOX_ID", dv->msg->id, strlen(dv->msg->id));
     j->envbuf[k++] = env_pair("OUTBOX_TOPIC", dv->msg->topic, strlen(dv->msg->topic));
     j->envbuf[k++] = env_pair("OUTBOX_KEY", dv->msg->key ? dv->msg->key : "", dv->msg->key ? dv->msg->key_len : 0);
@@ -350,7 +208,7 @@ static int exec_handler(outbox_consumer *c, const outbox_delivery *dv, void *dat
     j->envbuf[k++] = env_pair("OUTBOX_CREATED_AT", num, strlen(num));
     j->envbuf[k++] = env_pair("OUTBOX_DELIVERIES", num2, strlen(num2));
     j->envbuf[k++] = env_pair("OUTBOX_HEADERS", hb.p, hb.len);
-    free(hb.p);
+    outbox__sbuf_free(&hb);
     for (char **p = environ; *p; p++)
         nenv++;
     env = calloc(nenv + k + 1, sizeof *env);

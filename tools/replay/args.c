@@ -14,7 +14,7 @@
 
 #include "internal.h"
 
-const char *const replay_state_names[ST_COUNT] = {"pending", "sending", "published", "dead"};
+const char *const replay_state_names[OUTBOX_STATE_COUNT] = {"pending", "sending", "published", "dead"};
 const char *const replay_command_names[CMD_COUNT] = {"list", "show", "stats", "requeue", "purge"};
 
 #define FOR(c) (1u << (c))
@@ -222,10 +222,10 @@ static int set_option(replay_options *o, enum optid id, const char *v)
         o->db = v;
         return 0;
     case O_STATE:
-        for (s = 0; s < ST_COUNT; s++)
+        for (s = 0; s < OUTBOX_STATE_COUNT; s++)
             if (strcmp(v, replay_state_names[s]) == 0)
                 break;
-        if (s == ST_COUNT) {
+        if (s == OUTBOX_STATE_COUNT) {
             fail(o, "--state: unknown state '%s' (pending, sending, published, dead)", v);
             return -1;
         }
@@ -446,9 +446,9 @@ enum replay_args_result replay_args_parse(replay_options *o, int argc, char **ar
         fail(o, "--since %s is not before --until %s: nothing could match", o->since_arg, o->until_arg);
         return REPLAY_ARGS_ERROR;
     }
-    if (o->cmd == CMD_PURGE && (o->states & ~STATE_BIT(ST_DEAD))) {
-        for (i = 0; i < ST_COUNT; i++)
-            if (i != ST_DEAD && (o->states & STATE_BIT(i)))
+    if (o->cmd == CMD_PURGE && (o->states & ~STATE_BIT(OUTBOX_STATE_DEAD))) {
+        for (i = 0; i < OUTBOX_STATE_COUNT; i++)
+            if (i != OUTBOX_STATE_DEAD && (o->states & STATE_BIT(i)))
                 break;
         fail(o, "purge deletes only dead messages: --state %s is not allowed (leave --state out, or --state dead)",
              replay_state_names[i]);

@@ -16,8 +16,7 @@
 
 #include "outbox.h"
 
-enum { ST_PENDING = 0, ST_SENDING = 1, ST_PUBLISHED = 2, ST_DEAD = 3, ST_COUNT = 4 };
-extern const char *const replay_state_names[ST_COUNT];
+extern const char *const replay_state_names[OUTBOX_STATE_COUNT];
 #define STATE_BIT(s) (1u << (s))
 
 typedef enum command { CMD_NONE = -1, CMD_LIST, CMD_SHOW, CMD_STATS, CMD_REQUEUE, CMD_PURGE, CMD_COUNT } command;
