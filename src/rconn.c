@@ -56,11 +56,9 @@ static void rc_on_timer(uv_timer_t *t)
 
 static const char *rc_failure_text(const outbox__rconn *rc, int status)
 {
-    if (rc->sentinel_failed)
-        return status == OUTBOX_EAUTH ? "a sentinel refused the credentials (check the sentinel user and password)"
-                                      : "no sentinel named the master";
-    return outbox__redis_failure_text(status);
+    return rc->fail_text ? rc->fail_text : outbox__redis_failure_text(status);
 }
+
 
 static void rc_retry(outbox__rconn *rc, int status, const char *detail)
 {
@@ -82,6 +80,14 @@ static void rc_retry(outbox__rconn *rc, int status, const char *detail)
     /* 100 ms doubling to 5 s; failures counts this one already. */
     d = outbox__backoff_ms(100, 5000, rc->failures);
     uv_timer_start(&rc->timer, rc_on_timer, d, 0);
+}
+
+/* rc_retry with the log's words chosen by the caller. */
+static void rc_retry_as(outbox__rconn *rc, const char *text, int status, const char *detail)
+{
+    rc->fail_text = text;
+    rc_retry(rc, status, detail);
+    rc->fail_text = NULL;
 }
 
 static void quote_free(char *buf, size_t len, const char *s)
@@ -127,7 +133,7 @@ static void rc_attempt_failed(outbox__rconn *rc, const outbox__redis *c, int sta
 static void rc_role_reply(outbox__redis *c, int status, redisReply *reply, void *data)
 {
     outbox__rconn *rc = data;
-    char detail[300];
+    char raw[300], detail[300];
     const redisReply *role;
     if (c != rc->conn)
         return;
@@ -141,13 +147,13 @@ static void rc_role_reply(outbox__redis *c, int status, redisReply *reply, void 
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR)
-        snprintf(detail, sizeof detail, "ROLE at %s:%d: %.200s", rc->node.host, rc->node.port, reply->str);
+        snprintf(raw, sizeof raw, "ROLE at %s:%d: %.200s", rc->node.host, rc->node.port, reply->str);
     else
-        snprintf(detail, sizeof detail, "%s:%d is not the master (ROLE says %.*s)", rc->node.host, rc->node.port,
+        snprintf(raw, sizeof raw, "%s:%d is not the master (ROLE says %.*s)", rc->node.host, rc->node.port,
                  role && role->type == REDIS_REPLY_STRING ? (int)role->len : 1,
                  role && role->type == REDIS_REPLY_STRING ? role->str : "?");
-    quote_free(detail, sizeof detail, detail);
-    rc_retry(rc, OUTBOX_ECONNECT, detail);
+    quote_free(detail, sizeof detail, raw);
+    rc_retry_as(rc, "the node the sentinels named is not the master", OUTBOX_ECONNECT, detail);
 }
 
 static void rc_connected(outbox__redis *c, int status, void *data)
@@ -219,11 +225,12 @@ static void rc_on_master(outbox__sentinel *s, int status, const char *host, int 
     if (!rc->running || rc->closing)
         return;
     if (status != 0) {
-        if (asked) {
-            rc->sentinel_failed = 1;
-            rc_retry(rc, status, outbox__sentinel_errstr(s));
-            rc->sentinel_failed = 0;
-        }
+        if (asked)
+            rc_retry_as(rc,
+                        status == OUTBOX_EAUTH
+                            ? "a sentinel refused the credentials (check the sentinel user and password)"
+                            : "no sentinel named the master",
+                        status, outbox__sentinel_errstr(s));
         return;
     }
     if (!asked) {

@@ -38,7 +38,8 @@ struct outbox__rconn {
      * they named last, and the state of asking them (see rc_connect). */
     outbox__sentinel *sentinel;
     outbox__redis_url node;
-    int locating, down_pending, sentinel_failed;
+    int locating, down_pending;
+    const char *fail_text; /* the words of the next failure's log line, if not the usual */
 };
 
 /* url is copied; opt copied (client_name must stay valid; opt->tls gets a

@@ -99,6 +99,10 @@ static void note(outbox__sentinel *s, int status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(s->errstr + used, sizeof s->errstr - used, fmt, ap);
     va_end(ap);
+    /* It goes into log lines between double quotes. */
+    for (char *p = s->errstr + used; *p; p++)
+        if (*p == '"' || *p == '\n')
+            *p = '\'';
     /* Refused credentials say the most, then "does not know the master",
      * then an unreachable sentinel. */
     if (status == OUTBOX_EAUTH || (status == OUTBOX_EREDIS && s->round_status != OUTBOX_EAUTH))

@@ -47,7 +47,8 @@ int outbox__sentinel_create(outbox__sentinel **out, uv_loop_t *loop, const outbo
  * any); cb follows once with the answer or the failure. A locate already
  * under way is not started again. */
 void outbox__sentinel_locate(outbox__sentinel *s);
-/* What the last round of questions met, "" if nothing failed. */
+/* What the last round of questions met, "" if nothing failed; without
+ * double quotes or newlines, fit for a log line's quoted field. */
 const char *outbox__sentinel_errstr(const outbox__sentinel *s);
 /* Closes the connection and the timer; cb (may be NULL) runs once they are
  * closed and the object is freed. No sentinel callback follows. NULL is a

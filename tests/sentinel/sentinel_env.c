@@ -32,6 +32,12 @@ redisContext *se_sentinel_client(const se_env *e, int i)
     return e->spid[i] > 0 ? tcp_client(e->sport[i], 2000) : NULL;
 }
 
+/* The port the sentinels know node n by. */
+static int node_port(const se_env *e, int n)
+{
+    return e->certs ? e->tport[n] : e->node[n].port;
+}
+
 static int write_sentinel_conf(se_env *e, int i)
 {
     char *path = th_path(e->sdir[i], "sentinel.conf");
@@ -51,7 +57,13 @@ static int write_sentinel_conf(se_env *e, int i)
             "sentinel down-after-milliseconds " SE_MASTER_NAME " 1000\n"
             "sentinel failover-timeout " SE_MASTER_NAME " 5000\n"
             "sentinel parallel-syncs " SE_MASTER_NAME " 1\n",
-            e->sport[i], e->sdir[i], e->sdir[i], e->node[0].port);
+            e->sport[i], e->sdir[i], e->sdir[i], node_port(e, 0));
+    if (e->certs)
+        fprintf(f,
+                "tls-port %d\ntls-replication yes\ntls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\n"
+                "tls-auth-clients no\n",
+                e->stport[i], tls_cert(e->certs, "server.crt"), tls_cert(e->certs, "server.key"),
+                tls_cert(e->certs, "ca.crt"));
     fclose(f);
     free(path);
     return 0;
@@ -136,7 +148,7 @@ int se_named_master(const se_env *e, int i)
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->type == REDIS_REPLY_STRING) {
         int port = atoi(r->element[1]->str);
         for (int n = 0; n < 2; n++)
-            if (e->node[n].port == port)
+            if (node_port(e, n) == port)
                 who = n;
     }
     if (r)
@@ -212,9 +224,19 @@ int se_wait_replica(const se_env *e, int i, int timeout_ms)
             freeReplyObject(r);
         if (c)
             redisFree(c);
-        {
-            char *path = th_path(e->node[i].dir, "redis.log"), *log = th_slurp(path);
-            th_diag_tail("redis.log", log, 15);
+        for (int n = 0; n < 2; n++) {
+            char *path = th_path(e->node[n].dir, "redis.log"), *log = th_slurp(path);
+            char what[32];
+            snprintf(what, sizeof what, "node %d", n);
+            th_diag_tail(what, log, 12);
+            free(log);
+            free(path);
+        }
+        for (int k = 0; k < SE_SENTINELS; k++) {
+            char *path = th_path(e->sdir[k], "sentinel.log"), *log = th_slurp(path);
+            char what[32];
+            snprintf(what, sizeof what, "sentinel %d", k);
+            th_diag_tail(what, log, 25);
             free(log);
             free(path);
         }
@@ -257,15 +279,27 @@ static int sentinels_settled(const se_env *e)
     return 1;
 }
 
-int se_start(se_env *e)
+/* Node n: a replica of node 0 unless n is 0. */
+static int start_node(se_env *e, int n)
 {
-    char conf[128];
+    char conf[128] = "";
+    if (n)
+        snprintf(conf, sizeof conf, "replicaof 127.0.0.1 %d\n", node_port(e, 0));
+    if (!e->certs)
+        return th_redis_start(&e->node[n], 1, conf);
+    strcat(conf, "tls-replication yes\n");
+    e->tport[n] = tls_redis_start(&e->node[n], e->certs, "server.crt", "server.key", 0, 1, conf);
+    return e->tport[n] > 0 ? 0 : -1;
+}
+
+int se_start_tls(se_env *e, tls_certs *certs)
+{
     int64_t deadline;
     memset(e, 0, sizeof *e);
-    if (th_redis_start(&e->node[0], 1, NULL) != 0)
+    e->certs = certs;
+    if (start_node(e, 0) != 0)
         return -1;
-    snprintf(conf, sizeof conf, "replicaof 127.0.0.1 %d\n", e->node[0].port);
-    if (th_redis_start(&e->node[1], 1, conf) != 0) {
+    if (start_node(e, 1) != 0) {
         th_redis_destroy(&e->node[0]);
         return -1;
     }
@@ -274,6 +308,7 @@ int se_start(se_env *e)
         e->sdir[i] = th_tmpdir();
         for (attempt = 0; attempt < 5; attempt++) {
             e->sport[i] = th_free_port();
+            e->stport[i] = certs ? th_free_port() : 0;
             if (e->sport[i] > 0 && write_sentinel_conf(e, i) == 0 && launch_sentinel(e, i) == 0)
                 break;
         }
@@ -283,8 +318,9 @@ int se_start(se_env *e)
             return -1;
         }
     }
-    snprintf(e->url, sizeof e->url, "redis-sentinel://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d#" SE_MASTER_NAME,
-             e->sport[0], e->sport[1], e->sport[2]);
+    snprintf(e->url, sizeof e->url, "%s://127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d#" SE_MASTER_NAME,
+             certs ? "rediss-sentinel" : "redis-sentinel", certs ? e->stport[0] : e->sport[0],
+             certs ? e->stport[1] : e->sport[1], certs ? e->stport[2] : e->sport[2]);
     deadline = th_now_ms() + 30000 * th_slow();
     while (!(se_wait_replica(e, 1, 100) && sentinels_settled(e)) && th_now_ms() < deadline)
         th_sleep_ms(100);
@@ -294,6 +330,11 @@ int se_start(se_env *e)
         return -1;
     }
     return 0;
+}
+
+int se_start(se_env *e)
+{
+    return se_start_tls(e, NULL);
 }
 
 void se_stop(se_env *e)

@@ -17,6 +17,7 @@
 #include <hiredis/hiredis.h>
 
 #include "harness.h"
+#include "tls_certs.h"
 
 #define SE_SENTINELS 3
 #define SE_MASTER_NAME "mymaster"
@@ -27,12 +28,20 @@ typedef struct se_env {
     int sport[SE_SENTINELS];
     char *sdir[SE_SENTINELS];
     char url[512]; /* redis-sentinel://127.0.0.1:P0,127.0.0.1:P1,127.0.0.1:P2#mymaster */
+    /* TLS (se_start_tls): the TLS ports of the nodes and the sentinels,
+     * which the sentinels announce and the URL (rediss-sentinel://) names;
+     * the plaintext ports above stay for the test's own checks. */
+    tls_certs *certs;
+    int tport[2], stport[SE_SENTINELS];
 } se_env;
 
 /* Starts everything and waits (up to 30 s) until the replica acknowledges
  * writes and every sentinel knows the replica and the two other
  * sentinels. Returns 0, or -1 with diagnostics (everything stopped). */
 int se_start(se_env *e);
+/* The same over TLS (server.crt of certs, no client certificates,
+ * tls-replication yes), with a rediss-sentinel:// URL. certs is borrowed. */
+int se_start_tls(se_env *e, tls_certs *certs);
 /* Stops every process and removes the directories. */
 void se_stop(se_env *e);
 
