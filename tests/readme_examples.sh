@@ -45,7 +45,7 @@ for f in "$tmp"/example*.c; do
     b=${f%.c}
     # shellcheck disable=SC2086
     check "$(basename "$f") compiles without warnings" \
-        cc -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror -I"$src/include" "$f" -o "$b" $libs
+        cc -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror -I"$src/include" -I"$build/include" "$f" -o "$b" $libs
 done
 
 check "writer example commits an order and its message" "$tmp/example1" "$tmp/shop.db"

@@ -1,5 +1,6 @@
 /* The outbox-relay command line: --help, --version, init, and every usage
  * error of run (exit 2 with the offending option named). */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,7 +195,7 @@ static void test_run_usage(void)
     r = RUN("--db", db, "--redis", url, "--backoff-min-ms", "5000", "--backoff-max-ms", "100");
     expect_usage(r, "backoff-min-ms", "min above max");
     res_free(&r);
-    r = RUN("--db", db, "--redis", url, "--lease-ms", "2000");
+    r = RUN("--db", db, "--redis", url, "--lease-ms", "2000", "--reply-timeout-ms", "5000");
     expect_usage(r, "lease-ms", "reply timeout not below the lease");
     res_free(&r);
     r = RUN("--db", db, "--redis", url, "--stream-prefix", "a{b}");
@@ -263,6 +264,93 @@ static void test_run_usage(void)
     free(cfg);
 }
 
+/* Starts the daemon with a Redis nobody listens on: it must get as far as
+ * "started" (it then keeps reconnecting) and stop on SIGTERM with exit 0. */
+static void expect_starts(const char *db, const char *what, char *extra[])
+{
+    char *log = th_path(dir, "starts.log"), *argv[16], *text = NULL;
+    int n = 0, st, started = 0;
+    int64_t deadline;
+    pid_t pid;
+    argv[n++] = relay;
+    argv[n++] = "--db";
+    argv[n++] = (char *)db;
+    argv[n++] = "--redis";
+    argv[n++] = "unix:///nonexistent/redis.sock";
+    for (int i = 0; extra[i] && n < 15; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    unlink(log);
+    pid = th_spawn(argv, NULL, NULL, log);
+    if (pid < 0)
+        bail("cannot start %s", relay);
+    deadline = th_now_ms() + 10000 * th_slow();
+    while (!started && th_now_ms() < deadline) {
+        th_sleep_ms(20);
+        free(text);
+        text = th_slurp(log);
+        started = text && strstr(text, "msg=started") != NULL;
+        if (!started && th_wait(pid, 0) != -2) {
+            pid = -1; /* it exited */
+            break;
+        }
+    }
+    ok(started, "%s: the relay starts", what);
+    if (!started)
+        th_diag_tail(what, text ? text : "", 5);
+    if (pid > 0) {
+        kill(pid, SIGTERM);
+        st = th_wait(pid, 10000 * th_slow());
+        if (st == -2) {
+            kill(pid, SIGKILL);
+            th_wait(pid, -1);
+        }
+        is_int(st, 0, "%s: and stops on SIGTERM with exit 0", what);
+    }
+    free(text);
+    free(log);
+}
+
+/* Defaults that follow --lease-ms: the reply timeout (lease-ms/3, at most
+ * 10000) and the WAIT timeout (lease-ms/4, at most 1000). A short lease
+ * alone is accepted; only timeouts given explicitly that contradict the
+ * lease are refused, naming both options. */
+static void test_derived_timeouts(void)
+{
+    char *db = th_path(dir, "derived.db");
+    res r;
+
+    r = RUN("init", "--db", db);
+    res_free(&r);
+    expect_starts(db, "--lease-ms 3000 alone", (char *[]){"--lease-ms", "3000", NULL});
+    expect_starts(db, "--lease-ms 1000 alone", (char *[]){"--lease-ms", "1000", NULL});
+    expect_starts(db, "--lease-ms 1500 --wait-replicas 1",
+                  (char *[]){"--lease-ms", "1500", "--wait-replicas", "1", NULL});
+    expect_starts(db, "--lease-ms 3000 --reply-timeout-ms 2000",
+                  (char *[]){"--lease-ms", "3000", "--reply-timeout-ms", "2000", NULL});
+
+    r = RUN("--db", db, "--redis", "unix:///nonexistent/redis.sock", "--lease-ms", "3000", "--reply-timeout-ms",
+            "5000");
+    expect_usage(r, "reply-timeout-ms 5000", "--lease-ms 3000 --reply-timeout-ms 5000");
+    ok(r.err && strstr(r.err, "lease-ms 3000"), "and the message names --lease-ms too");
+    res_free(&r);
+    r = RUN("--db", db, "--redis", "unix:///nonexistent/redis.sock", "--reply-timeout-ms", "40000");
+    expect_usage(r, "reply-timeout-ms 40000", "--reply-timeout-ms 40000 with the default lease");
+    ok(r.err && strstr(r.err, "lease-ms 30000"), "and the message names lease-ms");
+    res_free(&r);
+    r = RUN("--db", db, "--redis", "unix:///nonexistent/redis.sock", "--lease-ms", "3000", "--wait-replicas", "1",
+            "--reply-timeout-ms", "2000", "--wait-timeout-ms", "1000");
+    expect_usage(r, "reply-timeout-ms 2000 plus wait-timeout-ms 1000", "reply plus WAIT timeout not below the lease");
+    ok(r.err && strstr(r.err, "lease-ms 3000"), "and the message names lease-ms");
+    res_free(&r);
+    r = RUN("--db", db, "--redis", "unix:///nonexistent/redis.sock", "--lease-ms", "1500", "--wait-replicas", "1",
+            "--wait-timeout-ms", "1000");
+    expect_usage(r, "wait-timeout-ms 1000", "--lease-ms 1500 --wait-timeout-ms 1000");
+    ok(r.err && strstr(r.err, "lease-ms 1500"), "and the message names lease-ms");
+    res_free(&r);
+    free(db);
+}
+
 int main(void)
 {
     relay = th_bin("tools/relay/outbox-relay");
@@ -270,6 +358,7 @@ int main(void)
     test_help_version();
     test_init();
     test_run_usage();
+    test_derived_timeouts();
     th_rmtree(dir);
     free(dir);
     free(relay);

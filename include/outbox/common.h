@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "outbox/version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -23,10 +25,8 @@ extern "C" {
 #define OUTBOX_API
 #endif
 
-#define OUTBOX_VERSION_MAJOR 0
-#define OUTBOX_VERSION_MINOR 1
-#define OUTBOX_VERSION_PATCH 0
-#define OUTBOX_VERSION_STRING "0.1.0"
+/* OUTBOX_VERSION_MAJOR, _MINOR, _PATCH and _STRING (e.g. "1.2.3") come from
+ * outbox/version.h, which meson generates from the project's version. */
 
 /* The outbox table schema version this library creates and understands
  * (stored in PRAGMA user_version, see proto/schema.md). */

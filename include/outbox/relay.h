@@ -58,65 +58,96 @@ extern "C" {
 typedef struct outbox_relay outbox_relay;
 
 typedef struct outbox_relay_settings {
+    /*
+     * Every setting that outbox-relay also takes as an option (--lease-ms
+     * for lease_ms, ...) states its default here as "default VALUE", the
+     * value outbox_relay_defaults() sets (tests/test_options_doc.c checks
+     * them). Each has a range; outbox_relay_create() refuses a value outside
+     * it with OUTBOX_EINVAL and a message that names the setting and the
+     * range.
+     */
     /* Database file with the outbox schema (required; copied). The relay
-     * opens its own connection. */
+     * opens its own connection. Default NULL. */
     const char *db_path;
     /* redis://[[user]:password@]host[:port][/db], unix:///path[?db=N] or
      * redis-sentinel://[[user]:password@]host[:port][,host[:port]...][/db]#master
-     * (required; copied). */
+     * (required; copied). Default NULL. */
     const char *redis_url;
-    /* Lease owner name; default NULL means "<hostname>:<pid>". Copied. */
+    /* Lease owner name; default NULL, which means "<hostname>:<pid>". Copied. */
     const char *worker_id;
     /* Stream name prefix; default "outbox:". Copied. */
     const char *stream_prefix;
-    /* Rows claimed per SQLite transaction; default 512 (1..100000). */
+    /* Rows claimed per SQLite transaction; default 512. */
     unsigned batch;
-    /* Messages claimed but not yet marked, at most; default 8192
-     * (1..1000000). Memory is bounded by this window, not by the backlog. */
+    /* Messages claimed but not yet marked, at most; default 8192.
+     * Memory is bounded by this window, not by the backlog. */
     unsigned inflight;
-    /* Lease length; default 30000 ms. Another relay may take a row over once
-     * its lease expired. */
+    /* Lease length in ms; default 30000. Another relay may take a row over
+     * once its lease expired. */
     uint64_t lease_ms;
     /* Fallback scan interval when no wake-up arrives; default 1000 ms. */
     uint64_t scan_interval_ms;
     /* Publish attempts before a row becomes dead; default 10. */
     unsigned max_attempts;
-    /* Retry backoff: exponential from min to max, with jitter; defaults 500
-     * and 60000 ms. */
+    /* The first retry delay; default 500 ms. Retries back off exponentially
+     * from backoff_min_ms to backoff_max_ms, with jitter. */
     uint64_t backoff_min_ms;
+    /* The largest retry delay; default 60000 ms. */
     uint64_t backoff_max_ms;
     /* Approximate stream trimming (XADD MAXLEN ~ N); default 0 = off. */
     uint64_t maxlen;
-    /* Rows with a larger payload are dead-lettered; default 1 MiB. */
+    /* Rows with a larger payload are dead-lettered; default 1048576 bytes
+     * (1 MiB, OUTBOX_PAYLOAD_DEFAULT_MAX). */
     size_t max_payload;
     /* Graceful stop: how long to wait for in-flight replies; default 10000 ms. */
     uint64_t shutdown_timeout_ms;
     /* When > 0, a batch is marked published only after WAIT reports this many
-     * replicas, within wait_timeout_ms (default 1000 ms); otherwise retried. */
+     * replicas within wait_timeout_ms; otherwise retried. Default 0 = off. */
     unsigned wait_replicas;
+    /* The WAIT timeout in ms; default 0, which means lease_ms/4, at most
+     * 1000 (it follows lease_ms). A value set must be below half of
+     * lease_ms. */
     uint64_t wait_timeout_ms;
-    /* Redis connect timeout and reply timeout; defaults 5000 and 10000 ms.
-     * The reply timeout must be below lease_ms. */
+    /* Redis connect timeout; default 5000 ms. */
     uint64_t connect_timeout_ms;
+    /* Redis reply timeout in ms: a connection with a reply overdue this long
+     * is dropped and its messages retried, so that a stuck connection is
+     * given up before the leases of its messages expire. Default 0, which
+     * means lease_ms/3, at most 10000 (it follows lease_ms). A value set
+     * must be below lease_ms, less wait_timeout_ms with wait_replicas. */
     uint64_t reply_timeout_ms;
     /* Drain mode: call on_drained (or stop by itself if NULL) once nothing is
-     * due, nothing is leased and nothing is in flight. Default 0. */
+     * due, nothing is leased, nothing is in flight and no row waits for a
+     * retry: a row that failed and waits for its backoff (or was handed
+     * back) holds the drain until it is published or dead. Rows the
+     * application wrote with a later available_at (delayed messages, never
+     * attempted) do not hold it. Default 0. */
     int drain;
+    /* Drain mode: how long the drain may take, in ms from
+     * outbox_relay_start; default 0 = no limit. When it expires first, the
+     * relay logs how many rows are left (due, waiting for a retry, leased)
+     * and calls on_drained (or stops) all the same;
+     * outbox_relay_drain_result() then returns OUTBOX_ETIMEDOUT. */
+    uint64_t drain_timeout_ms;
+    /* Called once on the loop thread when the drain ends (see drain and
+     * drain_timeout_ms); it may stop or destroy the relay. */
     void (*on_drained)(outbox_relay *r, void *data);
     void *on_drained_data;
-    /* Log sink and level; defaults outbox_log_stderr and OUTBOX_LOG_INFO. */
+    /* Log sink; default outbox_log_stderr. */
     outbox_log_fn log;
     void *log_data;
+    /* The least severe level logged; default OUTBOX_LOG_INFO. */
     outbox_log_level log_level;
     /* Idempotent publishing (default 0): each batch goes to its stream
      * through one server-side script call that appends a message only if
      * its publish marker does not exist, so a message published twice within
-     * idempotent_retention_ms (default 3600000) is appended once. Costs one
-     * marker key (about 100 bytes) per message for the retention. */
+     * idempotent_retention_ms is appended once. Costs one marker key (about
+     * 100 bytes) per message for the retention. */
     int idempotent;
+    /* How long publish markers are kept; default 3600000 ms. */
     uint64_t idempotent_retention_ms;
-    /* "HOST:PORT" to serve Prometheus /metrics and /healthz on, or NULL
-     * (default) for none. Copied. */
+    /* "HOST:PORT" to serve Prometheus /metrics and /healthz on, or NULL for
+     * none; default NULL. Copied. */
     const char *metrics_listen;
     /* /healthz answers 503 once Redis has been unreachable this long;
      * default 30000 ms. */
@@ -125,11 +156,13 @@ typedef struct outbox_relay_settings {
      * of retention_batch from a timer; default 86400000 ms (24 h), 0 keeps
      * them forever. Dead rows are never deleted. */
     uint64_t retention_ms;
-    unsigned retention_batch; /* default 1000 */
+    /* Rows deleted per retention transaction; default 1000. */
+    unsigned retention_batch;
     /* The sentinels' own credentials, when redis_url is a
      * redis-sentinel:// URL and the sentinels need other ones than the
      * URL's (those are the data nodes'); default NULL: no AUTH to the
-     * sentinels. Copied. Set with another URL: OUTBOX_EINVAL. */
+     * sentinels. Copied. Set with another URL: OUTBOX_EINVAL. Not options
+     * of outbox-relay yet. */
     const char *sentinel_user;
     const char *sentinel_password;
 } outbox_relay_settings;
@@ -144,7 +177,21 @@ OUTBOX_API void outbox_relay_defaults(outbox_relay_settings *s);
  * the offending setting or the database problem. Returns 0, OUTBOX_EINVAL
  * (a setting; err says which), OUTBOX_EURL, OUTBOX_ENOSCHEMA,
  * OUTBOX_ESCHEMANEWER, OUTBOX_EFOREIGN, OUTBOX_ENOTDB, OUTBOX_EIO,
- * OUTBOX_ESQLITE, OUTBOX_ENOMEM. loop is borrowed and must outlive the relay.
+ * OUTBOX_EBUSY, OUTBOX_ESQLITE, OUTBOX_ENOMEM. loop is borrowed and must
+ * outlive the relay.
+ *
+ * Unlike everything the relay does once started, create runs its SQLite work
+ * on the calling thread, and it may wait there for a lock: when reading the
+ * schema, or migrating an older one, meets a lock, it tries again every
+ * 10 ms (sqlite3_sleep), 200 times at most (about 2 s, plus the tries
+ * themselves), and then fails with OUTBOX_EBUSY. That happens only while
+ * another connection keeps the database from being read (its WAL recovery
+ * after a crash, or PRAGMA locking_mode=EXCLUSIVE), or while the schema must
+ * be migrated and another connection holds the write lock (its own
+ * migration, or an ordinary writer's transaction: the migration waits for
+ * its commit). A writer's transaction on a database whose schema is current
+ * does not make create wait: in WAL mode a reader never waits for a writer.
+ * Call it before the loop runs, or accept that pause.
  */
 OUTBOX_API int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_settings *s,
                                    char *err, size_t errlen);
@@ -170,6 +217,11 @@ OUTBOX_API int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, vo
  * is a no-op. */
 OUTBOX_API void outbox_relay_destroy(outbox_relay *r);
 
+/* How a drain ended: 0 once it was done, OUTBOX_ETIMEDOUT when
+ * drain_timeout_ms expired first (rows were left), OUTBOX_ESTATE before
+ * either or without drain mode, OUTBOX_EINVAL for NULL. For on_drained. */
+OUTBOX_API int outbox_relay_drain_result(const outbox_relay *r);
+
 /* Wakes the relay to scan now, e.g. right after the application committed
  * messages. Thread-safe; cheap; calls coalesce; a no-op before start. */
 OUTBOX_API void outbox_relay_wake(outbox_relay *r);
@@ -185,11 +237,33 @@ OUTBOX_API void outbox_relay_wake(outbox_relay *r);
  * thread, such a sleep holds up everything); while such a connection is
  * attached, the relay also starts its next transaction right after a short
  * one (under 1 ms), without the pause of at least 1 ms it otherwise leaves
- * for other connections' busy handlers. Call from the thread that owns
- * db, and call outbox_relay_detach(db) from that thread before closing db or
- * destroying the relay; detach restores the busy timeout db had at attach.
- * May be called before outbox_relay_start (wake-ups begin with the start).
- * Returns 0 or OUTBOX_EINVAL.
+ * for other connections' busy handlers. May be called before
+ * outbox_relay_start (wake-ups begin with the start).
+ *
+ * A connection has one WAL hook and one busy handler. A WAL hook installed
+ * on db after attach, with sqlite3_wal_hook() or with PRAGMA
+ * wal_autocheckpoint=N (which installs SQLite's own checkpointing hook),
+ * replaces the relay's: db's commits then no longer wake the relay at once
+ * (it notices them as it notices another process's commits, through its
+ * watch on the WAL file, or at its next scan). Likewise a busy timeout or
+ * busy handler set on db after attach replaces the relay's handler.
+ *
+ * Call attach and detach from the thread that owns db, and
+ * outbox_relay_detach(db) before closing db or destroying the relay. Detach
+ * removes the relay's hooks and gives db back what it had at attach: its
+ * busy timeout (unless a busy timeout was set on db since: that one stays; a
+ * busy handler set since is replaced by it) and its auto-checkpoint (PRAGMA
+ * wal_autocheckpoint, 1000 pages unless changed; a WAL hook of the
+ * application's that db had before attach is not restored). After PRAGMA
+ * wal_autocheckpoint=N on db, detach leaves SQLite's hook and N in place. A
+ * WAL hook of the application's own installed with sqlite3_wal_hook() after
+ * attach is removed by detach (SQLite cannot tell whose hook is installed):
+ * install it again after detach. Detach of a connection that is not
+ * attached, or NULL, does nothing.
+ *
+ * attach returns 0 (also when db is attached to r already: nothing
+ * changes), OUTBOX_EINVAL (r or db is NULL), OUTBOX_ESTATE (db is attached
+ * to another relay: detach it first) or OUTBOX_ENOMEM (nothing changed).
  */
 OUTBOX_API int outbox_relay_attach(outbox_relay *r, sqlite3 *db);
 OUTBOX_API void outbox_relay_detach(sqlite3 *db);

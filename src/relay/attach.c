@@ -2,10 +2,11 @@
  * attach.c: application connections attached to a relay
  * (outbox_relay_attach). Each has a record in a process-wide registry, so
  * that outbox_relay_detach(db), which is given only the connection, finds
- * its relay and the busy timeout to restore without trusting whatever
- * argument the connection's WAL hook has now: PRAGMA wal_autocheckpoint or
- * another sqlite3_wal_hook() replaces the relay's hook. The hooks run on the
- * application's threads; the registry is guarded by a mutex of its own.
+ * its relay, the busy timeout and the auto-checkpoint to restore without
+ * trusting whatever argument the connection's WAL hook has now: PRAGMA
+ * wal_autocheckpoint or another sqlite3_wal_hook() replaces the relay's
+ * hook. The hooks run on the application's threads; the registry is guarded
+ * by a mutex of its own.
  */
 #include <stdlib.h>
 
@@ -17,7 +18,8 @@ typedef struct attachment {
     struct attachment *next;
     sqlite3 *db;
     outbox_relay *r;
-    int busy_ms; /* its busy timeout at attach, restored by detach; 0: it never waited */
+    int busy_ms;  /* its busy timeout at attach, restored by detach; 0: it never waited */
+    int autockpt; /* its PRAGMA wal_autocheckpoint at attach, restored by detach; 0: off */
 } attachment;
 
 static uv_once_t registry_once = UV_ONCE_INIT;
@@ -30,7 +32,8 @@ static void registry_init(void)
     registry_ok = uv_mutex_init(&registry_mutex) == 0;
 }
 
-/* The record of db, with the registry locked; NULL if none. */
+/* The record of db, with the registry locked: the link that points at it,
+ * or at the NULL that ends the registry if there is none. */
 static attachment **find(sqlite3 *db)
 {
     attachment **l = &registry;
@@ -82,9 +85,20 @@ static int attach_busy(void *arg, int count)
     return 1;
 }
 
-int outbox_relay_attach(outbox_relay *r, sqlite3 *db)
+/* A one-integer PRAGMA of db (busy_timeout, wal_autocheckpoint); 0 if it
+ * cannot be read. */
+static int pragma_int(sqlite3 *db, const char *sql)
 {
     sqlite3_stmt *st = NULL;
+    int v = 0;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        v = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
+
+int outbox_relay_attach(outbox_relay *r, sqlite3 *db)
+{
     attachment *a, **l;
     if (!r || !db)
         return OUTBOX_EINVAL;
@@ -105,9 +119,8 @@ int outbox_relay_attach(outbox_relay *r, sqlite3 *db)
     }
     a->db = db;
     a->r = r;
-    if (sqlite3_prepare_v2(db, "PRAGMA busy_timeout", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
-        a->busy_ms = sqlite3_column_int(st, 0);
-    sqlite3_finalize(st);
+    a->busy_ms = pragma_int(db, "PRAGMA busy_timeout");
+    a->autockpt = pragma_int(db, "PRAGMA wal_autocheckpoint");
     if (!r->lock.sync_ok)
         a->busy_ms = 0; /* no way to wait for the relay's transaction: the timeout stays */
     a->next = registry;
@@ -125,8 +138,6 @@ int outbox_relay_attach(outbox_relay *r, sqlite3 *db)
 void outbox_relay_detach(sqlite3 *db)
 {
     attachment *a, **l;
-    int64_t autockpt = 0;
-    sqlite3_stmt *st = NULL;
     if (!db)
         return;
     uv_once(&registry_once, registry_init);
@@ -141,18 +152,21 @@ void outbox_relay_detach(sqlite3 *db)
     if (!a)
         return; /* not attached: its hooks are someone else's */
     /* PRAGMA wal_autocheckpoint reads N > 0 only while SQLite's own
-     * checkpointing hook is installed: then the relay's hook was replaced
-     * and is left alone. */
-    if (sqlite3_prepare_v2(db, "PRAGMA wal_autocheckpoint", -1, &st, NULL) == SQLITE_OK &&
-        sqlite3_step(st) == SQLITE_ROW)
-        autockpt = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    if (autockpt <= 0) {
-        void *prev = sqlite3_wal_hook(db, NULL, NULL);
-        (void)prev; /* another hook set after attach is cleared too (relay.h says so) */
+     * checkpointing hook is installed: then the application replaced the
+     * relay's hook with it, and it stays. Otherwise the hook is the relay's,
+     * or one the application set since (SQLite cannot tell whose): it goes,
+     * and the auto-checkpoint db had at attach comes back. */
+    if (pragma_int(db, "PRAGMA wal_autocheckpoint") <= 0) {
+        sqlite3_wal_hook(db, NULL, NULL);
+        if (a->autockpt > 0)
+            sqlite3_wal_autocheckpoint(db, a->autockpt);
     }
     if (a->busy_ms > 0) {
-        sqlite3_busy_timeout(db, a->busy_ms); /* the timeout it had at attach */
+        /* The busy timeout it had at attach, unless the application set one
+         * since (PRAGMA busy_timeout reads 0 while the relay's handler is
+         * installed). */
+        if (pragma_int(db, "PRAGMA busy_timeout") == 0)
+            sqlite3_busy_timeout(db, a->busy_ms);
         __atomic_sub_fetch(&a->r->lock.attached, 1, __ATOMIC_RELAXED);
     }
     free(a);

@@ -112,6 +112,7 @@ static int copy_settings(outbox_relay *r, const outbox_relay_settings *s, char *
     int e;
 
     r->cfg.s = *s;
+    outbox__relay_settings_resolve(&r->cfg.s);
     r->cfg.log.fn = s->log;
     r->cfg.log.data = s->log_data;
     r->cfg.log.min_level = s->log_level;

@@ -188,6 +188,7 @@ struct relay_sched {
     uv_timer_t kick_timer; /* run a unit on the next loop turn (or after the lock gap) */
     uv_timer_t scan_timer; /* fallback scan and next-due wake-up */
     uv_timer_t busy_timer; /* database locked or failing: retry */
+    uv_timer_t drain_timer; /* drain mode: drain_timeout_ms */
     uv_work_t work;
     struct relay_unit unit;
     int running;              /* a unit is on a worker thread */
@@ -198,6 +199,7 @@ struct relay_sched {
     uint64_t claim_row_ns;    /* recent cost of one claimed row (worker thread only) */
     unsigned stop_failures;   /* units in a row that failed while stopping */
     int drained;              /* drain mode: on_drained was called */
+    int drain_timed_out;      /* drain mode: on_drained was called because drain_timeout_ms expired */
 };
 
 /* Cross-thread state of a unit's transaction (mutex, or atomics where
@@ -310,6 +312,9 @@ static inline outbox__redis *redis_conn(const outbox_relay *r)
 
 /* Checks every setting; 0, or OUTBOX_EINVAL with err naming it. */
 int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size_t errlen);
+/* Replaces the settings left 0 whose default follows another (the reply
+ * and WAIT timeouts) by the values in effect; after a successful check. */
+void outbox__relay_settings_resolve(outbox_relay_settings *s);
 
 /* ---- db.c ---- */
 

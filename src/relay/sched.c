@@ -3,8 +3,9 @@
  * worker thread so that the loop keeps turning while it runs: it writes the
  * marks queued since the last unit, then claims the next batch if the window
  * has room; claimed rows are sent once it committed. Also the timers that
- * start units (kick, scan, busy retry), the drain check and the cross-thread
- * state of a unit's transaction (r->lock) that attached connections wait on.
+ * start units (kick, scan, busy retry), the drain check and its timeout, and
+ * the cross-thread state of a unit's transaction (r->lock) that attached
+ * connections wait on.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,22 +53,72 @@ static void arm_next_due(outbox_relay *r, int64_t now)
         outbox__sched_arm_scan(r, next > now ? (uint64_t)(next - now) + 1 : 1);
 }
 
+/* What a drain has left by now (OUTBOX__SQL_DRAIN): left[0] rows due,
+ * left[1] rows waiting for a retry, left[2] leased rows, each counted up to
+ * limit rows (-1: all). Loop thread, while no unit runs. */
+static int drain_left(outbox_relay *r, int64_t now, int64_t limit, int64_t left[3])
+{
+    sqlite3_stmt *st = r->db.q_drain;
+    int rc, i;
+    sqlite3_bind_int64(st, 1, now);
+    sqlite3_bind_int64(st, 2, limit);
+    rc = sqlite3_step(st);
+    for (i = 0; i < 3; i++)
+        left[i] = rc == SQLITE_ROW ? sqlite3_column_int64(st, i) : -1;
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? 0 : outbox__relay_sqlerr(r, rc);
+}
+
+/* Drain mode: done once nothing is in flight and nothing is left, rows
+ * waiting for a retry included (they are claimed again when due: the scan
+ * timer is armed for the next due row). Rows delayed by the application do
+ * not count (see OUTBOX__SQL_DRAIN). */
 static void check_drained(outbox_relay *r, int64_t now)
 {
-    int rc;
+    int64_t left[3];
     if (!r->cfg.s.drain || r->sched.drained || r->state != R_RUNNING || r->win.inflight || r->win.marks_head)
         return;
-    sqlite3_bind_int64(r->db.q_drain, 1, now);
-    rc = sqlite3_step(r->db.q_drain);
-    if (rc == SQLITE_ROW && sqlite3_column_int(r->db.q_drain, 0) == 0) {
-        sqlite3_reset(r->db.q_drain);
-        r->sched.drained = 1;
-        LOG(r, OUTBOX_LOG_INFO, "msg=drained published=%llu dead=%llu", (unsigned long long)r->stats.published_total,
-            (unsigned long long)r->stats.dead_total);
-        r->cfg.s.on_drained(r, r->cfg.s.on_drained_data); /* lifecycle.c sets a stop if the user gave none */
+    if (drain_left(r, now, 1, left) != 0 || left[0] + left[1] + left[2] > 0)
+        return;
+    r->sched.drained = 1;
+    LOG(r, OUTBOX_LOG_INFO, "msg=drained published=%llu dead=%llu", (unsigned long long)r->stats.published_total,
+        (unsigned long long)r->stats.dead_total);
+    r->cfg.s.on_drained(r, r->cfg.s.on_drained_data); /* lifecycle.c sets a stop if the user gave none */
+}
+
+/* drain_timeout_ms expired before the drain was done: the drain ends as
+ * if done (on_drained, or the stop lifecycle.c set), with
+ * outbox_relay_drain_result() saying so and the rows left in the log. */
+static void on_drain_timeout(uv_timer_t *t)
+{
+    outbox_relay *r = t->data;
+    int64_t left[3];
+    if (r->sched.drained || r->state != R_RUNNING)
+        return;
+    if (r->sched.running) {
+        /* The unit's worker has the connection: count once it is done. */
+        uv_timer_start(t, on_drain_timeout, 1, 0);
         return;
     }
-    sqlite3_reset(r->db.q_drain);
+    drain_left(r, outbox_now_ms(), -1, left);
+    r->sched.drained = 1;
+    r->sched.drain_timed_out = 1;
+    LOG(r, OUTBOX_LOG_WARN,
+        "msg=\"drain timeout: rows left\" timeout_ms=%llu due=%lld waiting_retry=%lld leased=%lld inflight=%llu "
+        "published=%llu dead=%llu",
+        (unsigned long long)r->cfg.s.drain_timeout_ms, (long long)left[0], (long long)left[1], (long long)left[2],
+        (unsigned long long)r->win.inflight, (unsigned long long)r->stats.published_total,
+        (unsigned long long)r->stats.dead_total);
+    r->cfg.s.on_drained(r, r->cfg.s.on_drained_data);
+}
+
+int outbox_relay_drain_result(const outbox_relay *r)
+{
+    if (!r)
+        return OUTBOX_EINVAL;
+    if (!r->sched.drained)
+        return OUTBOX_ESTATE;
+    return r->sched.drain_timed_out ? OUTBOX_ETIMEDOUT : 0;
 }
 
 /* A unit failed with rc (OUTBOX_E*; sqlite_rc the SQLite code behind it, or
@@ -520,8 +571,11 @@ int outbox__sched_init(outbox_relay *r)
     uv_timer_init(r->loop, &r->sched.kick_timer);
     uv_timer_init(r->loop, &r->sched.scan_timer);
     uv_timer_init(r->loop, &r->sched.busy_timer);
-    r->sched.kick_timer.data = r->sched.scan_timer.data = r->sched.busy_timer.data = r;
-    return 3;
+    uv_timer_init(r->loop, &r->sched.drain_timer);
+    r->sched.kick_timer.data = r->sched.scan_timer.data = r->sched.busy_timer.data = r->sched.drain_timer.data = r;
+    if (r->cfg.s.drain && r->cfg.s.drain_timeout_ms)
+        uv_timer_start(&r->sched.drain_timer, on_drain_timeout, r->cfg.s.drain_timeout_ms, 0);
+    return 4;
 }
 
 void outbox__sched_close(outbox_relay *r, uv_close_cb cb)
@@ -529,4 +583,5 @@ void outbox__sched_close(outbox_relay *r, uv_close_cb cb)
     uv_close((uv_handle_t *)&r->sched.kick_timer, cb);
     uv_close((uv_handle_t *)&r->sched.scan_timer, cb);
     uv_close((uv_handle_t *)&r->sched.busy_timer, cb);
+    uv_close((uv_handle_t *)&r->sched.drain_timer, cb);
 }

@@ -1,93 +1,171 @@
 /*
- * settings.c: the relay's settings, their defaults and their checks.
+ * settings.c: the relay's settings (settings_table.h), their defaults and
+ * their checks.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "relay_int.h"
-#include "outbox/writer.h"
+#include "settings_table.h"
+
+#define ROW(name, type, field, flags, def, min, max, arg, shown, help)                                                \
+    {name, OUTBOX__OPT_##type, #field, offsetof(outbox_relay_settings, field), flags, min, max, arg, shown, help},
+const outbox__relay_option outbox__relay_options[] = {OUTBOX__RELAY_SETTINGS(ROW)};
+#undef ROW
+const size_t outbox__relay_noptions = OUTBOX_ARRAY_LEN(outbox__relay_options);
+
+const outbox__relay_option *outbox__relay_option_find(const char *name)
+{
+    size_t i;
+    for (i = 0; i < outbox__relay_noptions; i++)
+        if (strcmp(outbox__relay_options[i].name, name) == 0)
+            return &outbox__relay_options[i];
+    return NULL;
+}
+
+uint64_t outbox__relay_option_get(const outbox_relay_settings *s, const outbox__relay_option *o)
+{
+    const void *f = (const char *)s + o->off;
+    switch (o->type) {
+    case OUTBOX__OPT_UINT:
+        return *(const unsigned *)f;
+    case OUTBOX__OPT_U64:
+        return *(const uint64_t *)f;
+    case OUTBOX__OPT_SIZE:
+        return *(const size_t *)f;
+    case OUTBOX__OPT_FLAG:
+        return (uint64_t)*(const int *)f;
+    case OUTBOX__OPT_LEVEL:
+        return (uint64_t)*(const outbox_log_level *)f;
+    case OUTBOX__OPT_STR:
+        break;
+    }
+    return 0;
+}
+
+void outbox__relay_option_set(outbox_relay_settings *s, const outbox__relay_option *o, uint64_t v)
+{
+    void *f = (char *)s + o->off;
+    switch (o->type) {
+    case OUTBOX__OPT_UINT:
+        *(unsigned *)f = (unsigned)v;
+        break;
+    case OUTBOX__OPT_U64:
+        *(uint64_t *)f = v;
+        break;
+    case OUTBOX__OPT_SIZE:
+        *(size_t *)f = (size_t)v;
+        break;
+    case OUTBOX__OPT_FLAG:
+        *(int *)f = v != 0;
+        break;
+    case OUTBOX__OPT_LEVEL:
+        *(outbox_log_level *)f = (outbox_log_level)v;
+        break;
+    case OUTBOX__OPT_STR:
+        break;
+    }
+}
+
+int outbox__relay_option_in_range(const outbox__relay_option *o, uint64_t v)
+{
+    if (o->type == OUTBOX__OPT_FLAG)
+        return 1; /* any int: not 0 is on */
+    return (v >= o->min && v <= o->max) || (v == 0 && (o->flags & OUTBOX__OPT_ZERO));
+}
+
+void outbox__relay_option_range(const outbox__relay_option *o, char *buf, size_t len)
+{
+    snprintf(buf, len, "%llu..%llu%s", (unsigned long long)o->min, (unsigned long long)o->max,
+             o->flags & OUTBOX__OPT_ZERO ? ", or 0" : "");
+}
 
 void outbox_relay_defaults(outbox_relay_settings *s)
 {
     memset(s, 0, sizeof *s);
-    s->stream_prefix = "outbox:";
-    s->batch = 512;
-    s->inflight = 8192;
-    s->lease_ms = 30000;
-    s->scan_interval_ms = 1000;
-    s->max_attempts = 10;
-    s->backoff_min_ms = 500;
-    s->backoff_max_ms = 60000;
-    s->maxlen = 0;
-    s->max_payload = OUTBOX_PAYLOAD_DEFAULT_MAX;
-    s->shutdown_timeout_ms = 10000;
-    s->wait_replicas = 0;
-    s->wait_timeout_ms = 1000;
-    s->connect_timeout_ms = 5000;
-    s->reply_timeout_ms = 10000;
+#define DEFAULT(name, type, field, flags, def, ...) s->field = def;
+    OUTBOX__RELAY_SETTINGS(DEFAULT)
+#undef DEFAULT
     s->log = outbox_log_stderr;
-    s->log_level = OUTBOX_LOG_INFO;
-    s->idempotent = 0;
-    s->idempotent_retention_ms = 3600000;
-    s->health_redis_down_ms = 30000;
-    s->retention_ms = 86400000;
-    s->retention_batch = 1000;
+}
+
+static uint64_t derived(uint64_t set, uint64_t lease_ms, uint64_t div, uint64_t max)
+{
+    if (set)
+        return set;
+    return lease_ms / div < max ? lease_ms / div : max;
+}
+
+uint64_t outbox__relay_reply_timeout(const outbox_relay_settings *s)
+{
+    return derived(s->reply_timeout_ms, s->lease_ms, OUTBOX__REPLY_TIMEOUT_LEASE_DIV, OUTBOX__REPLY_TIMEOUT_MAX_MS);
+}
+
+uint64_t outbox__relay_wait_timeout(const outbox_relay_settings *s)
+{
+    return derived(s->wait_timeout_ms, s->lease_ms, OUTBOX__WAIT_TIMEOUT_LEASE_DIV, OUTBOX__WAIT_TIMEOUT_MAX_MS);
+}
+
+void outbox__relay_settings_resolve(outbox_relay_settings *s)
+{
+    s->reply_timeout_ms = outbox__relay_reply_timeout(s);
+    s->wait_timeout_ms = outbox__relay_wait_timeout(s);
+}
+
+/* Every setting of the table within its range, the required ones given. */
+static int check_ranges(const outbox_relay_settings *s, char *err, size_t errlen)
+{
+    size_t i;
+    char range[64];
+    for (i = 0; i < outbox__relay_noptions; i++) {
+        const outbox__relay_option *o = &outbox__relay_options[i];
+        uint64_t v;
+        if (o->type == OUTBOX__OPT_STR) {
+            const char *str = *(const char *const *)((const char *)s + o->off);
+            if ((o->flags & OUTBOX__OPT_REQUIRED) && (!str || !*str))
+                return outbox__errf(err, errlen, OUTBOX_EINVAL, "%s: required, not given", o->name);
+            continue;
+        }
+        v = outbox__relay_option_get(s, o);
+        if (outbox__relay_option_in_range(o, v))
+            continue;
+        outbox__relay_option_range(o, range, sizeof range);
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "%s: %llu is out of range %s", o->name,
+                            (unsigned long long)v, range);
+    }
+    return 0;
 }
 
 int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size_t errlen)
 {
-    if (!s->db_path || !*s->db_path)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "db: no database path given");
-    if (!s->redis_url || !*s->redis_url)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "redis: no Redis URL given");
-    if (s->batch < 1 || s->batch > 100000)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "batch: %u is out of range 1..100000", s->batch);
-    if (s->inflight < 1 || s->inflight > 1000000)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "inflight: %u is out of range 1..1000000", s->inflight);
-    if (s->lease_ms < 1000 || s->lease_ms > 86400000ull)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "lease-ms: %llu is out of range 1000..86400000",
-                            (unsigned long long)s->lease_ms);
-    if (s->scan_interval_ms < 1 || s->scan_interval_ms > 3600000ull)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "scan-interval-ms: %llu is out of range 1..3600000",
-                            (unsigned long long)s->scan_interval_ms);
-    if (s->max_attempts < 1 || s->max_attempts > 1000000)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "max-attempts: %u is out of range 1..1000000", s->max_attempts);
-    if (s->backoff_min_ms < 1 || s->backoff_min_ms > s->backoff_max_ms || s->backoff_max_ms > 86400000ull)
+    int e = check_ranges(s, err, errlen);
+    uint64_t wait = outbox__relay_wait_timeout(s);
+    if (e != 0)
+        return e;
+    if (s->backoff_min_ms > s->backoff_max_ms)
         return outbox__errf(err, errlen, OUTBOX_EINVAL,
-                            "backoff-min-ms/backoff-max-ms: need 1 <= min (%llu) <= max (%llu) <= 86400000",
+                            "backoff-min-ms/backoff-max-ms: need min (%llu) <= max (%llu)",
                             (unsigned long long)s->backoff_min_ms, (unsigned long long)s->backoff_max_ms);
     if (!s->stream_prefix || strlen(s->stream_prefix) > 128 || strpbrk(s->stream_prefix, "{} \t\r\n"))
         return outbox__errf(err, errlen, OUTBOX_EINVAL,
                             "stream-prefix: must be at most 128 bytes without braces or spaces");
-    if (s->max_payload < 1 || s->max_payload > OUTBOX_PAYLOAD_HARD_MAX)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "max-payload: %zu is out of range 1..%d", s->max_payload,
-                            OUTBOX_PAYLOAD_HARD_MAX);
-    if (s->shutdown_timeout_ms > 3600000ull)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "shutdown-timeout-ms: %llu is out of range 0..3600000",
-                            (unsigned long long)s->shutdown_timeout_ms);
-    if (s->wait_replicas > 100)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "wait-replicas: %u is out of range 0..100", s->wait_replicas);
-    if (s->wait_replicas && (s->wait_timeout_ms < 1 || s->wait_timeout_ms >= s->lease_ms / 2))
+    /* Only a timeout set explicitly can contradict the lease (see
+     * settings_table.h). WAIT is only sent with wait_replicas; without it
+     * its timeout does not delay a reply. */
+    if (s->wait_replicas && s->wait_timeout_ms && s->wait_timeout_ms >= s->lease_ms / 2)
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "wait-timeout-ms %llu must be below half of lease-ms %llu",
+                            (unsigned long long)s->wait_timeout_ms, (unsigned long long)s->lease_ms);
+    if (s->reply_timeout_ms && s->reply_timeout_ms + (s->wait_replicas ? wait : 0) >= s->lease_ms) {
+        char plus[64] = "";
+        if (s->wait_replicas)
+            snprintf(plus, sizeof plus, " plus wait-timeout-ms %llu", (unsigned long long)wait);
         return outbox__errf(err, errlen, OUTBOX_EINVAL,
-                            "wait-timeout-ms: %llu must be at least 1 and below half of lease-ms",
-                            (unsigned long long)s->wait_timeout_ms);
-    /* WAIT is only sent with wait_replicas; without it its timeout does not
-     * delay a reply. */
-    if (s->reply_timeout_ms < 1 ||
-        s->reply_timeout_ms + (s->wait_replicas ? s->wait_timeout_ms : 0) >= s->lease_ms)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL,
-                            "reply timeout %llu ms (plus wait-timeout-ms) must be below lease-ms %llu, so that "
-                            "a stuck connection is given up before its leases expire",
-                            (unsigned long long)s->reply_timeout_ms, (unsigned long long)s->lease_ms);
-    if (s->connect_timeout_ms < 1)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "connect timeout must be at least 1 ms");
+                            "reply-timeout-ms %llu%s must be below lease-ms %llu, so that a stuck connection is "
+                            "given up before its leases expire",
+                            (unsigned long long)s->reply_timeout_ms, plus, (unsigned long long)s->lease_ms);
+    }
     if (s->worker_id && (!*s->worker_id || strlen(s->worker_id) > 200))
         return outbox__errf(err, errlen, OUTBOX_EINVAL, "worker-id: must be 1..200 bytes");
-    if ((unsigned)s->log_level > OUTBOX_LOG_ERROR)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "log-level: unknown level %d", (int)s->log_level);
-    if (s->idempotent && (s->idempotent_retention_ms < 1000 || s->idempotent_retention_ms > 30ull * 86400000))
-        return outbox__errf(err, errlen, OUTBOX_EINVAL,
-                            "idempotent-retention-ms: %llu is out of range 1000..2592000000",
-                            (unsigned long long)s->idempotent_retention_ms);
     if (s->idempotent && s->wait_replicas)
         return outbox__errf(err, errlen, OUTBOX_EINVAL,
                             "idempotent and wait-replicas cannot be combined in this version");
@@ -97,13 +175,5 @@ int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size
         if (outbox__http_parse_listen(s->metrics_listen, &ss, why, sizeof why) != 0)
             return outbox__errf(err, errlen, OUTBOX_EINVAL, "metrics-listen: %s", why);
     }
-    if (s->health_redis_down_ms < 1)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "health-redis-down-ms: must be at least 1");
-    if (s->retention_ms && s->retention_ms < 1000)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "retention-ms: %llu is below 1000 (0 keeps published rows)",
-                            (unsigned long long)s->retention_ms);
-    if (s->retention_batch < 1 || s->retention_batch > 100000)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "retention-batch: %u is out of range 1..100000",
-                            s->retention_batch);
     return 0;
 }

@@ -76,13 +76,25 @@
 #define OUTBOX__SQL_NEXT_DUE                                                                                          \
     "SELECT min(available_at) FROM outbox WHERE state = 0 AND available_at > created_at AND available_at > ?1"
 #define OUTBOX__SQL_NEXT_LEASE "SELECT min(lease_until) FROM outbox WHERE state = 1 AND lease_until > ?1"
-/* Drain mode: is anything left to do by ?1 (a new row, a due waiting row, a
- * lease)? */
+/* Drain mode: what is left to do by ?1, each count stopping at ?2 rows (-1:
+ * no limit): rows due (new rows, stray rows, due waiting rows), rows waiting
+ * for a retry (claimed before: lease_token > 0, pending, not due yet), and
+ * leased rows. A waiting row never claimed (lease_token 0) was written with
+ * a later available_at, or was held back behind an earlier row of its key
+ * (then due no later than that row's retry, which is counted): delayed
+ * messages do not hold a drain. Each part repeats the WHERE of its partial
+ * index (outbox_stray, outbox_due, outbox_leased). */
 #define OUTBOX__SQL_DRAIN                                                                                             \
-    "SELECT EXISTS(SELECT 1 FROM outbox WHERE seq >= coalesce((SELECT new_from FROM outbox_cursor), 0) "             \
-    "AND state = 0 AND available_at <= created_at) "                                                                 \
-    "OR EXISTS(SELECT 1 FROM outbox WHERE state = 0 AND available_at > created_at AND available_at <= ?1) "          \
-    "OR EXISTS(SELECT 1 FROM outbox WHERE state = 1)"
+    "SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE seq >= "                                               \
+    "coalesce((SELECT new_from FROM outbox_cursor), 0) AND state = 0 AND available_at <= created_at "                \
+    "AND lease_token = 0 LIMIT ?2)) "                                                                                \
+    "+ (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 0 AND available_at <= created_at "                  \
+    "AND lease_token > 0 LIMIT ?2)) "                                                                                \
+    "+ (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 0 AND available_at > created_at "                   \
+    "AND available_at <= ?1 LIMIT ?2)), "                                                                            \
+    "(SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 0 AND available_at > created_at "                     \
+    "AND available_at > ?1 AND lease_token > 0 LIMIT ?2)), "                                                         \
+    "(SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 1 LIMIT ?2))"
 /* The database figures of /metrics and outbox_relay_stats_get: rows by
  * state, and the available_at of the oldest due pending row by ?1 (the
  * older of the first new row and the first due waiting row: both found

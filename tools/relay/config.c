@@ -1,10 +1,12 @@
 /*
- * outbox-relay's options (config.h): one table of every option, applied from
- * flags, the environment and an INI file. Messages name the source of a
- * value: the flag, the environment variable or the file and key.
+ * outbox-relay's options (config.h): the rows of the relay's settings table
+ * (src/relay/settings_table.h), applied from flags, the environment and an
+ * INI file, and listed by --help. Messages name the source of a value: the
+ * flag, the environment variable or the file and key.
  */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <ini.h>
 #include <stdarg.h>
@@ -13,67 +15,60 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum opt_type { T_STR, T_UINT, T_U64, T_SIZE, T_FLAG, T_LEVEL };
+#include "relay/settings_table.h"
 
-typedef struct opt {
-    const char *name; /* flag without dashes; env OUTBOX_<NAME>; ini key */
-    enum opt_type type;
-    size_t off;       /* into outbox_relay_settings */
-    uint64_t min, max;
-    const char *arg, *help;
-} opt;
+typedef outbox__relay_option opt;
 
-#define S(field) offsetof(outbox_relay_settings, field)
-static const opt options[] = {
-    {"db", T_STR, S(db_path), 0, 0, "PATH", "SQLite database holding the outbox table (required)"},
-    {"redis", T_STR, S(redis_url), 0, 0, "URL",
-     "redis://[[user]:password@]host[:port][/db], unix:///path/to/sock[?db=N] or "
-     "redis-sentinel://[[user]:password@]host[:port][,host[:port]...][/db]#master (required)"},
-    {"batch", T_UINT, S(batch), 1, 100000, "N", "rows claimed per transaction (default 512)"},
-    {"inflight", T_UINT, S(inflight), 1, 1000000, "N",
-     "messages claimed and not yet marked, at most; bounds memory (default 8192)"},
-    {"lease-ms", T_U64, S(lease_ms), 1000, 86400000, "MS",
-     "lease of a claimed row; expired leases are taken over (default 30000)"},
-    {"scan-interval-ms", T_U64, S(scan_interval_ms), 1, 3600000, "MS",
-     "fallback scan interval when no wake-up arrives (default 1000)"},
-    {"max-attempts", T_UINT, S(max_attempts), 1, 1000000, "N",
-     "publish attempts before a row becomes dead (default 10)"},
-    {"backoff-min-ms", T_U64, S(backoff_min_ms), 1, 86400000, "MS", "first retry delay (default 500)"},
-    {"backoff-max-ms", T_U64, S(backoff_max_ms), 1, 86400000, "MS", "largest retry delay (default 60000)"},
-    {"stream-prefix", T_STR, S(stream_prefix), 0, 0, "STR", "stream name is PREFIX + topic (default outbox:)"},
-    {"maxlen", T_U64, S(maxlen), 0, UINT64_MAX / 2, "N", "trim streams with XADD MAXLEN ~ N; 0 = off (default 0)"},
-    {"max-payload", T_SIZE, S(max_payload), 1, OUTBOX_PAYLOAD_HARD_MAX, "BYTES",
-     "rows with a larger payload are dead-lettered (default 1048576)"},
-    {"worker-id", T_STR, S(worker_id), 0, 0, "ID", "lease owner name (default HOSTNAME:PID)"},
-    {"shutdown-timeout-ms", T_U64, S(shutdown_timeout_ms), 0, 3600000, "MS",
-     "on SIGTERM, how long to wait for in-flight replies (default 10000)"},
-    {"wait-replicas", T_UINT, S(wait_replicas), 0, 100, "N",
-     "mark published only after WAIT reports N replicas; 0 = off (default 0)"},
-    {"wait-timeout-ms", T_U64, S(wait_timeout_ms), 1, 86400000, "MS", "WAIT timeout (default 1000)"},
-    {"connect-timeout-ms", T_U64, S(connect_timeout_ms), 1, 3600000, "MS", "Redis connect timeout (default 5000)"},
-    {"reply-timeout-ms", T_U64, S(reply_timeout_ms), 1, 3600000, "MS",
-     "Redis reply timeout; below lease-ms (default 10000)"},
-    {"log-level", T_LEVEL, S(log_level), 0, 0, "LEVEL", "debug, info, warn or error (default info)"},
-    {"drain", T_FLAG, S(drain), 0, 0, NULL,
-     "exit 0 once nothing is due, nothing is leased and nothing is in flight"},
-    {"idempotent", T_FLAG, S(idempotent), 0, 0, NULL,
-     "publish through a script that appends each message once per retention (default off)"},
-    {"idempotent-retention-ms", T_U64, S(idempotent_retention_ms), 1000, 2592000000ull, "MS",
-     "how long publish markers are kept (default 3600000)"},
-    {"metrics-listen", T_STR, S(metrics_listen), 0, 0, "HOST:PORT",
-     "serve Prometheus /metrics and /healthz there (default off)"},
-    {"health-redis-down-ms", T_U64, S(health_redis_down_ms), 1, 86400000, "MS",
-     "/healthz answers 503 once Redis is unreachable this long (default 30000)"},
-    {"retention-ms", T_U64, S(retention_ms), 0, 3650ull * 86400000, "MS",
-     "delete published rows older than this; 0 keeps them (default 86400000)"},
-    {"retention-batch", T_UINT, S(retention_batch), 1, 100000, "N",
-     "rows deleted per retention transaction (default 1000)"},
-};
-#undef S
+/* Log levels by value, as options name them. */
+static const char *const level_names[] = {"debug", "info", "warn", "error"};
+
+/* The default of o as --help shows it. */
+static void default_text(const opt *o, const outbox_relay_settings *d, char *buf, size_t len)
+{
+    uint64_t v = outbox__relay_option_get(d, o);
+    if (o->shown)
+        snprintf(buf, len, "%s", o->shown);
+    else if (o->type == OUTBOX__OPT_STR)
+        snprintf(buf, len, "%s", *(const char *const *)((const char *)d + o->off));
+    else if (o->type == OUTBOX__OPT_FLAG)
+        snprintf(buf, len, "%s", v ? "on" : "off");
+    else if (o->type == OUTBOX__OPT_LEVEL)
+        snprintf(buf, len, "%s", level_names[v]);
+    else
+        snprintf(buf, len, "%llu", (unsigned long long)v);
+}
+
+/* One option line of --help: the flag, then its text and its default
+ * (never split) wrapped at 79 columns, continuation lines indented under
+ * the text. */
+static void usage_line(FILE *f, const char *left, const char *text, const char *tail)
+{
+    enum { INDENT = 30, WIDTH = 79 };
+    const char *p = text;
+    int col = fprintf(f, "  %-28s", left);
+    while (*p || tail) {
+        size_t n = *p ? strcspn(p, " ") : strlen(tail);
+        if (col + 1 + (int)n > WIDTH && col > INDENT) {
+            fprintf(f, "\n%*s", INDENT, "");
+            col = INDENT;
+        }
+        if (*p) {
+            col += fprintf(f, " %.*s", (int)n, p);
+            p += n;
+            p += strspn(p, " ");
+        } else {
+            col += fprintf(f, " %s", tail);
+            tail = NULL;
+        }
+    }
+    fputc('\n', f);
+}
 
 void relay_config_usage(FILE *f, const char *prog)
 {
+    outbox_relay_settings d;
     size_t i;
+    outbox_relay_defaults(&d);
     fprintf(f,
             "Usage: %s [run] --db PATH --redis URL [options]\n"
             "       %s init --db PATH\n"
@@ -87,21 +82,25 @@ void relay_config_usage(FILE *f, const char *prog)
             "and as key NAME in the --config file; flags win over the environment, which\n"
             "wins over the file):\n",
             prog, prog, prog);
-    for (i = 0; i < sizeof options / sizeof options[0]; i++) {
-        char left[64];
-        snprintf(left, sizeof left, "--%s%s%s", options[i].name, options[i].arg ? " " : "",
-                 options[i].arg ? options[i].arg : "");
-        fprintf(f, "  %-28s %s\n", left, options[i].help);
+    for (i = 0; i < outbox__relay_noptions; i++) {
+        const opt *o = &outbox__relay_options[i];
+        char left[64], def[64], tail[80];
+        snprintf(left, sizeof left, "--%s%s%s", o->name, o->arg ? " " : "", o->arg ? o->arg : "");
+        default_text(o, &d, def, sizeof def);
+        if (o->flags & OUTBOX__OPT_REQUIRED)
+            snprintf(tail, sizeof tail, "(required)");
+        else
+            snprintf(tail, sizeof tail, "(default %s)", def);
+        usage_line(f, left, o->help, tail);
     }
-    fprintf(f, "  %-28s %s\n", "--config FILE",
-            "INI file with NAME = VALUE lines (optionally under [relay])");
-    fprintf(f, "  %-28s %s\n", "-h, --help", "show this help");
-    fprintf(f, "  %-28s %s\n", "-V, --version", "show the version");
+    usage_line(f, "--config FILE", "INI file of NAME = VALUE lines (optionally under [relay])", "(default none)");
+    usage_line(f, "-h, --help", "show this help", NULL);
+    usage_line(f, "-V, --version", "show the version", NULL);
     fprintf(f, "\n"
                "Signals: SIGTERM or SIGINT stop gracefully (in-flight replies are awaited up to\n"
                "--shutdown-timeout-ms, unfinished rows are handed back); a second one exits at once.\n"
-               "Exit status: 0 clean stop or drained, 1 fatal runtime error, 2 usage or configuration\n"
-               "error. Logs are logfmt lines on stderr.\n");
+               "Exit status: 0 clean stop or drained, 1 fatal runtime error or --drain-timeout-ms\n"
+               "expired, 2 usage or configuration error. Logs are logfmt lines on stderr.\n");
 }
 
 static int fail(relay_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -117,24 +116,15 @@ static int fail(relay_config *c, const char *fmt, ...)
     return RELAY_CONFIG_ERROR;
 }
 
-static const opt *find_opt(const char *name)
-{
-    size_t i;
-    for (i = 0; i < sizeof options / sizeof options[0]; i++)
-        if (strcmp(options[i].name, name) == 0)
-            return &options[i];
-    return NULL;
-}
-
 /* Sets one option from text; on error the message is "<source>: <problem>". */
 static int set_opt(relay_config *c, const opt *o, const char *value, const char *source)
 {
-    char *end;
+    char *end, range[64];
     unsigned long long v;
-    void *field = (char *)&c->s + o->off;
+    size_t i;
 
     switch (o->type) {
-    case T_STR:
+    case OUTBOX__OPT_STR:
         if (!*value)
             return fail(c, "%s: empty value", source);
         if (c->nowned == RELAY_CONFIG_OWNED_MAX)
@@ -142,28 +132,23 @@ static int set_opt(relay_config *c, const opt *o, const char *value, const char 
         c->owned[c->nowned] = strdup(value);
         if (!c->owned[c->nowned])
             return fail(c, "%s: out of memory", source);
-        *(const char **)field = c->owned[c->nowned++];
+        *(const char **)((char *)&c->s + o->off) = c->owned[c->nowned++];
         return 0;
-    case T_FLAG:
+    case OUTBOX__OPT_FLAG:
         if (!strcmp(value, "1") || !strcmp(value, "true") || !strcmp(value, "yes") || !strcmp(value, "on"))
-            *(int *)field = 1;
+            outbox__relay_option_set(&c->s, o, 1);
         else if (!strcmp(value, "0") || !strcmp(value, "false") || !strcmp(value, "no") || !strcmp(value, "off"))
-            *(int *)field = 0;
+            outbox__relay_option_set(&c->s, o, 0);
         else
             return fail(c, "%s: '%s' is not a boolean (true/false, 1/0, yes/no, on/off)", source, value);
         return 0;
-    case T_LEVEL:
-        if (!strcmp(value, "debug"))
-            *(outbox_log_level *)field = OUTBOX_LOG_DEBUG;
-        else if (!strcmp(value, "info"))
-            *(outbox_log_level *)field = OUTBOX_LOG_INFO;
-        else if (!strcmp(value, "warn") || !strcmp(value, "warning"))
-            *(outbox_log_level *)field = OUTBOX_LOG_WARN;
-        else if (!strcmp(value, "error"))
-            *(outbox_log_level *)field = OUTBOX_LOG_ERROR;
-        else
-            return fail(c, "%s: unknown log level '%s' (debug, info, warn, error)", source, value);
-        return 0;
+    case OUTBOX__OPT_LEVEL:
+        for (i = 0; i < sizeof level_names / sizeof level_names[0]; i++)
+            if (!strcmp(value, level_names[i]) || (i == OUTBOX_LOG_WARN && !strcmp(value, "warning"))) {
+                outbox__relay_option_set(&c->s, o, i);
+                return 0;
+            }
+        return fail(c, "%s: unknown log level '%s' (debug, info, warn, error)", source, value);
     default:
         break;
     }
@@ -173,15 +158,11 @@ static int set_opt(relay_config *c, const opt *o, const char *value, const char 
     v = strtoull(value, &end, 10);
     if (*end != '\0')
         return fail(c, "%s: '%s' is not a non-negative whole number", source, value);
-    if (errno == ERANGE || v < o->min || v > o->max)
-        return fail(c, "%s: %s is out of range %llu..%llu", source, value, (unsigned long long)o->min,
-                    (unsigned long long)o->max);
-    if (o->type == T_UINT)
-        *(unsigned *)field = (unsigned)v;
-    else if (o->type == T_SIZE)
-        *(size_t *)field = (size_t)v;
-    else
-        *(uint64_t *)field = (uint64_t)v;
+    if (errno == ERANGE || !outbox__relay_option_in_range(o, v)) {
+        outbox__relay_option_range(o, range, sizeof range);
+        return fail(c, "%s: %s is out of range %s", source, value, range);
+    }
+    outbox__relay_option_set(&c->s, o, v);
     return 0;
 }
 
@@ -204,7 +185,7 @@ static int on_ini(void *user, const char *section, const char *name, const char 
         x->failed = 1;
         return 0;
     }
-    o = find_opt(name);
+    o = outbox__relay_option_find(name);
     if (!o) {
         fail(x->c, "config file %s: unknown key '%s'", x->path, name);
         x->failed = 1;
@@ -241,6 +222,16 @@ static int load_file(relay_config *c)
     return rc;
 }
 
+/* The environment variable of o: OUTBOX_ and its name in upper case, '-'
+ * as '_'. */
+static void env_name(const opt *o, char *buf, size_t len)
+{
+    size_t n;
+    snprintf(buf, len, "OUTBOX_%s", o->name);
+    for (n = 7; n < len && buf[n]; n++)
+        buf[n] = buf[n] == '-' ? '_' : (char)toupper((unsigned char)buf[n]);
+}
+
 static const char *env_lookup(const char *name, void *data)
 {
     (void)data;
@@ -249,22 +240,19 @@ static const char *env_lookup(const char *name, void *data)
 
 int relay_config_env(relay_config *c, relay_config_getenv_fn *getenv_fn, void *env_data)
 {
-    size_t i, k;
+    size_t i;
     if (!getenv_fn)
         getenv_fn = env_lookup;
-    for (i = 0; i < sizeof options / sizeof options[0]; i++) {
-        char name[64] = "OUTBOX_", source[80];
+    for (i = 0; i < outbox__relay_noptions; i++) {
+        const opt *o = &outbox__relay_options[i];
+        char name[64], source[96];
         const char *v;
-        for (k = 0; options[i].name[k] && k + 8 < sizeof name; k++) {
-            char ch = options[i].name[k];
-            name[7 + k] = ch == '-' ? '_' : (char)(ch >= 'a' && ch <= 'z' ? ch - 32 : ch);
-            name[8 + k] = '\0';
-        }
+        env_name(o, name, sizeof name);
         v = getenv_fn(name, env_data);
         if (!v)
             continue;
         snprintf(source, sizeof source, "environment variable %s", name);
-        if (set_opt(c, &options[i], v, source) != 0)
+        if (set_opt(c, o, v, source) != 0)
             return RELAY_CONFIG_ERROR;
     }
     return RELAY_CONFIG_OK;
@@ -303,10 +291,10 @@ int relay_config_flags(relay_config *c, int argc, char **argv, int first, int ap
             c->config_path = value;
             continue;
         }
-        o = find_opt(name);
+        o = outbox__relay_option_find(name);
         if (!o)
             return fail(c, "unknown option '--%s' (see --help)", name);
-        if (o->type == T_FLAG && !value) {
+        if (o->type == OUTBOX__OPT_FLAG && !value) {
             value = "1";
         } else if (!value) {
             if (i + 1 >= argc)
@@ -322,10 +310,15 @@ int relay_config_flags(relay_config *c, int argc, char **argv, int first, int ap
 
 int relay_config_require(relay_config *c)
 {
-    if (!c->s.db_path)
-        return fail(c, "--db PATH is required (or OUTBOX_DB, or db in the config file)");
-    if (!c->s.redis_url)
-        return fail(c, "--redis URL is required (or OUTBOX_REDIS, or redis in the config file)");
+    size_t i;
+    for (i = 0; i < outbox__relay_noptions; i++) {
+        const opt *o = &outbox__relay_options[i];
+        char env[64];
+        if (!(o->flags & OUTBOX__OPT_REQUIRED) || *(const char *const *)((const char *)&c->s + o->off))
+            continue;
+        env_name(o, env, sizeof env);
+        return fail(c, "--%s %s is required (or %s, or %s in the config file)", o->name, o->arg, env, o->name);
+    }
     return RELAY_CONFIG_OK;
 }
 

@@ -108,6 +108,9 @@ static void on_signal(uv_signal_t *h, int signum)
 static void on_drained(outbox_relay *r, void *data)
 {
     daemon_state *d = data;
+    /* The relay logged the rows left. */
+    if (outbox_relay_drain_result(r) == OUTBOX_ETIMEDOUT)
+        d->exit_code = EXIT_FATAL;
     outbox_relay_stop(r, on_stopped, d);
 }
 
