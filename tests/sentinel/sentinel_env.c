@@ -11,6 +11,7 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 
+#include "rt.h"
 #include "tap.h"
 
 static redisContext *tcp_client(int port, int timeout_ms)
@@ -349,4 +350,22 @@ void se_stop(se_env *e)
     }
     th_redis_destroy(&e->node[1]);
     th_redis_destroy(&e->node[0]);
+}
+
+void se_world_start(se_env *e, tls_certs *certs, char **dir, char **dbpath, sqlite3 **db)
+{
+    if (se_start_tls(e, certs) != 0)
+        skip_all("cannot start a master, a replica and three sentinels%s", certs ? " with TLS" : "");
+    *dir = th_tmpdir();
+    *dbpath = rt_make_db(*dir, "app.db");
+    *db = rt_open(*dbpath);
+}
+
+void se_world_end(se_env *e, char *dir, char *dbpath, sqlite3 *db)
+{
+    sqlite3_close_v2(db);
+    se_stop(e);
+    free(dbpath);
+    th_rmtree(dir);
+    free(dir);
 }

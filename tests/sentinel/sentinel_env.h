@@ -15,6 +15,7 @@
 #include <sys/types.h>
 
 #include <hiredis/hiredis.h>
+#include <sqlite3.h>
 
 #include "harness.h"
 #include "tls_certs.h"
@@ -44,6 +45,13 @@ int se_start(se_env *e);
 int se_start_tls(se_env *e, tls_certs *certs);
 /* Stops every process and removes the directories. */
 void se_stop(se_env *e);
+
+/* What the relay tests start with: se_start (or se_start_tls when certs
+ * is not NULL; the whole test is skipped when it fails), a temp dir with
+ * app.db (the outbox schema) and a writer connection to it. se_world_end
+ * closes and frees all of it and stops e. */
+void se_world_start(se_env *e, tls_certs *certs, char **dir, char **dbpath, sqlite3 **db);
+void se_world_end(se_env *e, char *dir, char *dbpath, sqlite3 *db);
 
 /* The node the sentinel i names as the master (0 or 1), -1 if it names
  * none or another address, or does not answer. */

@@ -56,13 +56,9 @@ int main(void)
     pid_t pid;
     int i, rc;
 
-    if (se_start(&e) != 0)
-        skip_all("cannot start a master, a replica and three sentinels");
-    dir = th_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
+    se_world_start(&e, NULL, &dir, &dbpath, &db);
     log2 = th_path(dir, "relay2.log");
     log3 = th_path(dir, "relay3.log");
-    db = rt_open(dbpath);
 
     /* 1 */
     se_sentinel_kill(&e, 0);
@@ -109,12 +105,8 @@ int main(void)
     ok(log_has(log3, "a sentinel answers again"), "  and that one answers again");
     is_int(th_stop(pid, SIGTERM, 15000), 0, "the relay exits 0 on SIGTERM");
 
-    sqlite3_close_v2(db);
-    se_stop(&e);
     free(log2);
     free(log3);
-    free(dbpath);
-    th_rmtree(dir);
-    free(dir);
+    se_world_end(&e, dir, dbpath, db);
     return tap_done();
 }

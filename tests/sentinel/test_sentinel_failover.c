@@ -149,20 +149,12 @@ int main(void)
     char *dir, *dbpath;
     phase ph1 = {"acked", 1, 0}, ph2 = {"unacked", 0, 1};
 
-    if (se_start(&e) != 0)
-        skip_all("cannot start a master, a replica and three sentinels");
+    se_world_start(&e, NULL, &dir, &dbpath, &db);
     ok(1, "master, replica and three sentinels up: %s", e.url);
-    dir = th_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
-    db = rt_open(dbpath);
 
     run_phase(&e, dir, dbpath, &ph1);
     run_phase(&e, dir, dbpath, &ph2);
 
-    sqlite3_close_v2(db);
-    se_stop(&e);
-    free(dbpath);
-    th_rmtree(dir);
-    free(dir);
+    se_world_end(&e, dir, dbpath, db);
     return tap_done();
 }

@@ -126,21 +126,13 @@ int main(void)
     se_env e;
     char *dir, *dbpath;
 
-    if (se_start(&e) != 0)
-        skip_all("cannot start a master, a replica and three sentinels");
-    dir = th_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
-    db = rt_open(dbpath);
+    se_world_start(&e, NULL, &dir, &dbpath, &db);
 
     topic = "acked";
     switch_during_drain(&e, dir, dbpath, 0, 0);
     topic = "idem";
     switch_during_drain(&e, dir, dbpath, 1, 1);
 
-    sqlite3_close_v2(db);
-    se_stop(&e);
-    free(dbpath);
-    th_rmtree(dir);
-    free(dir);
+    se_world_end(&e, dir, dbpath, db);
     return tap_done();
 }

@@ -33,14 +33,10 @@ int main(void)
     rt_audit a;
     pid_t pid;
 
-    if (se_start_tls(&e, certs) != 0)
-        skip_all("cannot start a master, a replica and three sentinels with TLS");
+    se_world_start(&e, certs, &dir, &dbpath, &db);
     ok(strncmp(e.url, "rediss-sentinel://", 18) == 0, "TLS deployment up: %s", e.url);
     setenv("SSL_CERT_FILE", tls_cert(certs, "ca.crt"), 1); /* inherited by the relay */
-    dir = th_tmpdir();
-    dbpath = rt_make_db(dir, "app.db");
     log = th_path(dir, "relay.log");
-    db = rt_open(dbpath);
 
     rt_insert_rows(db, "tls", 0, 500, "tls", 8);
     pid = rt_relay_spawn(log, dbpath, e.url, "--wait-replicas", "1", "--max-attempts", "100000", "--backoff-min-ms",
@@ -70,12 +66,8 @@ int main(void)
         th_diag_tail("relay", text, 30);
     free(text);
 
-    sqlite3_close_v2(db);
-    se_stop(&e);
-    tls_certs_free(certs);
     free(log);
-    free(dbpath);
-    th_rmtree(dir);
-    free(dir);
+    se_world_end(&e, dir, dbpath, db);
+    tls_certs_free(certs);
     return tap_done();
 }
