@@ -42,6 +42,7 @@ struct outbox_consumer {
     outbox_consumer_settings s;
     outbox__logger log;
     char *redis_url, *stream, *group, *consumer, *inbox_path, *ns, *dead_stream;
+    char *sentinel_user, *sentinel_password; /* for the dedup module */
     outbox__rconn rd, cmd;
     outbox__tls_config *tls; /* rediss://: shared by rd, cmd and the dedup module */
     outbox_dedup *dedup;
@@ -158,7 +159,8 @@ static void schedule_recheck(entry *e, const char *why)
 static void on_ack(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     entry *e = data;
-    (void)conn;
+    if (status == 0 && reply && outbox__rconn_redirect_error(&e->c->cmd, conn, reply))
+        status = OUTBOX_ECLOSED; /* the old master: it stays pending and comes again */
     if (status == 0 && reply->type == REDIS_REPLY_INTEGER)
         e->c->st.acked++;
     else
@@ -181,7 +183,8 @@ static void ack(entry *e)
 static void on_dead_added(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     entry *e = data;
-    (void)conn;
+    if (status == 0 && outbox__rconn_redirect_error(&e->c->cmd, conn, reply))
+        status = OUTBOX_ECLOSED;
     if (status == 0 && reply->type == REDIS_REPLY_STRING) {
         e->c->st.dead_lettered++;
         ack(e);
@@ -501,9 +504,8 @@ static void on_read(outbox__redis *conn, int status, redisReply *reply, void *da
 {
     outbox_consumer *c = data;
     size_t got = 0;
-    (void)conn;
     c->reading = 0;
-    if (status != 0)
+    if (status != 0 || outbox__rconn_redirect_error(&c->rd, conn, reply))
         return; /* the connection is being re-established; on_up reads again */
     if (reply->type == REDIS_REPLY_ERROR) {
         if (strncmp(reply->str, "NOGROUP", 7) == 0) {
@@ -565,10 +567,9 @@ static void kick_read(outbox_consumer *c)
 static void on_group(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     outbox_consumer *c = data;
-    (void)conn;
     c->group_creating = 0;
-    if (status != 0)
-        return;
+    if (status != 0 || outbox__rconn_redirect_error(&c->cmd, conn, reply))
+        return; /* on_up creates it on the next connection */
     if (reply->type == REDIS_REPLY_STATUS || (reply->type == REDIS_REPLY_ERROR && !strncmp(reply->str, "BUSYGROUP", 9))) {
         c->group_ready = 1;
         kick_read(c);
@@ -850,6 +851,8 @@ static void consumer_free(outbox_consumer *c)
     free(c->inbox_path);
     free(c->ns);
     free(c->dead_stream);
+    free(c->sentinel_user);
+    free(c->sentinel_password);
     free(c);
 }
 
@@ -900,7 +903,7 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
         return bad(err, errlen, "batch must be 1..10000 and max_inflight 1..100000");
     if (s->block_ms < 1 || s->min_idle_ms < 1 || s->claim_interval_ms < 1 || s->retry_ms < 1 || s->max_deliveries < 1)
         return bad(err, errlen, "block, min-idle, claim interval, retry and max deliveries must be at least 1");
-    e = outbox__redis_url_parse(s->redis_url, &url, msg, sizeof msg);
+    e = outbox__sentinel_url_parse(s->redis_url, s->sentinel_user, s->sentinel_password, &url, msg, sizeof msg);
     if (e != 0) {
         if (err && errlen)
             snprintf(err, errlen, "redis: %s", msg);
@@ -937,8 +940,11 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
             sprintf(c->ns, "dedup:%s", s->group);
     }
     c->dead_stream = malloc(strlen(s->stream) + 6);
+    c->sentinel_user = s->sentinel_user ? strdup(s->sentinel_user) : NULL;
+    c->sentinel_password = s->sentinel_password ? strdup(s->sentinel_password) : NULL;
     if (!c->redis_url || !c->stream || !c->group || !c->consumer || !c->ns || !c->dead_stream ||
-        (s->inbox_db_path && !c->inbox_path)) {
+        (s->inbox_db_path && !c->inbox_path) || (s->sentinel_user && !c->sentinel_user) ||
+        (s->sentinel_password && !c->sentinel_password)) {
         outbox__redis_url_free(&url);
         consumer_free(c);
         return OUTBOX_ENOMEM;
@@ -1018,6 +1024,8 @@ int outbox_consumer_start(outbox_consumer *c)
         char err[300];
         outbox_dedup_defaults(&ds);
         ds.redis_url = c->redis_url;
+        ds.sentinel_user = c->sentinel_user;
+        ds.sentinel_password = c->sentinel_password;
         ds.key_namespace = c->ns;
         ds.lease_ms = c->s.dedup_lease_ms;
         ds.retention_ms = c->s.dedup_retention_ms;

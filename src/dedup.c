@@ -62,6 +62,17 @@ static void set_errstr(outbox_dedup *d, const char *s, size_t len)
     d->errstr[n] = '\0';
 }
 
+/* The status an error reply gives an operation: a node that stopped being
+ * the master (Sentinel) is Redis being unavailable, not the key's
+ * problem. */
+static int error_status(outbox_dedup *d, const outbox__redis *c, const redisReply *reply)
+{
+    if (outbox__rconn_redirect_error(&d->rc, c, reply))
+        return OUTBOX_ECLOSED;
+    set_errstr(d, reply->str, reply->len);
+    return OUTBOX_EREDIS;
+}
+
 static void on_script_loaded(outbox__redis *c, int status, redisReply *reply, void *data)
 {
     char *sha = data;
@@ -110,7 +121,7 @@ int outbox__dedup_create_shared(outbox_dedup **out, uv_loop_t *loop, const outbo
                                   "spaces, an owner of 1..200 bytes, and non-zero lease, retention and timeout");
         return OUTBOX_EINVAL;
     }
-    e = outbox__redis_url_parse(s->redis_url, &url, msg, sizeof msg);
+    e = outbox__sentinel_url_parse(s->redis_url, s->sentinel_user, s->sentinel_password, &url, msg, sizeof msg);
     if (e != 0) {
         if (err && errlen)
             snprintf(err, errlen, "redis: %s", msg);
@@ -243,24 +254,21 @@ static void finish(op *o, int status, outbox_dedup_result res)
 static void on_set(outbox__redis *c, int status, redisReply *reply, void *data)
 {
     op *o = data;
-    (void)c;
     if (!o->get_sent) { /* the GET could not be queued: finish here */
         finish(o, status ? status : OUTBOX_ENOMEM, 0);
         return;
     }
     if (status != 0)
         o->status = status;
-    else if (reply->type == REDIS_REPLY_ERROR) {
-        o->status = OUTBOX_EREDIS;
-        set_errstr(o->d, reply->str, reply->len);
-    } else
+    else if (reply->type == REDIS_REPLY_ERROR)
+        o->status = error_status(o->d, c, reply);
+    else
         o->set_ok = reply->type == REDIS_REPLY_STATUS;
 }
 
 static void on_get(outbox__redis *c, int status, redisReply *reply, void *data)
 {
     op *o = data;
-    (void)c;
     if (o->status != 0 || status != 0) {
         finish(o, o->status ? o->status : status, 0);
         return;
@@ -270,8 +278,7 @@ static void on_get(outbox__redis *c, int status, redisReply *reply, void *data)
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR) {
-        set_errstr(o->d, reply->str, reply->len);
-        finish(o, OUTBOX_EREDIS, 0);
+        finish(o, error_status(o->d, c, reply), 0);
     } else if (reply->type == REDIS_REPLY_STRING && reply->len == 1 && reply->str[0] == 'D') {
         finish(o, 0, OUTBOX_DEDUP_DONE);
     } else {
@@ -314,7 +321,6 @@ static int send_script(op *o, int use_eval);
 static void on_script(outbox__redis *c, int status, redisReply *reply, void *data)
 {
     op *o = data;
-    (void)c;
     if (status != 0) {
         finish(o, status, 0);
         return;
@@ -329,8 +335,7 @@ static void on_script(outbox__redis *c, int status, redisReply *reply, void *dat
                 finish(o, e, 0);
             return;
         }
-        set_errstr(o->d, reply->str, reply->len);
-        finish(o, OUTBOX_EREDIS, 0);
+        finish(o, error_status(o->d, c, reply), 0);
         return;
     }
     if (reply->type == REDIS_REPLY_INTEGER && reply->integer == 1)

@@ -11,6 +11,7 @@
 
 #include "internal.h"
 #include "redis.h"
+#include "sentinel.h"
 
 typedef struct outbox__rconn outbox__rconn;
 
@@ -33,6 +34,12 @@ struct outbox__rconn {
     void *data;
     void (*close_cb)(void *data);
     void *close_data;
+    /* Sentinel URLs: the sentinels (created at the first connect), the node
+     * they named last, and the state of asking them (see rc_connect). */
+    outbox__sentinel *sentinel;
+    outbox__redis_url node;
+    int locating, down_pending;
+    const char *fail_text; /* the words of the next failure's log line, if not the usual */
 };
 
 /* url is copied; opt copied (client_name must stay valid; opt->tls gets a
@@ -52,6 +59,18 @@ outbox__redis *outbox__rconn_get(const outbox__rconn *rc);
 /* Drops the current connection (its pending callbacks get errors) and
  * reconnects after the backoff. */
 void outbox__rconn_reset(outbox__rconn *rc, const char *why);
+/*
+ * For the owners' reply callbacks: 1 if reply (an error) says that conn no
+ * longer talks to the master of a Sentinel URL (READONLY, MASTERDOWN, or
+ * UNBLOCKED for a blocked command of a master being demoted). Then
+ * the connection is dropped, if it is still rc's: every command pending on
+ * it fails, so its outcome is unknown and its message is to be released
+ * (sent again later: a duplicate at worst, never a loss), not counted as a
+ * failed attempt; on_down follows on a later loop turn, and the sentinels
+ * are asked for the master again. 0 for every other reply, and always for
+ * a URL without sentinels (there, such an error is the node's answer).
+ */
+int outbox__rconn_redirect_error(outbox__rconn *rc, const outbox__redis *conn, const redisReply *reply);
 /* Stops reconnecting (a stop in progress): a live connection stays until
  * closed or reset; one not up yet is dropped. */
 void outbox__rconn_hold(outbox__rconn *rc);

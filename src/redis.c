@@ -146,6 +146,9 @@ struct outbox__redis {
     int hs_remaining;
 
     char errstr[256];
+
+    outbox__redis_push_cb push_cb; /* pub/sub messages, see is_push() */
+    void *push_data;
 };
 
 static void on_timer(uv_timer_t *t);
@@ -651,6 +654,17 @@ static void handshake_reply(outbox__redis *r, const pending *p, redisReply *repl
         connected(r);
 }
 
+/* A pub/sub message: it answers no command. */
+static int is_push(const redisReply *reply)
+{
+    const redisReply *k;
+    if (reply->type != REDIS_REPLY_ARRAY || reply->elements < 3)
+        return 0;
+    k = reply->element[0];
+    return k->type == REDIS_REPLY_STRING &&
+           ((k->len == 7 && memcmp(k->str, "message", 7) == 0) || (k->len == 8 && memcmp(k->str, "pmessage", 8) == 0));
+}
+
 static void process_replies(outbox__redis *r)
 {
     while ((r->state == ST_HANDSHAKE || r->state == ST_CONNECTED) && !r->close_requested) {
@@ -673,6 +687,11 @@ static void process_replies(outbox__redis *r)
         if (!obj)
             return;
         reply = obj;
+        if (r->push_cb && r->state == ST_CONNECTED && is_push(reply)) {
+            r->push_cb(r, reply, r->push_data);
+            freeReplyObject(reply);
+            continue;
+        }
         if (r->ring_count == 0) {
             freeReplyObject(reply);
             set_err(r, "protocol error: reply without a pending command");
@@ -1129,6 +1148,14 @@ int outbox__redis_create(outbox__redis **out, uv_loop_t *loop, const outbox__red
     r->state = ST_NEW;
     *out = r;
     return 0;
+}
+
+void outbox__redis_set_push_cb(outbox__redis *r, outbox__redis_push_cb cb, void *data)
+{
+    if (!r)
+        return;
+    r->push_cb = cb;
+    r->push_data = data;
 }
 
 size_t outbox__redis_pending(const outbox__redis *r)

@@ -53,6 +53,16 @@
 #include "outbox/common.h"
 #include "tls.h"
 
+/* Where to ask for the master of a Sentinel URL (see sentinel.h). */
+typedef struct outbox__redis_sentinels {
+    char **hosts;   /* the sentinels' host names or addresses, in URL order */
+    int *ports;     /* their ports, default 26379 */
+    size_t n;       /* at least 1 */
+    char *master;   /* the master's name (the URL's #fragment) */
+    char *user;     /* the sentinels' own ACL user, or NULL */
+    char *password; /* the sentinels' own password, or NULL */
+} outbox__redis_sentinels;
+
 /* A parsed Redis URL. Strings are owned by the struct (see _free). */
 typedef struct outbox__redis_url {
     char *host;     /* TCP host name or address; NULL for a Unix socket */
@@ -61,7 +71,10 @@ typedef struct outbox__redis_url {
     char *user;     /* ACL user name or NULL */
     char *password; /* password or NULL */
     int db;         /* database number, default 0 */
-    int tls;        /* 1 for rediss:// (TCP only) */
+    int tls;        /* 1 for rediss:// (TCP only), and rediss-sentinel:// */
+    /* A Sentinel URL: the sentinels to ask; host and path are then NULL
+     * until a connection is made to the node they name. NULL otherwise. */
+    outbox__redis_sentinels *sentinel;
 } outbox__redis_url;
 
 /*
@@ -75,6 +88,13 @@ typedef struct outbox__redis_url {
  * "port 99999 out of range 1..65535", "database 'x' is not a number", ...)
  * written to err (always NUL-terminated when errlen > 0). On error *out is
  * left zeroed. OUTBOX_ENOMEM on allocation failure.
+ *
+ * Also Sentinel URLs, `redis-sentinel://[[user]:password@]host[:port][,host
+ * [:port]...][/db]#master-name` (and `rediss-sentinel://`): the hosts are the
+ * sentinels (default port 26379), the user, password and db are the data
+ * nodes'; with rediss-sentinel:// (tls 1) the sentinels and the data nodes
+ * are spoken to over TLS. "missing master name ...", "empty sentinel list",
+ * ...
  */
 int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, size_t errlen);
 /* Deep copy; 0 or OUTBOX_ENOMEM. */
@@ -139,6 +159,13 @@ int outbox__redis_command_argv(outbox__redis *r, int argc, const char **argv, co
 /* The same with an already RESP-formatted command (copied). */
 int outbox__redis_command_raw(outbox__redis *r, const char *cmd, size_t len, uint64_t timeout_ms,
                               outbox__redis_reply_cb cb, void *data);
+
+/* Replies that answer no command: pub/sub messages (arrays starting with
+ * "message" or "pmessage") on a subscribed connection. Once a callback is
+ * set, they go to it, in order with the replies, instead of failing the
+ * connection as a protocol error; reply is valid during the call only. */
+typedef void (*outbox__redis_push_cb)(outbox__redis *r, redisReply *reply, void *data);
+void outbox__redis_set_push_cb(outbox__redis *r, outbox__redis_push_cb cb, void *data);
 
 /* Commands waiting for their reply, and bytes queued but not yet written. */
 size_t outbox__redis_pending(const outbox__redis *r);

@@ -297,6 +297,163 @@ static void parse_unix(url_parser *p, const char *s)
         parse_query(p, q + 1);
 }
 
+/* ---- Sentinel URLs ------------------------------------------------------- */
+
+static int dup_or_null(char **dst, const char *src);
+
+#define SENTINEL_PORT 26379
+#define SENTINELS_MAX 64
+
+static void sentinels_free(outbox__redis_sentinels *s)
+{
+    size_t i;
+    if (!s)
+        return;
+    for (i = 0; i < s->n; i++)
+        free(s->hosts[i]);
+    free(s->hosts);
+    free(s->ports);
+    free(s->master);
+    free(s->user);
+    free(s->password);
+    free(s);
+}
+
+/* One "host[:port]" of the sentinel list, through the redis:// host parser
+ * (which defaults to 6379: a sentinel's default port is 26379). */
+static void parse_sentinel_host(url_parser *p, outbox__redis_sentinels *s, const char *item, size_t len)
+{
+    url_parser one;
+    char buf[300];
+    const char *port_sep;
+    if (len == 0) {
+        fail(p, OUTBOX_EURL, "empty host in the sentinel list");
+        return;
+    }
+    if (len >= sizeof buf) {
+        fail(p, OUTBOX_EURL, "sentinel address '%.40s...' too long", item);
+        return;
+    }
+    memcpy(buf, item, len);
+    buf[len] = '\0';
+    if (strchr(buf, '@')) {
+        fail(p, OUTBOX_EURL, "invalid character '@' in sentinel '%s'", buf);
+        return;
+    }
+    memset(&one, 0, sizeof one);
+    one.err = p->err;
+    one.errlen = p->errlen;
+    parse_tcp(&one, buf);
+    if (one.status) {
+        p->status = one.status;
+        outbox__redis_url_free(&one.u);
+        return;
+    }
+    port_sep = buf[0] == '[' ? strstr(buf, "]:") : strchr(buf, ':');
+    s->hosts[s->n] = one.u.host;
+    s->ports[s->n] = port_sep ? one.u.port : SENTINEL_PORT;
+    s->n++;
+    one.u.host = NULL;
+    outbox__redis_url_free(&one.u);
+}
+
+/* "[userinfo@]host[:port][,host[:port]...][/db]#master". The userinfo and
+ * the db are the data nodes'; the master name is percent-decoded. */
+static void parse_sentinel(url_parser *p, const char *s, int tls)
+{
+    const char *at = strrchr(s, '@'), *hash, *list, *slash, *end, *item;
+    outbox__redis_sentinels *st;
+
+    hash = strchr(at ? at : s, '#');
+    if (!hash || !hash[1]) {
+        fail(p, OUTBOX_EURL, "missing master name: expected %s://host:26379[,host...]#master-name",
+             tls ? "rediss-sentinel" : "redis-sentinel");
+        return;
+    }
+    if (!(st = p->u.sentinel = calloc(1, sizeof *st)) || !(st->hosts = calloc(SENTINELS_MAX, sizeof *st->hosts)) ||
+        !(st->ports = calloc(SENTINELS_MAX, sizeof *st->ports))) {
+        fail(p, OUTBOX_ENOMEM, "out of memory");
+        return;
+    }
+    p->u.tls = tls;
+    if (!(st->master = decode(p, hash + 1, strlen(hash + 1), "master name")))
+        return;
+    for (const char *c = st->master; *c; c++)
+        if ((unsigned char)*c <= ' ' || *c == 0x7f) {
+            fail(p, OUTBOX_EURL, "invalid character in master name '%s'", st->master);
+            return;
+        }
+    if (at) {
+        parse_userinfo(p, s, (size_t)(at - s));
+        if (p->status)
+            return;
+    }
+    list = at ? at + 1 : s;
+    slash = memchr(list, '/', (size_t)(hash - list));
+    end = slash ? slash : hash;
+    if (end == list) {
+        fail(p, OUTBOX_EURL, "empty sentinel list");
+        return;
+    }
+    for (item = list; item <= end && !p->status;) {
+        const char *comma = memchr(item, ',', (size_t)(end - item));
+        const char *stop = comma ? comma : end;
+        if (st->n == SENTINELS_MAX) {
+            fail(p, OUTBOX_EURL, "more than %d sentinels", SENTINELS_MAX);
+            return;
+        }
+        parse_sentinel_host(p, st, item, (size_t)(stop - item));
+        if (!comma)
+            break;
+        item = comma + 1;
+    }
+    if (!p->status && slash && slash + 1 < hash)
+        parse_db(p, slash + 1, (size_t)(hash - slash - 1));
+}
+
+static int copy_sentinels(outbox__redis_sentinels **dst, const outbox__redis_sentinels *src)
+{
+    outbox__redis_sentinels *c;
+    size_t i;
+    *dst = NULL;
+    if (!src)
+        return 0;
+    if (!(c = calloc(1, sizeof *c)) || !(c->hosts = calloc(src->n, sizeof *c->hosts)) ||
+        !(c->ports = calloc(src->n, sizeof *c->ports))) {
+        sentinels_free(c);
+        return OUTBOX_ENOMEM;
+    }
+    for (i = 0; i < src->n; i++, c->n++) {
+        c->ports[i] = src->ports[i];
+        if (!(c->hosts[i] = strdup(src->hosts[i])))
+            break;
+    }
+    if (c->n < src->n || dup_or_null(&c->master, src->master) || dup_or_null(&c->user, src->user) ||
+        dup_or_null(&c->password, src->password)) {
+        sentinels_free(c);
+        return OUTBOX_ENOMEM;
+    }
+    *dst = c;
+    return 0;
+}
+
+static void describe_sentinels(const outbox__redis_url *u, char *buf, size_t len)
+{
+    const outbox__redis_sentinels *s = u->sentinel;
+    size_t used;
+    int auth = u->user || u->password;
+    snprintf(buf, len, "%s://%s%s%s", u->tls ? "rediss-sentinel" : "redis-sentinel", u->user ? u->user : "",
+             u->password ? ":***" : "", auth ? "@" : "");
+    for (size_t i = 0; i < s->n; i++) {
+        int v6 = strchr(s->hosts[i], ':') != NULL;
+        used = strlen(buf);
+        snprintf(buf + used, len - used, "%s%s%s%s:%d", i ? "," : "", v6 ? "[" : "", s->hosts[i], v6 ? "]" : "",
+                 s->ports[i]);
+    }
+    used = strlen(buf);
+    snprintf(buf + used, len - used, "/%d#%s", u->db, s->master);
+}
+
 int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, size_t errlen)
 {
     url_parser p;
@@ -330,6 +487,10 @@ int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, 
     } else if ((slen == 4 && strncasecmp(url, "unix", 4) == 0) ||
                (slen == 10 && strncasecmp(url, "redis+unix", 10) == 0)) {
         parse_unix(&p, sep + 3);
+    } else if (slen == 14 && strncasecmp(url, "redis-sentinel", 14) == 0) {
+        parse_sentinel(&p, sep + 3, 0);
+    } else if (slen == 15 && strncasecmp(url, "rediss-sentinel", 15) == 0) {
+        parse_sentinel(&p, sep + 3, 1);
     } else if ((slen == 11 && strncasecmp(url, "rediss+unix", 11) == 0)) {
         fail(&p, OUTBOX_EURL, "TLS over a unix socket (rediss+unix://) is not supported, expected unix://");
     } else {
@@ -362,7 +523,8 @@ int outbox__redis_url_copy(outbox__redis_url *dst, const outbox__redis_url *src)
     c.db = src->db;
     c.tls = src->tls;
     if (dup_or_null(&c.host, src->host) || dup_or_null(&c.path, src->path) ||
-        dup_or_null(&c.user, src->user) || dup_or_null(&c.password, src->password)) {
+        dup_or_null(&c.user, src->user) || dup_or_null(&c.password, src->password) ||
+        copy_sentinels(&c.sentinel, src->sentinel)) {
         outbox__redis_url_free(&c);
         memset(dst, 0, sizeof *dst);
         return OUTBOX_ENOMEM;
@@ -379,6 +541,7 @@ void outbox__redis_url_free(outbox__redis_url *u)
     free(u->path);
     free(u->user);
     free(u->password);
+    sentinels_free(u->sentinel);
     memset(u, 0, sizeof *u);
 }
 
@@ -388,6 +551,10 @@ void outbox__redis_url_describe(const outbox__redis_url *u, char *buf, size_t le
         return;
     if (!u) {
         snprintf(buf, len, "(none)");
+        return;
+    }
+    if (u->sentinel) {
+        describe_sentinels(u, buf, len);
         return;
     }
     if (u->path) {

@@ -6,6 +6,7 @@
 #include <strings.h>
 
 #include "redis.h"
+#include "sentinel.h"
 #include "tap.h"
 
 typedef struct accept_case {
@@ -150,6 +151,129 @@ static const reject_case rejected[] = {
     {"unix:///s?timeout=5", "unknown query parameter 'timeout'"},
     {"unix:///s?password=%zz", "bad percent-encoding in password"},
 };
+
+/* Sentinel URLs: the sentinels as "host:port,...", the master, and the data
+ * nodes' credentials and db. */
+typedef struct sentinel_case {
+    const char *url;
+    const char *sentinels, *master, *user, *password;
+    int db;
+} sentinel_case;
+
+static const sentinel_case sentinel_accepted[] = {
+    {"redis-sentinel://h#mymaster", "h:26379", "mymaster", NULL, NULL, 0},
+    {"redis-sentinel://h:5000#m", "h:5000", "m", NULL, NULL, 0},
+    {"redis-sentinel://a:1,b:2,c#m", "a:1,b:2,c:26379", "m", NULL, NULL, 0},
+    {"redis-sentinel://127.0.0.1:26379,127.0.0.1:26380/3#mymaster", "127.0.0.1:26379,127.0.0.1:26380", "mymaster",
+     NULL, NULL, 3},
+    {"redis-sentinel://[::1]:26379,[::1]#m", "::1:26379,::1:26379", "m", NULL, NULL, 0},
+    {"redis-sentinel://:s3cret@h1,h2#m", "h1:26379,h2:26379", "m", NULL, "s3cret", 0},
+    {"redis-sentinel://alice:p%40ss@h/2#m", "h:26379", "m", "alice", "p@ss", 2},
+    {"redis-sentinel://:p#w@h#m", "h:26379", "m", NULL, "p#w", 0}, /* the last '@' ends the userinfo */
+    {"redis-sentinel://h/#m", "h:26379", "m", NULL, NULL, 0},
+    {"redis-sentinel://h#my%2Dmaster", "h:26379", "my-master", NULL, NULL, 0},
+    {"REDIS-SENTINEL://H#M", "H:26379", "M", NULL, NULL, 0},
+};
+
+static const reject_case sentinel_rejected[] = {
+    {"redis-sentinel://h", "missing master name: expected redis-sentinel://host:26379[,host...]#master-name"},
+    {"redis-sentinel://h#", "missing master name: expected redis-sentinel://host:26379[,host...]#master-name"},
+    {"redis-sentinel://u:p@h/0", "missing master name: expected redis-sentinel://host:26379[,host...]#master-name"},
+    {"redis-sentinel://#m", "empty sentinel list"},
+    {"redis-sentinel://u:p@#m", "empty sentinel list"},
+    {"redis-sentinel:///1#m", "empty sentinel list"},
+    {"redis-sentinel://a,,b#m", "empty host in the sentinel list"},
+    {"redis-sentinel://a,#m", "empty host in the sentinel list"},
+    {"redis-sentinel://,a#m", "empty host in the sentinel list"},
+    {"redis-sentinel://h:0#m", "port 0 out of range 1..65535"},
+    {"redis-sentinel://a:1,h:99999#m", "port 99999 out of range 1..65535"},
+    {"redis-sentinel://h:x#m", "port 'x' is not a number"},
+    {"redis-sentinel://h:#m", "port '' is not a number"},
+    {"redis-sentinel://h/x#m", "database 'x' is not a number"},
+    {"redis-sentinel://h/-1#m", "database -1 out of range 0..2147483647"},
+    {"redis-sentinel://h!#m", "invalid character '!' in host"},
+    {"redis-sentinel://[::1#m", "unterminated '[' in IPv6 address"},
+    {"redis-sentinel://h?x=1#m", "unexpected '?x=1' after host"},
+    {"redis-sentinel://h#my master", "invalid character in master name 'my master'"},
+    {"redis-sentinel://h#m%zz", "bad percent-encoding in master name"},
+    {"redis-sentinel://:p%zz@h#m", "bad percent-encoding in password"},
+    {"rediss-sentinel://h", "missing master name: expected rediss-sentinel://host:26379[,host...]#master-name"},
+    {"redis-sentinels://h#m", "bad scheme 'redis-sentinels', expected redis://, rediss:// or unix://"},
+    {"sentinel://h#m", "bad scheme 'sentinel', expected redis://, rediss:// or unix://"},
+};
+
+static void check_rejected(const reject_case *c);
+static void describe(const char *url, const char *want);
+
+static void check_sentinel_accepted(const sentinel_case *c)
+{
+    outbox__redis_url u, copy;
+    char err[256], list[512] = "";
+    int rc = outbox__redis_url_parse(c->url, &u, err, sizeof err);
+    is_int(rc, 0, "accept %s", c->url);
+    if (rc != 0) {
+        diag("error: %s", err);
+        return;
+    }
+    ok(u.sentinel != NULL && !u.host && !u.path, "  a sentinel list, no node yet");
+    if (!u.sentinel) {
+        outbox__redis_url_free(&u);
+        return;
+    }
+    for (size_t i = 0; i < u.sentinel->n; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s:%d", i ? "," : "", u.sentinel->hosts[i],
+                 u.sentinel->ports[i]);
+    is_str(list, c->sentinels, "  sentinels");
+    is_str(u.sentinel->master, c->master, "  master name");
+    is_str(u.user, c->user, "  data nodes' user");
+    is_str(u.password, c->password, "  data nodes' password");
+    is_int(u.db, c->db, "  db");
+    ok(!u.sentinel->user && !u.sentinel->password && !u.tls, "  no sentinel credentials, no TLS");
+    is_int(outbox__redis_url_copy(&copy, &u), 0, "  copy");
+    ok(copy.sentinel && copy.sentinel != u.sentinel && copy.sentinel->n == u.sentinel->n &&
+           strcmp(copy.sentinel->master, u.sentinel->master) == 0 &&
+           copy.sentinel->ports[copy.sentinel->n - 1] == u.sentinel->ports[u.sentinel->n - 1],
+       "  the copy is deep");
+    outbox__redis_url_free(&copy);
+    outbox__redis_url_free(&u);
+}
+
+static void test_sentinel_tls(void)
+{
+    outbox__redis_url u;
+    char err[256];
+    is_int(outbox__redis_url_parse("rediss-sentinel://:pw@a,b:5/1#m", &u, err, sizeof err), 0, "accept rediss-sentinel://");
+    ok(u.tls && u.sentinel && u.sentinel->n == 2 && u.sentinel->ports[1] == 5, "  TLS, two sentinels");
+    is_str(u.password, "pw", "  data nodes' password");
+    outbox__redis_url_free(&u);
+    describe("rediss-sentinel://a#m", "rediss-sentinel://a:26379/0#m");
+}
+
+static void test_sentinel_describe(void)
+{
+    describe("redis-sentinel://a:1,b#m", "redis-sentinel://a:1,b:26379/0#m");
+    describe("redis-sentinel://alice:topsecret@[::1]:5,h/3#mymaster", "redis-sentinel://alice:***@[::1]:5,h:26379/3#mymaster");
+}
+
+static void test_sentinel_credentials(void)
+{
+    outbox__redis_url u;
+    char err[256];
+    is_int(outbox__sentinel_url_parse("redis-sentinel://h#m", "sam", "pw", &u, err, sizeof err), 0,
+           "sentinel credentials with a Sentinel URL");
+    is_str(u.sentinel->user, "sam", "  sentinel user");
+    is_str(u.sentinel->password, "pw", "  sentinel password");
+    ok(!u.user && !u.password, "  the data nodes' stay unset");
+    outbox__redis_url_free(&u);
+    is_int(outbox__sentinel_url_parse("redis://h", NULL, "pw", &u, err, sizeof err), OUTBOX_EINVAL,
+           "sentinel password with a redis:// URL");
+    is_str(err, "sentinel_password needs a redis-sentinel:// URL", "  message");
+    is_int(outbox__sentinel_url_parse("unix:///s", "sam", NULL, &u, err, sizeof err), OUTBOX_EINVAL,
+           "sentinel user with a unix:// URL");
+    is_str(err, "sentinel_user needs a redis-sentinel:// URL", "  message");
+    is_int(outbox__sentinel_url_parse("redis://h", NULL, NULL, &u, err, sizeof err), 0, "no sentinel credentials: any URL");
+    outbox__redis_url_free(&u);
+}
 
 static void check_accepted(const accept_case *c)
 {
@@ -306,5 +430,12 @@ int main(void)
     test_unix_path_length();
     test_describe();
     test_copy_free();
+    for (i = 0; i < sizeof sentinel_accepted / sizeof sentinel_accepted[0]; i++)
+        check_sentinel_accepted(&sentinel_accepted[i]);
+    for (i = 0; i < sizeof sentinel_rejected / sizeof sentinel_rejected[0]; i++)
+        check_rejected(&sentinel_rejected[i]);
+    test_sentinel_describe();
+    test_sentinel_tls();
+    test_sentinel_credentials();
     return tap_done();
 }

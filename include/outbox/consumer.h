@@ -57,6 +57,11 @@ typedef struct outbox_dedup_settings {
     void *log_data;
     outbox_log_level log_level; /* default OUTBOX_LOG_INFO */
     outbox_tls_settings tls; /* for a rediss:// URL; default outbox_tls_defaults() (see tls.h) */
+    /* A redis-sentinel:// URL's sentinels' own credentials (the URL's are
+     * the data nodes'); default NULL; copied. With another URL:
+     * OUTBOX_EINVAL. */
+    const char *sentinel_user;
+    const char *sentinel_password;
 } outbox_dedup_settings;
 
 OUTBOX_API void outbox_dedup_defaults(outbox_dedup_settings *s);
@@ -173,6 +178,9 @@ typedef struct outbox_consumer_settings {
     outbox_log_level log_level;
     outbox_tls_settings tls; /* for a rediss:// URL, used by both connections and the dedup
                               * module; default outbox_tls_defaults() (see tls.h) */
+    /* As in outbox_dedup_settings; also used by the dedup module. */
+    const char *sentinel_user;
+    const char *sentinel_password;
 } outbox_consumer_settings;
 
 OUTBOX_API void outbox_consumer_defaults(outbox_consumer_settings *s);

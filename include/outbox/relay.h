@@ -69,7 +69,8 @@ typedef struct outbox_relay_settings {
     /* Database file with the outbox schema (required; copied). The relay
      * opens its own connection. Default NULL. */
     const char *db_path;
-    /* redis://[[user]:password@]host[:port][/db] or unix:///path[?db=N]
+    /* redis://[[user]:password@]host[:port][/db], unix:///path[?db=N] or
+     * redis-sentinel://[[user]:password@]host[:port][,host[:port]...][/db]#master
      * (required; copied). Default NULL. */
     const char *redis_url;
     /* Lease owner name; default NULL, which means "<hostname>:<pid>". Copied. */
@@ -161,6 +162,13 @@ typedef struct outbox_relay_settings {
     uint64_t retention_ms;
     /* Rows deleted per retention transaction; default 1000. */
     unsigned retention_batch;
+    /* The sentinels' own credentials, when redis_url is a
+     * redis-sentinel:// URL and the sentinels need other ones than the
+     * URL's (those are the data nodes'); default NULL: no AUTH to the
+     * sentinels. Copied. Set with another URL: OUTBOX_EINVAL. Not options
+     * of outbox-relay yet. */
+    const char *sentinel_user;
+    const char *sentinel_password;
 } outbox_relay_settings;
 
 /* Fills s with the defaults documented above (db_path, redis_url NULL). */

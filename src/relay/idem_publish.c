@@ -22,10 +22,9 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
     idem_call *call = data;
     outbox_relay *r = call->r;
     size_t i;
-    (void)conn;
     r->win.awaiting -= call->n;
-    if (status != 0 || !reply) {
-        const char *why = status ? outbox_strerror(status) : "no reply";
+    if (status != 0 || !reply || outbox__rconn_redirect_error(&r->redis.rc, conn, reply)) {
+        const char *why = status ? outbox_strerror(status) : reply ? reply->str : "no reply";
         for (i = 0; i < call->n; i++)
             outbox__win_queue_mark(r, call->msgs[i], OUT_RELEASE, why, strlen(why));
     } else if (reply->type == REDIS_REPLY_ERROR) {

@@ -116,9 +116,12 @@ static int copy_settings(outbox_relay *r, const outbox_relay_settings *s, char *
     r->cfg.log.fn = s->log;
     r->cfg.log.data = s->log_data;
     r->cfg.log.min_level = s->log_level;
-    e = outbox__redis_url_parse(s->redis_url, &r->cfg.url, msgbuf, sizeof msgbuf);
+    e = outbox__sentinel_url_parse(s->redis_url, s->sentinel_user, s->sentinel_password, &r->cfg.url, msgbuf,
+                                   sizeof msgbuf);
     if (e != 0)
         return outbox__errf(err, errlen, e, "redis: %s", msgbuf);
+    /* They live on in the URL's copy only. */
+    r->cfg.s.sentinel_user = r->cfg.s.sentinel_password = NULL;
     outbox__redis_url_describe(&r->cfg.url, r->cfg.url_desc, sizeof r->cfg.url_desc);
     if (!s->worker_id) {
         if (gethostname(host, sizeof host) != 0)

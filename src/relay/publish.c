@@ -18,9 +18,10 @@ static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, vo
     long long acked = -1;
     size_t i;
 
-    (void)conn;
     if (status == 0 && reply && reply->type == REDIS_REPLY_INTEGER)
         acked = reply->integer;
+    else if (status == 0 && r && outbox__rconn_redirect_error(&r->redis.rc, conn, reply))
+        status = OUTBOX_ECLOSED; /* released below, like a lost connection */
     if (r && acked < (long long)r->cfg.s.wait_replicas) {
         if (status != 0)
             snprintf(why, sizeof why, "WAIT: %s", outbox_strerror(status));
@@ -98,12 +99,12 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
     outbox_relay *r = m->r;
     wait_group *grp = NULL;
 
-    (void)conn;
-    if (status != 0 || !reply) {
-        const char *why = status ? outbox_strerror(status) : "no reply";
+    if (status != 0 || !reply || outbox__rconn_redirect_error(&r->redis.rc, conn, reply)) {
+        const char *why = status ? outbox_strerror(status) : reply ? reply->str : "no reply";
         r->win.awaiting--;
         /* The outcome is unknown: it may be appended, it may not. Retrying
-         * risks a duplicate, never a loss. */
+         * risks a duplicate, never a loss. (A node that stopped being the
+         * master is the connection's failure too, not the message's.) */
         outbox__win_release_chain(r, m, "held back: connection lost");
         leave_group(m);
         outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));

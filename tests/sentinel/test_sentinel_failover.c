@@ -1,0 +1,160 @@
+/*
+ * test_sentinel_failover.c: the outbox-relay daemon on a redis-sentinel://
+ * URL while the master is killed (a master, a replica, three sentinels;
+ * sentinel_env.h).
+ *   1. --wait-replicas 1: a backlog drains while more rows are committed;
+ *      the master is SIGKILLed mid-drain; the sentinels promote the
+ *      replica; the relay follows by itself. The new master has no replica
+ *      until the old one is started again (it comes back as a master with
+ *      no data and is demoted by the sentinels seconds later), so nothing
+ *      may be marked published before then. After the final drain, every
+ *      committed row is on the new master's stream: none lost.
+ *   2. Without --wait-replicas, the same against the new master: an entry
+ *      the dying master accepted and had not replicated is gone, and its
+ *      row is marked published: the documented window. The test reports
+ *      how many were lost (a TAP diagnostic) and checks that only rows
+ *      marked published are missing.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "outbox.h"
+#include "rt.h"
+#include "sentinel_env.h"
+#include "tap.h"
+
+#define BACKLOG 6000
+#define TRICKLE 40 /* rows per trickle step, 10 steps */
+
+static sqlite3 *db;
+
+static int settled(void *arg)
+{
+    (void)arg;
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state < 2") == 0;
+}
+
+static int64_t published(const char *topic)
+{
+    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2", topic);
+}
+
+/* Waits (20 s) until more than base rows of topic are published; returns
+ * when, or -1. */
+static int64_t wait_more_published(const char *topic, int64_t base)
+{
+    int64_t deadline = th_now_ms() + 20000 * th_slow();
+    while (published(topic) <= base && th_now_ms() < deadline)
+        th_sleep_ms(10);
+    return published(topic) > base ? th_now_ms() : -1;
+}
+
+typedef struct phase {
+    const char *topic;
+    int wait_replicas;
+    int victim; /* the master killed */
+} phase;
+
+static void run_phase(se_env *e, const char *dir, const char *dbpath, const phase *ph)
+{
+    char log[512], marked[64];
+    int next = 1 - ph->victim, i, committed = BACKLOG;
+    int64_t t_kill, t_promoted, t_resumed = -1, before, base;
+    pid_t pid;
+    redisContext *c;
+    rt_audit a;
+    char *text;
+
+    snprintf(log, sizeof log, "%s/relay-%s.log", dir, ph->topic);
+    rt_insert_rows(db, ph->topic, 0, BACKLOG, ph->topic, 0);
+    if (ph->wait_replicas)
+        pid = rt_relay_spawn(log, dbpath, e->url, "--wait-replicas", "1", "--wait-timeout-ms", "300",
+                             "--max-attempts", "100000", "--backoff-min-ms", "50", "--backoff-max-ms", "300", NULL);
+    else
+        pid = rt_relay_spawn(log, dbpath, e->url, "--max-attempts", "100000", "--backoff-min-ms", "50",
+                             "--backoff-max-ms", "300", NULL);
+    /* Mid-drain: some rows published, many not. */
+    for (i = 0; i < 400 && published(ph->topic) < BACKLOG / 10; i++)
+        th_sleep_ms(5);
+    before = published(ph->topic);
+    ok(before > 0 && before < BACKLOG, "%s: killing the master mid-drain (%lld of %d published)", ph->topic,
+       (long long)before, BACKLOG);
+    th_redis_kill(&e->node[ph->victim]);
+    t_kill = th_now_ms();
+    for (i = 0; i < 10; i++) {
+        rt_insert_rows(db, ph->topic, committed, TRICKLE, ph->topic, 0);
+        committed += TRICKLE;
+        th_sleep_ms(100);
+    }
+    ok(se_wait_master(e, next, 30000 * th_slow()), "%s: the sentinels promoted node %d", ph->topic, next);
+    t_promoted = th_now_ms();
+    snprintf(marked, sizeof marked, "%lld", (long long)published(ph->topic));
+    if (!ph->wait_replicas) {
+        /* Publishing resumes on the new master by itself: rows committed
+         * now are published. */
+        base = published(ph->topic);
+        rt_insert_rows(db, ph->topic, committed, TRICKLE, ph->topic, 0);
+        committed += TRICKLE;
+        t_resumed = wait_more_published(ph->topic, base);
+        ok(t_resumed > 0, "%s: publishing resumed on the new master", ph->topic);
+    } else {
+        /* No replica to acknowledge: nothing more may count as published. */
+        base = published(ph->topic);
+        th_sleep_ms(1000);
+        is_int(published(ph->topic), base, "%s: no replica for the new master: nothing marked published", ph->topic);
+    }
+    /* The old master comes back (as a master, until demoted). */
+    base = published(ph->topic);
+    ok(th_redis_restart(&e->node[ph->victim]) == 0, "%s: the old master is started again", ph->topic);
+    ok(se_wait_replica(e, ph->victim, 40000 * th_slow()), "%s: and demoted to a replica of node %d", ph->topic, next);
+    if (ph->wait_replicas) {
+        t_resumed = wait_more_published(ph->topic, base);
+        ok(t_resumed > 0, "%s: publishing resumed once the new master has a replica", ph->topic);
+    }
+    rt_insert_rows(db, ph->topic, committed, TRICKLE, ph->topic, 0);
+    committed += TRICKLE;
+    ok(th_wait_until(60000 * th_slow(), settled, NULL), "%s: every row settles", ph->topic);
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "%s: the relay exits 0 on SIGTERM", ph->topic);
+
+    c = th_redis_client(&e->node[next]);
+    a = rt_audit_topic(db, c, "outbox:", ph->topic);
+    redisFree(c);
+    is_int(a.rows, committed, "%s: %d rows committed", ph->topic, committed);
+    is_int(a.unpublished, 0, "%s: every row marked published", ph->topic);
+    is_int(a.foreign, 0, "%s: no entry without a row", ph->topic);
+    diag("%s: failover: sentinels promoted the replica %lld ms after the kill; marks resumed %lld ms after the "
+         "kill (rows committed after the promotion, or with --wait-replicas after the old master is back, were "
+         "published); %s rows were marked published at promotion",
+         ph->topic, (long long)(t_promoted - t_kill), (long long)(t_resumed > 0 ? t_resumed - t_kill : -1), marked);
+    diag("%s: on the new master: %ld entries, %ld lost, %ld duplicates", ph->topic, a.entries, a.missing, a.dups);
+    if (ph->wait_replicas)
+        is_int(a.missing, 0, "%s: with --wait-replicas 1 no committed message is lost", ph->topic);
+    else
+        ok(a.missing <= a.rows - a.unpublished, "%s: only rows marked published are missing (%ld lost)", ph->topic,
+           a.missing);
+    text = th_slurp(log);
+    ok(rt_count_substr(text, "master switched") + rt_count_substr(text, "connection lost") > 0,
+       "%s: the relay logged leaving the old master", ph->topic);
+    if (a.missing && ph->wait_replicas)
+        th_diag_tail("relay", text, 40);
+    free(text);
+}
+
+int main(void)
+{
+    se_env e;
+    char *dir, *dbpath;
+    phase ph1 = {"acked", 1, 0}, ph2 = {"unacked", 0, 1};
+
+    se_world_start(&e, NULL, &dir, &dbpath, &db);
+    ok(1, "master, replica and three sentinels up: %s", e.url);
+
+    run_phase(&e, dir, dbpath, &ph1);
+    run_phase(&e, dir, dbpath, &ph2);
+
+    se_world_end(&e, dir, dbpath, db);
+    return tap_done();
+}
