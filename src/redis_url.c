@@ -475,7 +475,7 @@ int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, 
     }
     sep = strstr(url, "://");
     if (!sep) {
-        fail(&p, OUTBOX_EURL, "missing scheme in '%s', expected redis://, rediss:// or unix://", url);
+        fail(&p, OUTBOX_EURL, "missing scheme in '%s', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://", url);
         return p.status;
     }
     slen = (size_t)(sep - url);
@@ -494,7 +494,7 @@ int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, 
     } else if ((slen == 11 && strncasecmp(url, "rediss+unix", 11) == 0)) {
         fail(&p, OUTBOX_EURL, "TLS over a unix socket (rediss+unix://) is not supported, expected unix://");
     } else {
-        fail(&p, OUTBOX_EURL, "bad scheme '%.*s', expected redis://, rediss:// or unix://", (int)slen, url);
+        fail(&p, OUTBOX_EURL, "bad scheme '%.*s', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://", (int)slen, url);
     }
 
     if (p.status) {

@@ -63,8 +63,8 @@
     X("db", STR, db_path, OUTBOX__OPT_REQUIRED, NULL, 0, 0, "PATH", NULL,                                             \
       "SQLite database holding the outbox table")                                                                    \
     X("redis", STR, redis_url, OUTBOX__OPT_REQUIRED, NULL, 0, 0, "URL", NULL,                                         \
-      "redis://[[user]:password@]host[:port][/db], unix:///path/to/sock[?db=N] or "                                  \
-      "redis-sentinel://[[user]:password@]host[:port][,host[:port]...][/db]#master")                                 \
+      "redis:// or rediss:// (TLS) [[user]:password@]host[:port][/db], unix:///path/to/sock[?db=N], or "            \
+      "redis-sentinel:// or rediss-sentinel:// [[user]:password@]host[:port][,host[:port]...][/db]#master")         \
     X("batch", UINT, batch, 0, 512, 1, 100000, "N", NULL, "rows claimed per SQLite transaction")                     \
     X("inflight", UINT, inflight, 0, 8192, 1, 1000000, "N", NULL,                                                     \
       "messages claimed and not yet marked, at most: memory is bounded by this, not by the backlog")                 \
