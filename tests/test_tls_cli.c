@@ -203,21 +203,38 @@ static int count(const char *text, const char *needle)
     return n;
 }
 
+/* A TLS redis-server serving cert/key (tls-auth-clients yes with auth);
+ * returns its rediss://localhost URL, or NULL (a failed test). */
+static char *start_server(th_redis *srv, const char *cert, const char *key, int auth, const char *what)
+{
+    int port = tls_redis_start(srv, certs, cert, key, auth, 0, NULL);
+    if (port < 0) {
+        ok(0, "%s: redis-server started", what);
+        return NULL;
+    }
+    return tls_url("localhost", port);
+}
+
+/* A drain that cannot connect: --drain-timeout-ms ends it with exit 1, and
+ * the log says why. */
+static void expect_no_connect(res r, const char *needle, const char *what)
+{
+    is_int(r.code, 1, "%s: the drain times out (exit 1)", what);
+    ok(r.err && strstr(r.err, needle), "  and the log says why (%s)", needle);
+    res_free(&r);
+}
+
 /* A server that requires a client certificate: the relay and the consumer
  * with --tls-cert-file/--tls-key-file get through; without them the relay
  * says why and its drain times out. */
 static void test_mutual(void)
 {
     th_redis srv = {0};
-    int port = tls_redis_start(&srv, certs, "server.crt", "server.key", 1, 0, NULL);
     const char *ca = tls_cert(certs, "ca.crt"), *crt = tls_cert(certs, "client.crt"), *key = tls_cert(certs, "client.key");
-    char *url, *db;
+    char *url = start_server(&srv, "server.crt", "server.key", 1, "mutual TLS"), *db;
     res r;
-    if (port < 0) {
-        ok(0, "mutual: redis-server with tls-auth-clients yes started");
+    if (!url)
         return;
-    }
-    url = tls_url("localhost", port);
     db = make_db("mtls", 4);
     r = relay_run(NULL, db, url, "--tls-ca-file", ca, "--tls-cert-file", crt, "--tls-key-file", key, "--drain", NULL);
     is_int(r.code, 0, "mutual TLS: the relay with a client certificate drained (exit 0)");
@@ -232,10 +249,8 @@ static void test_mutual(void)
     free(db);
 
     db = make_db("nocert", 1);
-    r = relay_run(NULL, db, url, "--tls-ca-file", ca, "--drain", "--drain-timeout-ms", "1500", NULL);
-    is_int(r.code, 1, "mutual TLS without a client certificate: the drain times out (exit 1)");
-    ok(r.err && strstr(r.err, "asked for a client certificate"), "  and the log says the server asked for one");
-    res_free(&r);
+    expect_no_connect(relay_run(NULL, db, url, "--tls-ca-file", ca, "--drain", "--drain-timeout-ms", "1500", NULL),
+                      "asked for a client certificate", "mutual TLS without a client certificate");
     free(db);
     free(url);
     th_redis_destroy(&srv);
@@ -246,20 +261,14 @@ static void test_mutual(void)
 static void test_server_name(void)
 {
     th_redis srv = {0};
-    int port = tls_redis_start(&srv, certs, "other.crt", "other.key", 0, 0, NULL);
     const char *ca = tls_cert(certs, "ca.crt");
-    char *url, *db;
+    char *url = start_server(&srv, "other.crt", "other.key", 0, "server name"), *db;
     res r;
-    if (port < 0) {
-        ok(0, "server name: redis-server started");
+    if (!url)
         return;
-    }
-    url = tls_url("localhost", port);
     db = make_db("name", 2);
-    r = relay_run(NULL, db, url, "--tls-ca-file", ca, "--drain", "--drain-timeout-ms", "1500", NULL);
-    is_int(r.code, 1, "certificate for another name: the drain times out (exit 1)");
-    ok(r.err && strstr(r.err, "hostname mismatch"), "  and the log says hostname mismatch");
-    res_free(&r);
+    expect_no_connect(relay_run(NULL, db, url, "--tls-ca-file", ca, "--drain", "--drain-timeout-ms", "1500", NULL),
+                      "hostname mismatch", "certificate for another name");
     r = relay_run(NULL, db, url, "--tls-ca-file", ca, "--tls-server-name", "other.example", "--drain", NULL);
     is_int(r.code, 0, "--tls-server-name other.example: drained (exit 0)");
     res_free(&r);
@@ -294,24 +303,18 @@ static int log_has(void *arg)
 static void test_insecure(void)
 {
     th_redis srv = {0};
-    int port = tls_redis_start(&srv, certs, "server.crt", "server.key", 0, 0, NULL);
     const char *warning = "TLS without verification";
-    char *url, *db, *logpath = th_path(dir, "insecure.log"), *text;
+    char *url = start_server(&srv, "server.crt", "server.key", 0, "insecure"), *db, *logpath, *text;
     char **argv;
     log_wait w;
     pid_t pid;
-    if (port < 0) {
-        ok(0, "insecure: redis-server started");
+    if (!url)
         return;
-    }
-    url = tls_url("localhost", port);
+    logpath = th_path(dir, "insecure.log");
     db = make_db("insecure", 3);
-    {
-        res r = relay_run(NULL, db, url, "--drain", "--drain-timeout-ms", "1500", NULL);
-        is_int(r.code, 1, "no CA given: the system's trust store does not know the test CA (exit 1)");
-        ok(r.err && strstr(r.err, "err=ETLS"), "  and the log says why (err=ETLS)");
-        res_free(&r);
-    }
+    /* The system's trust store does not know the test CA. */
+    expect_no_connect(relay_run(NULL, db, url, "--drain", "--drain-timeout-ms", "1500", NULL), "err=ETLS",
+                      "no CA given");
     argv = relay_argv(db, url, "--tls-insecure", "--scan-interval-ms", "50", NULL);
     pid = th_spawn(argv, NULL, NULL, logpath);
     ok(pid > 0, "insecure: relay started");

@@ -97,6 +97,19 @@ static int server_start(const bench *b, const char *sock, const char *logname, c
     return -1;
 }
 
+/* Closes rc and stops the server started by server_start. */
+static void server_stop(pid_t *pid, redisContext **rc)
+{
+    if (*rc) {
+        redisFree(*rc);
+        *rc = NULL;
+    }
+    if (*pid > 0) {
+        bench_stop(*pid, NULL, NULL, 10000);
+        *pid = 0;
+    }
+}
+
 int bench_env_start(bench *b, char *err, size_t errlen)
 {
     snprintf(b->sock, sizeof b->sock, "%s/redis.sock", b->tmpdir);
@@ -181,26 +194,12 @@ int bench_tls_server_start(bench *b, bench_tls_server *t, char *err, size_t errl
 
 void bench_tls_server_stop(bench_tls_server *t)
 {
-    if (t->rc) {
-        redisFree(t->rc);
-        t->rc = NULL;
-    }
-    if (t->pid > 0) {
-        bench_stop(t->pid, NULL, NULL, 10000);
-        t->pid = 0;
-    }
+    server_stop(&t->pid, &t->rc);
 }
 
 void bench_env_stop(bench *b)
 {
-    if (b->rc) {
-        redisFree(b->rc);
-        b->rc = NULL;
-    }
-    if (b->redis_pid > 0) {
-        bench_stop(b->redis_pid, NULL, NULL, 10000);
-        b->redis_pid = 0;
-    }
+    server_stop(&b->redis_pid, &b->rc);
 }
 
 redisReply *bench_redis(bench *b, const char *fmt, ...)
