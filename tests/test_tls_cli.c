@@ -23,6 +23,9 @@ static tls_certs *certs;
 static th_redis *main_srv; /* the server of test_publish_consume and test_bad_input */
 static char *dir, *consume_bin;
 static int slow = 1;
+/* --drain-timeout-ms of the drains that cannot connect: long enough for the
+ * first attempt's failure to be logged, under valgrind too. */
+static char drain_timeout[16];
 
 typedef struct res {
     int code;
@@ -249,7 +252,7 @@ static void test_mutual(void)
     free(db);
 
     db = make_db("nocert", 1);
-    expect_no_connect(relay_run(NULL, db, url, "--tls-ca-file", ca, "--drain", "--drain-timeout-ms", "1500", NULL),
+    expect_no_connect(relay_run(NULL, db, url, "--tls-ca-file", ca, "--drain", "--drain-timeout-ms", drain_timeout, NULL),
                       "asked for a client certificate", "mutual TLS without a client certificate");
     free(db);
     free(url);
@@ -267,7 +270,7 @@ static void test_server_name(void)
     if (!url)
         return;
     db = make_db("name", 2);
-    expect_no_connect(relay_run(NULL, db, url, "--tls-ca-file", ca, "--drain", "--drain-timeout-ms", "1500", NULL),
+    expect_no_connect(relay_run(NULL, db, url, "--tls-ca-file", ca, "--drain", "--drain-timeout-ms", drain_timeout, NULL),
                       "hostname mismatch", "certificate for another name");
     r = relay_run(NULL, db, url, "--tls-ca-file", ca, "--tls-server-name", "other.example", "--drain", NULL);
     is_int(r.code, 0, "--tls-server-name other.example: drained (exit 0)");
@@ -313,7 +316,7 @@ static void test_insecure(void)
     logpath = th_path(dir, "insecure.log");
     db = make_db("insecure", 3);
     /* The system's trust store does not know the test CA. */
-    expect_no_connect(relay_run(NULL, db, url, "--drain", "--drain-timeout-ms", "1500", NULL), "err=ETLS",
+    expect_no_connect(relay_run(NULL, db, url, "--drain", "--drain-timeout-ms", drain_timeout, NULL), "err=ETLS",
                       "no CA given");
     argv = relay_argv(db, url, "--tls-insecure", "--scan-interval-ms", "50", NULL);
     pid = th_spawn(argv, NULL, NULL, logpath);
@@ -478,6 +481,7 @@ int main(void)
     th_redis srv = {0};
     int port;
     slow = th_slow();
+    snprintf(drain_timeout, sizeof drain_timeout, "%d", 1500 * slow);
     dir = th_tmpdir();
     consume_bin = th_bin("tools/consume/outbox-consume");
     certs = tls_certs_make();
