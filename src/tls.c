@@ -271,8 +271,8 @@ int outbox__tls_config_for_url(int tls, const outbox_tls_settings *s, outbox__tl
     if (!tls) {
         if (outbox__tls_settings_given(s))
             return outbox__errf(err, errlen, OUTBOX_EINVAL,
-                                "TLS settings given but the Redis URL is not rediss:// (TLS is only used with "
-                                "rediss://)");
+                                "TLS settings given but the Redis URL is not rediss:// or rediss-sentinel:// "
+                                "(TLS is only used with those)");
         return 0;
     }
     return outbox__tls_config_create(out, s, err, errlen);

@@ -26,10 +26,11 @@ ok "outbox-bench --quick exits 0 (every scenario ran)" $rc
 [ $rc = 0 ] || sed 's/^/# /' "$tmp/err" "$tmp/out"
 python3 - "$tmp/out" >"$tmp/check" 2>&1 <<'PY'
 import json, sys
-want = ["drain", "idle", "latency", "writer", "loop", "idempotent", "consume", "memory", "claim"]
+want = ["drain", "drain_tls", "idle", "latency", "writer", "loop", "idempotent", "consume", "memory", "claim"]
 fields = {
     "drain": ["msgs_per_s", "ceiling_per_s", "ratio", "sql_budget_us_per_msg", "sql_floor_us_per_msg",
               "sql_floor_ratio", "sql_floor_bare_us_per_msg", "sql_floor_bare_ratio"],
+    "drain_tls": ["msgs_per_s", "plain_msgs_per_s", "ratio"],
     "writer": ["ratio", "table_ratio", "txn_ratio"],
     "latency": ["runs"],
     "claim": ["ratio", "sql_ratio"],

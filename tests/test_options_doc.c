@@ -3,8 +3,9 @@
  * of the settings table (src/relay/settings_table.h) is in `outbox-relay
  * --help`, README.md's option table says the same as --help (the same
  * options, defaults and meanings, backticks aside), and the comment of each
- * field in include/outbox/relay.h states the default that
- * outbox_relay_defaults() sets. A difference fails with the line to write.
+ * field in include/outbox/relay.h (or, for the tls.* fields, in
+ * include/outbox/tls.h) states the default that outbox_relay_defaults()
+ * sets. A difference fails with the line to write.
  */
 #include <ctype.h>
 #include <stdio.h>
@@ -229,15 +230,19 @@ static char *comment_text(const char *c, const char **end)
     return t;
 }
 
-/* The comment that documents field in the struct outbox_relay_settings:
- * the comment right before its declaration, or one after it on the same
- * line. NULL when there is none. */
-static char *field_comment(const char *h, const char *field)
+/* The comment that documents field in the struct type (typedef struct type
+ * { ... } type;) of header h: the comment right before its declaration, or
+ * one after it on the same line. NULL when there is none. */
+static char *field_comment(const char *h, const char *type, const char *field)
 {
-    const char *p = strstr(h, "typedef struct outbox_relay_settings {"), *end;
+    char open[128], close[128];
+    const char *p, *end;
     char *pending = NULL;
     int found = 0;
-    if (!p || !(end = strstr(p, "} outbox_relay_settings;")))
+    snprintf(open, sizeof open, "typedef struct %s {", type);
+    snprintf(close, sizeof close, "} %s;", type);
+    p = strstr(h, open);
+    if (!p || !(end = strstr(p, close)))
         return NULL;
     p = strchr(p, '{') + 1;
     while (p < end) {
@@ -300,14 +305,32 @@ static void expected_default(const outbox__relay_option *o, const outbox_relay_s
     }
 }
 
-static void check_relay_h(const char *h)
+/* The comment of o's field: in relay.h, or for a member of a sub-struct
+ * (tls.ca_file) in the sub-struct's own header (tls_h), once relay.h
+ * documents the member itself (tls). */
+static char *option_comment(const char *h, const char *tls_h, const outbox__relay_option *o)
+{
+    const char *dot = strchr(o->field, '.');
+    char outer[64], *c;
+    if (!dot)
+        return field_comment(h, "outbox_relay_settings", o->field);
+    snprintf(outer, sizeof outer, "%.*s", (int)(dot - o->field), o->field);
+    if (strcmp(outer, "tls") != 0 || !(c = field_comment(h, "outbox_relay_settings", outer))) {
+        diag("relay.h: no comment found for %s (or no header known for it)", outer);
+        return NULL;
+    }
+    free(c);
+    return field_comment(tls_h, "outbox_tls_settings", dot + 1);
+}
+
+static void check_relay_h(const char *h, const char *tls_h)
 {
     outbox_relay_settings d;
     int bad = 0;
     outbox_relay_defaults(&d);
     for (size_t i = 0; i < outbox__relay_noptions; i++) {
         const outbox__relay_option *o = &outbox__relay_options[i];
-        char want[160], *c = field_comment(h, o->field);
+        char want[160], *c = option_comment(h, tls_h, o);
         const char *at = NULL;
         expected_default(o, &d, want, sizeof want);
         if (c) {
@@ -322,7 +345,8 @@ static void check_relay_h(const char *h)
         if (!c)
             diag("relay.h: no comment found for %s", o->field);
         else if (!at)
-            diag("relay.h: the comment of %s does not say '%s': %s", o->field, want, c);
+            diag("%s: the comment of %s does not say '%s': %s", strchr(o->field, '.') ? "tls.h" : "relay.h",
+                 o->field, want, c);
         if (!c || !at)
             bad++;
         if (c && at && (o->flags & OUTBOX__OPT_ZERO) && o->shown) {
@@ -346,7 +370,7 @@ static void check_relay_h(const char *h)
 int main(void)
 {
     const char *src = getenv("OUTBOX_SOURCE_DIR");
-    char *relay = th_bin("tools/relay/outbox-relay"), *readme_path, *relay_h_path, *md, *h, *out = NULL,
+    char *relay = th_bin("tools/relay/outbox-relay"), *readme_path, *relay_h_path, *tls_h_path, *tls_h, *md, *h, *out = NULL,
          *err = NULL;
     char *argv[] = {relay, "--help", NULL};
     doc help = {.n = 0}, readme = {.n = 0};
@@ -356,10 +380,12 @@ int main(void)
         bail("OUTBOX_SOURCE_DIR is not set");
     readme_path = th_path(src, "README.md");
     relay_h_path = th_path(src, "include/outbox/relay.h");
+    tls_h_path = th_path(src, "include/outbox/tls.h");
     md = th_slurp(readme_path);
     h = th_slurp(relay_h_path);
-    if (!md || !h)
-        bail("cannot read %s or %s", readme_path, relay_h_path);
+    tls_h = th_slurp(tls_h_path);
+    if (!md || !h || !*h || !tls_h || !*tls_h)
+        bail("cannot read %s, %s or %s", readme_path, relay_h_path, tls_h_path);
 
     rc = th_run(argv, NULL, &out, &err, 20000);
     is_int(rc, 0, "outbox-relay --help exits 0");
@@ -368,7 +394,7 @@ int main(void)
     ok(readme.n > 0, "README.md has an option table (%d rows)", readme.n);
     check_help_has_table(&help);
     check_readme(&help, &readme);
-    check_relay_h(h);
+    check_relay_h(h, tls_h);
 
     doc_free(&help);
     doc_free(&readme);
@@ -376,8 +402,10 @@ int main(void)
     free(err);
     free(md);
     free(h);
+    free(tls_h);
     free(readme_path);
     free(relay_h_path);
+    free(tls_h_path);
     free(relay);
     return tap_done();
 }

@@ -8,6 +8,15 @@
 //   npm ci
 //   node consumer.js --redis redis://127.0.0.1:6379 --stream outbox:orders \
 //                    --group billing [--consumer NAME] [--drain]
+//   node consumer.js --redis rediss://localhost:6380 --tls-ca-file ca.crt \
+//                    [--tls-cert-file client.crt --tls-key-file client.key] ...
+//
+// TLS takes the options of outbox-consume, passed to ioredis as its `tls`
+// option (Node's tls.connect): --tls-ca-file is `ca`, --tls-cert-file and
+// --tls-key-file are `cert` and `key`, --tls-server-name is `servername`
+// (the name verified and sent as SNI; default the URL's host) and
+// --tls-insecure is `rejectUnauthorized: false`. Node has no CA directory
+// option: without --tls-ca-file its own CA list is used.
 //
 // The "effect" here prints each newly applied message as one JSON line on
 // stdout: {id, topic, key, payload (UTF-8 text), created_at}. Replace
@@ -353,7 +362,7 @@ class Consumer {
 
 const USAGE = `Usage: node consumer.js --redis URL --stream S --group G [--consumer NAME] [--drain] [options]
 
-  --redis URL                redis://[[user]:password@]host[:port][/db] or unix:///path[?db=N]
+  --redis URL                redis://[[user]:password@]host[:port][/db], rediss://... (TLS) or unix:///path[?db=N]
   --stream S                 stream to read, e.g. outbox:orders
   --group G                  consumer group (created at the start of the stream if missing)
   --consumer NAME            consumer name (default HOSTNAME:PID)
@@ -367,6 +376,11 @@ const USAGE = `Usage: node consumer.js --redis URL --stream S --group G [--consu
   --claim-interval-ms MS     how often to look for them (default 5000)
   --max-deliveries N         then the entry goes to S:dead (default 5)
   --drain                    exit once nothing is new and nothing is pending for this consumer
+  --tls-ca-file FILE         rediss:// only: PEM file of the CAs that verify the server (default Node's CA list)
+  --tls-cert-file FILE       rediss:// only: client certificate (PEM) for mutual TLS; needs --tls-key-file
+  --tls-key-file FILE        rediss:// only: its private key (PEM, not encrypted)
+  --tls-server-name NAME     rediss:// only: the name sent as SNI and verified (default the URL's host)
+  --tls-insecure             rediss:// only: verify nothing; logged as a warning at every connect
 `;
 
 function parseOptions(argv) {
@@ -378,6 +392,8 @@ function parseOptions(argv) {
     redis: { type: 'string' }, stream: { type: 'string' }, group: { type: 'string' },
     consumer: { type: 'string' }, namespace: { type: 'string' },
     drain: { type: 'boolean' }, help: { type: 'boolean', short: 'h' },
+    'tls-ca-file': { type: 'string' }, 'tls-cert-file': { type: 'string' }, 'tls-key-file': { type: 'string' },
+    'tls-server-name': { type: 'string' }, 'tls-insecure': { type: 'boolean' },
   };
   for (const name of Object.keys(numeric)) options[name] = { type: 'string' };
   const { values } = parseArgs({ args: argv, options, strict: true });
@@ -394,7 +410,11 @@ function parseOptions(argv) {
     consumer: values.consumer ?? `${os.hostname()}:${process.pid}`,
     namespace: values.namespace ?? `dedup:${values.group}`,
     drain: Boolean(values.drain),
+    tls: tlsOptions(values),
   };
+  if (opts.tls && !values.redis.startsWith('rediss://')) {
+    throw new Error(`--${opts.tls.given}: given but the Redis URL is not rediss:// (TLS is only used with rediss://)`);
+  }
   // As in the C module: the stream must stay the key's only hash tag.
   const nsBytes = Buffer.byteLength(opts.namespace);
   if (nsBytes < 1 || nsBytes > 256 || /[{} ]/.test(opts.namespace)) {
@@ -408,9 +428,36 @@ function parseOptions(argv) {
   return opts;
 }
 
-// ioredis takes redis:// URLs as they are; unix:///path?db=N becomes {path, db}.
-function connect(url) {
+// The --tls-* options as Node's tls.connect options, read now so that a
+// missing file stops the start (as in outbox-consume); null when none given.
+function tlsOptions(values) {
+  const names = ['tls-ca-file', 'tls-cert-file', 'tls-key-file', 'tls-server-name', 'tls-insecure'];
+  const given = names.find((n) => values[n] !== undefined);
+  if (!given) return null;
+  if ((values['tls-cert-file'] === undefined) !== (values['tls-key-file'] === undefined)) {
+    throw new Error('--tls-cert-file and --tls-key-file: a client certificate needs both');
+  }
+  const read = (name) => {
+    try {
+      return values[name] === undefined ? undefined : require('node:fs').readFileSync(values[name]);
+    } catch (err) {
+      throw new Error(`--${name}: cannot read '${values[name]}': ${err.message}`);
+    }
+  };
+  const tls = { given, ca: read('tls-ca-file'), cert: read('tls-cert-file'), key: read('tls-key-file') };
+  if (values['tls-server-name'] !== undefined) tls.servername = values['tls-server-name'];
+  if (values['tls-insecure']) tls.rejectUnauthorized = false;
+  return tls;
+}
+
+// ioredis takes redis:// and rediss:// URLs as they are (tls holds the
+// rediss:// settings); unix:///path?db=N becomes {path, db}.
+function connect(url, tls) {
   const options = { connectionName: 'outbox-consumer-node' };
+  if (tls) {
+    const { given, ...settings } = tls;
+    options.tls = Object.fromEntries(Object.entries(settings).filter(([, v]) => v !== undefined));
+  }
   if (url.startsWith('unix://')) {
     const u = new URL(url);
     return new Redis({ ...options, path: decodeURIComponent(u.pathname), db: Number(u.searchParams.get('db') ?? 0) });
@@ -426,7 +473,10 @@ async function main() {
     process.stderr.write(`consumer.js: ${err.message}\n${USAGE}`);
     return 2;
   }
-  const redis = connect(opts.redis);
+  const redis = connect(opts.redis, opts.tls);
+  if (opts.tls?.rejectUnauthorized === false) {
+    redis.on('connect', () => log('warn', "TLS without verification: the server's certificate and name are not checked"));
+  }
   redis.on('error', (err) => log('warn', 'redis connection error', { error: err.message }));
   const dedup = new RedisDedup(redis, {
     namespace: opts.namespace, leaseMs: opts.dedupLeaseMs, retentionMs: opts.dedupRetentionMs,

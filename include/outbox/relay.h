@@ -50,6 +50,7 @@
 #include <uv.h>
 
 #include "outbox/common.h"
+#include "outbox/tls.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,9 +70,10 @@ typedef struct outbox_relay_settings {
     /* Database file with the outbox schema (required; copied). The relay
      * opens its own connection. Default NULL. */
     const char *db_path;
-    /* redis://[[user]:password@]host[:port][/db], unix:///path[?db=N] or
+    /* redis://[[user]:password@]host[:port][/db], the same with rediss://
+     * for TLS, unix:///path[?db=N], or
      * redis-sentinel://[[user]:password@]host[:port][,host[:port]...][/db]#master
-     * (required; copied). Default NULL. */
+     * (rediss-sentinel:// for TLS) (required; copied). Default NULL. */
     const char *redis_url;
     /* Lease owner name; default NULL, which means "<hostname>:<pid>". Copied. */
     const char *worker_id;
@@ -169,6 +171,13 @@ typedef struct outbox_relay_settings {
      * of outbox-relay yet. */
     const char *sentinel_user;
     const char *sentinel_password;
+    /* TLS for a rediss:// URL: the trust store, a client certificate, the
+     * server name, insecure. Each field's default is stated in
+     * outbox/tls.h (all NULL and 0: the system's trust store, the URL's host,
+     * verification on). The files are read by outbox_relay_create, once; any
+     * of these set with a redis:// or unix:// URL is refused there. The
+     * strings are not kept after create. */
+    outbox_tls_settings tls;
 } outbox_relay_settings;
 
 /* Fills s with the defaults documented above (db_path, redis_url NULL). */
@@ -179,8 +188,8 @@ OUTBOX_API void outbox_relay_defaults(outbox_relay_settings *s);
  * schema, migrated to this library's version if older) and prepares the
  * statements. No network activity yet. s is copied. err (may be NULL) names
  * the offending setting or the database problem. Returns 0, OUTBOX_EINVAL
- * (a setting; err says which), OUTBOX_EURL, OUTBOX_ENOSCHEMA,
- * OUTBOX_ESCHEMANEWER, OUTBOX_EFOREIGN, OUTBOX_ENOTDB, OUTBOX_EIO,
+ * (a setting, or a TLS file that cannot be used; err names it),
+ * OUTBOX_EURL, OUTBOX_ENOSCHEMA, OUTBOX_ESCHEMANEWER, OUTBOX_EFOREIGN, OUTBOX_ENOTDB, OUTBOX_EIO,
  * OUTBOX_EBUSY, OUTBOX_ESQLITE, OUTBOX_ENOMEM. loop is borrowed and must
  * outlive the relay.
  *

@@ -11,10 +11,11 @@
  * configuration mistake.
  *
  * The files are read once, when the object that uses the settings is created
- * (outbox_consumer_create, outbox_dedup_create); an unreadable or malformed
- * file, a certificate without its key or a key that does not match its
- * certificate is an OUTBOX_EINVAL from create, with the file named in the
- * error text. All strings are copied by create; the caller keeps ownership.
+ * (outbox_relay_create, outbox_consumer_create, outbox_dedup_create): an
+ * unreadable or malformed file, a certificate without its key or a key that
+ * does not match its certificate is an OUTBOX_EINVAL from create, with the
+ * file named in the error text. Create copies what it keeps of the strings;
+ * the caller keeps ownership.
  */
 #ifndef OUTBOX_TLS_H
 #define OUTBOX_TLS_H

@@ -10,6 +10,7 @@
 
 #include "claim.h"
 #include "relay_int.h"
+#include "settings_table.h"
 
 static void finish_stop(outbox_relay *r);
 static void stop_check(outbox_relay *r);
@@ -94,6 +95,7 @@ static void free_fields(outbox_relay *r)
     outbox__ops_free(r);
     free(r->cfg.metrics_listen);
     outbox__redis_url_free(&r->cfg.url);
+    outbox__tls_config_unref(r->cfg.tls);
     free(r->cfg.db_path);
     free(r->wake.wal_path);
     free(r->cfg.redis_url_text);
@@ -103,6 +105,29 @@ static void free_fields(outbox_relay *r)
     free(r->win.keymap);
     outbox__claim_free(r);
     free(r);
+}
+
+/* The TLS configuration is built once, here: a file that cannot be used
+ * fails create, not every connection attempt, and reconnects do not read the
+ * files again. TLS settings with a URL that is not rediss:// would not apply:
+ * refused, naming the option. */
+static int tls_config(outbox_relay *r, const outbox_relay_settings *s, char *err, size_t errlen)
+{
+    char why[512];
+    const char *given = outbox__relay_tls_option_given(s);
+    int e;
+    /* The caller's strings are not kept: r->cfg.tls holds what they said. */
+    outbox_tls_defaults(&r->cfg.s.tls);
+    if (!r->cfg.url.tls) {
+        if (given)
+            return outbox__errf(err, errlen, OUTBOX_EINVAL,
+                                "%s: given but the Redis URL is not rediss:// or rediss-sentinel:// (TLS is only used with those)",
+                                given);
+        return 0;
+    }
+    if ((e = outbox__tls_config_create(&r->cfg.tls, &s->tls, why, sizeof why)) != 0)
+        return outbox__errf(err, errlen, e, "tls: %s", why[0] ? why : outbox_strerror(e));
+    return 0;
 }
 
 /* The settings' strings are copied; the copy's pointers point at them. */
@@ -123,6 +148,8 @@ static int copy_settings(outbox_relay *r, const outbox_relay_settings *s, char *
     /* They live on in the URL's copy only. */
     r->cfg.s.sentinel_user = r->cfg.s.sentinel_password = NULL;
     outbox__redis_url_describe(&r->cfg.url, r->cfg.url_desc, sizeof r->cfg.url_desc);
+    if ((e = tls_config(r, s, err, errlen)) != 0)
+        return e;
     if (!s->worker_id) {
         if (gethostname(host, sizeof host) != 0)
             strcpy(host, "localhost");
@@ -208,6 +235,7 @@ int outbox_relay_start(outbox_relay *r)
         o.connect_timeout_ms = r->cfg.s.connect_timeout_ms;
         o.reply_timeout_ms = r->cfg.s.reply_timeout_ms;
         o.client_name = "outbox-relay";
+        o.tls = r->cfg.tls; /* the rconn takes its own reference */
         if (outbox__rconn_init(&r->redis.rc, r->loop, &r->cfg.url, &o, &r->cfg.log, "relay") != 0)
             return OUTBOX_ENOMEM;
         r->redis.state = RC_INITIALISED;

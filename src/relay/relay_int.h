@@ -110,6 +110,7 @@ struct relay_config {
     char *db_path, *redis_url_text, *worker_id, *stream_prefix, *metrics_listen;
     outbox__redis_url url;
     char url_desc[300];
+    outbox__tls_config *tls; /* built at create for a rediss:// URL, else NULL */
 };
 
 /* The relay's database connection and its statements (db.c). The loop

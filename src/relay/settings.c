@@ -80,6 +80,20 @@ void outbox__relay_option_range(const outbox__relay_option *o, char *buf, size_t
              o->flags & OUTBOX__OPT_ZERO ? ", or 0" : "");
 }
 
+const char *outbox__relay_tls_option_given(const outbox_relay_settings *s)
+{
+    size_t i;
+    for (i = 0; i < outbox__relay_noptions; i++) {
+        const outbox__relay_option *o = &outbox__relay_options[i];
+        if (strncmp(o->field, "tls.", 4) != 0)
+            continue;
+        if (o->type == OUTBOX__OPT_STR ? *(const char *const *)((const char *)s + o->off) != NULL
+                                       : outbox__relay_option_get(s, o) != 0)
+            return o->name;
+    }
+    return NULL;
+}
+
 void outbox_relay_defaults(outbox_relay_settings *s)
 {
     memset(s, 0, sizeof *s);

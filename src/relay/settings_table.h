@@ -18,7 +18,8 @@
  *   type   STR, UINT, U64, SIZE, FLAG or LEVEL: the C type of the field
  *          (const char *, unsigned, uint64_t, size_t, int 0/1,
  *          outbox_log_level)
- *   field  the member of outbox_relay_settings
+ *   field  the member of outbox_relay_settings (a member of a member, like
+ *          tls.ca_file, is documented in the sub-struct's header)
  *   flags  0, OUTBOX__OPT_REQUIRED (no default: must be given) or
  *          OUTBOX__OPT_ZERO (0 is accepted too, outside min..max: the help
  *          says what it means)
@@ -113,7 +114,20 @@
     X("retention-ms", U64, retention_ms, OUTBOX__OPT_ZERO, 86400000, 1000, 3650ull * 86400000, "MS", NULL,            \
       "delete published rows older than this (never dead rows); 0 keeps them")                                       \
     X("retention-batch", UINT, retention_batch, 0, 1000, 1, 100000, "N", NULL,                                        \
-      "rows deleted per retention transaction")
+      "rows deleted per retention transaction")                                                                      \
+    X("tls-ca-file", STR, tls.ca_file, 0, NULL, 0, 0, "FILE", "the system's trust store",                            \
+      "rediss:// only: PEM file of the certificate authorities that verify the server")                            \
+    X("tls-ca-dir", STR, tls.ca_dir, 0, NULL, 0, 0, "DIR", "the system's trust store",                               \
+      "rediss:// only: directory of CA certificates named by subject hash (openssl rehash); may be combined with "   \
+      "--tls-ca-file")                                                                                               \
+    X("tls-cert-file", STR, tls.cert_file, 0, NULL, 0, 0, "FILE", "none",                                            \
+      "rediss:// only: client certificate (PEM) for servers that require one (mutual TLS); needs --tls-key-file")   \
+    X("tls-key-file", STR, tls.key_file, 0, NULL, 0, 0, "FILE", "none",                                              \
+      "rediss:// only: the private key of --tls-cert-file (PEM, not encrypted)")                                   \
+    X("tls-server-name", STR, tls.server_name, 0, NULL, 0, 0, "NAME", "the URL's host",                              \
+      "rediss:// only: the name sent as SNI and verified against the server's certificate")                        \
+    X("tls-insecure", FLAG, tls.insecure, 0, 0, 0, 0, NULL, NULL,                                                     \
+      "rediss:// only: verify nothing (any certificate, any name); logged as a warning at every connect")
 
 /* The C type of a field (the table's type column). */
 enum outbox__opt_type {
@@ -157,6 +171,10 @@ void outbox__relay_option_set(outbox_relay_settings *s, const outbox__relay_opti
 int outbox__relay_option_in_range(const outbox__relay_option *o, uint64_t v);
 /* o's range as messages show it: "1..100000", or "1000..86400000, or 0". */
 void outbox__relay_option_range(const outbox__relay_option *o, char *buf, size_t len);
+
+/* The name of the first TLS option (a tls.* field) that s sets, or NULL:
+ * they apply to rediss:// URLs only. */
+const char *outbox__relay_tls_option_given(const outbox_relay_settings *s);
 
 /* The reply and WAIT timeouts in effect: the field, or while it is 0 the
  * default derived from lease_ms. */

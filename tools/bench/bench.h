@@ -6,7 +6,7 @@
  * env.c       the private redis-server, hiredis helpers, redis-benchmark
  * dataset.c   the message shape and the databases the scenarios start from
  * sqlpath.c   the relay's SQL without Redis (claim scenario, drain's floor)
- * sc_*.c      one file per group of scenarios
+ * sc_*.c      one file per group of scenarios (sc_tls.c: the TLS drain)
  *
  * Non-static functions are prefixed bench_; scenario entry points sc_.
  */
@@ -151,6 +151,8 @@ void bench_kill_children(void);
 /* Describes a wait status: "exit 0", "signal 9". */
 const char *bench_status_text(int status, char *buf, size_t len);
 
+/* User plus system CPU seconds of a resource usage. */
+double bench_ru_cpu_s(const struct rusage *ru);
 /* CPU time of a live process in ns (schedstat, else utime+stime), -1. */
 int64_t bench_proc_cpu_ns(pid_t pid);
 /* Voluntary plus involuntary context switches of a live process, -1. */
@@ -168,6 +170,19 @@ void bench_unlink_db(const char *path);
 
 int bench_env_start(bench *b, char *err, size_t errlen);
 void bench_env_stop(bench *b);
+
+/* A redis-server of the TLS drain's own: a plaintext and a TLS port on
+ * 127.0.0.1 (a self-signed certificate for it, made with the openssl
+ * command in the temporary directory), and a Unix socket for rc. */
+typedef struct bench_tls_server {
+    pid_t pid;
+    redisContext *rc; /* on the Unix socket */
+    int port, tls_port;
+    char cert[PATH_MAX + 32], key[PATH_MAX + 32], sock[PATH_MAX + 32];
+    char tcp_url[64], tls_url[64];
+} bench_tls_server;
+int bench_tls_server_start(bench *b, bench_tls_server *t, char *err, size_t errlen);
+void bench_tls_server_stop(bench_tls_server *t);
 redisContext *bench_redis_connect(const bench *b);
 /* A command on the control connection; NULL (and err) on failure. */
 redisReply *bench_redis(bench *b, const char *fmt, ...);
@@ -218,6 +233,8 @@ int bench_dataset_build(const char *path, uint64_t n, const bench_shape *sh, uin
  * bits), synchronous=OFF, a 512 MiB page cache. */
 int bench_dataset_build_fast(const char *path, uint64_t n, const bench_shape *sh, char *err, size_t errlen);
 /* Opens a fresh database with the outbox schema (flags for outbox_db_open). */
+/* Copies a closed database file (no WAL) to a fresh path. */
+int bench_copy_db(const char *from, const char *to, char *err, size_t errlen);
 int bench_db_fresh(const char *path, int flags, sqlite3 **db, char *err, size_t errlen);
 int bench_exec(sqlite3 *db, const char *sql, char *err, size_t errlen);
 /* SELECT count(*) FROM outbox WHERE state = st, -1. */
@@ -248,6 +265,7 @@ int bench_sql_drain(bench_sql *s, int bare, int batch, long n, double *secs, cha
 /* scenarios */
 
 int sc_drain(bench *b, bench_report *r);
+int sc_drain_tls(bench *b, bench_report *r);
 int sc_idle(bench *b, bench_report *r);
 int sc_memory(bench *b, bench_report *r);
 int sc_idempotent(bench *b, bench_report *r);

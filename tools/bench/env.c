@@ -1,13 +1,17 @@
 /*
  * The run's environment: a private redis-server on a Unix socket in the
  * temporary directory (no persistence: the relay is measured, not Redis's
- * disk), hiredis helpers and the redis-benchmark reference.
+ * disk), a second one with a plaintext and a TLS loopback port for the TLS
+ * drain, hiredis helpers and the redis-benchmark reference.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,21 +28,25 @@ redisContext *bench_redis_connect(const bench *b)
     return c;
 }
 
-int bench_env_start(bench *b, char *err, size_t errlen)
+/* Starts redis-server on the Unix socket sock (no persistence, its log in
+ * the temporary directory under logname) with the extra arguments (NULL
+ * terminated, may be NULL), and waits until PING answers there; *rc is then
+ * a connection on the socket. */
+static int server_start(const bench *b, const char *sock, const char *logname, const char *const *extra,
+                        pid_t *pid, redisContext **rc, char *err, size_t errlen)
 {
     char logpath[PATH_MAX + 32];
-    const char *argv[24];
+    const char *argv[48];
     int a = 0;
     uint64_t deadline;
+    struct timeval tv = {5, 0};
 
-    snprintf(b->sock, sizeof b->sock, "%s/redis.sock", b->tmpdir);
-    snprintf(b->redis_url, sizeof b->redis_url, "unix://%s", b->sock);
-    bench_path(b, logpath, sizeof logpath, "redis.log");
+    bench_path(b, logpath, sizeof logpath, logname);
     argv[a++] = "redis-server";
     argv[a++] = "--port";
     argv[a++] = "0";
     argv[a++] = "--unixsocket";
-    argv[a++] = b->sock;
+    argv[a++] = sock;
     argv[a++] = "--unixsocketperm";
     argv[a++] = "700";
     argv[a++] = "--save";
@@ -53,49 +61,145 @@ int bench_env_start(bench *b, char *err, size_t errlen)
     argv[a++] = "no";
     argv[a++] = "--loglevel";
     argv[a++] = "warning";
+    /* A later "--port" wins over the one above. */
+    for (; extra && *extra && a < 47; extra++)
+        argv[a++] = *extra;
     argv[a] = NULL;
-    if (bench_spawn(argv, NULL, NULL, &b->redis_pid) != 0) {
+    if (bench_spawn(argv, NULL, NULL, pid) != 0) {
         snprintf(err, errlen, "cannot start redis-server: %s", strerror(errno));
         return -1;
     }
     deadline = bench_mono_us() + 10000000u;
     while (bench_mono_us() < deadline) {
         int st;
-        if (waitpid(b->redis_pid, &st, WNOHANG) == b->redis_pid) {
+        if (waitpid(*pid, &st, WNOHANG) == *pid) {
             char tail[512];
             bench_tail_file(logpath, tail, sizeof tail, 3);
             snprintf(err, errlen, "redis-server exited at start: %s", tail);
-            b->redis_pid = 0;
+            *pid = 0;
             return -1;
         }
-        if (access(b->sock, F_OK) == 0) {
-            b->rc = bench_redis_connect(b);
-            if (b->rc) {
-                redisReply *r = redisCommand(b->rc, "PING");
+        if (access(sock, F_OK) == 0) {
+            *rc = redisConnectUnixWithTimeout(sock, tv);
+            if (*rc && !(*rc)->err) {
+                redisReply *r = redisCommand(*rc, "PING");
                 int ok = r && r->type == REDIS_REPLY_STATUS;
                 freeReplyObject(r);
                 if (ok)
                     return 0;
-                redisFree(b->rc);
-                b->rc = NULL;
             }
+            redisFree(*rc);
+            *rc = NULL;
         }
         bench_sleep_ms(10);
     }
-    snprintf(err, errlen, "redis-server did not answer on %s within 10 s", b->sock);
+    snprintf(err, errlen, "redis-server did not answer on %s within 10 s", sock);
     return -1;
+}
+
+/* Closes rc and stops the server started by server_start. */
+static void server_stop(pid_t *pid, redisContext **rc)
+{
+    if (*rc) {
+        redisFree(*rc);
+        *rc = NULL;
+    }
+    if (*pid > 0) {
+        bench_stop(*pid, NULL, NULL, 10000);
+        *pid = 0;
+    }
+}
+
+int bench_env_start(bench *b, char *err, size_t errlen)
+{
+    snprintf(b->sock, sizeof b->sock, "%s/redis.sock", b->tmpdir);
+    snprintf(b->redis_url, sizeof b->redis_url, "unix://%s", b->sock);
+    return server_start(b, b->sock, "redis.log", NULL, &b->redis_pid, &b->rc, err, errlen);
+}
+
+/* A loopback TCP port nobody listens on right now, or -1. */
+static int free_port(void)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+/* Runs the openssl command with the NULL-terminated arguments. */
+static int run_openssl(const bench *b, const char *const *args, char *err, size_t errlen)
+{
+    const char *argv[32];
+    char out[PATH_MAX + 32], tail[300], st[32];
+    int a = 0, status = 0;
+    pid_t pid;
+    argv[a++] = "openssl";
+    for (; *args && a < 31; args++)
+        argv[a++] = *args;
+    argv[a] = NULL;
+    bench_path(b, out, sizeof out, "openssl.out");
+    if (bench_spawn(argv, out, out, &pid) != 0) {
+        snprintf(err, errlen, "cannot run openssl: %s", strerror(errno));
+        return -1;
+    }
+    if (bench_wait(pid, &status, NULL, 60000) != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        bench_tail_file(out, tail, sizeof tail, 3);
+        snprintf(err, errlen, "openssl %s: %s: %s", argv[1], bench_status_text(status, st, sizeof st), tail);
+        return -1;
+    }
+    return 0;
+}
+
+int bench_tls_server_start(bench *b, bench_tls_server *t, char *err, size_t errlen)
+{
+    char port[16], tls_port[16];
+    memset(t, 0, sizeof t[0]);
+    bench_path(b, t->cert, sizeof t->cert, "tls-server.crt");
+    bench_path(b, t->key, sizeof t->key, "tls-server.key");
+    bench_path(b, t->sock, sizeof t->sock, "redis-tls.sock");
+    {
+        /* A self-signed certificate for 127.0.0.1, which is also its own CA:
+         * the relay verifies it as it would any server's. */
+        const char *args[] = {"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                              "-nodes", "-keyout", t->key, "-out", t->cert, "-days", "2", "-subj", "/CN=localhost",
+                              "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", NULL};
+        if (run_openssl(b, args, err, errlen) != 0)
+            return -1;
+    }
+    t->port = free_port();
+    t->tls_port = free_port();
+    if (t->port < 0 || t->tls_port < 0 || t->port == t->tls_port) {
+        snprintf(err, errlen, "cannot find two free loopback ports");
+        return -1;
+    }
+    snprintf(port, sizeof port, "%d", t->port);
+    snprintf(tls_port, sizeof tls_port, "%d", t->tls_port);
+    snprintf(t->tcp_url, sizeof t->tcp_url, "redis://127.0.0.1:%d", t->port);
+    snprintf(t->tls_url, sizeof t->tls_url, "rediss://127.0.0.1:%d", t->tls_port);
+    {
+        const char *extra[] = {"--bind", "127.0.0.1", "--port", port, "--tls-port", tls_port, "--tls-cert-file",
+                               t->cert, "--tls-key-file", t->key, "--tls-ca-cert-file", t->cert,
+                               "--tls-auth-clients", "no", NULL};
+        return server_start(b, t->sock, "redis-tls.log", extra, &t->pid, &t->rc, err, errlen);
+    }
+}
+
+void bench_tls_server_stop(bench_tls_server *t)
+{
+    server_stop(&t->pid, &t->rc);
 }
 
 void bench_env_stop(bench *b)
 {
-    if (b->rc) {
-        redisFree(b->rc);
-        b->rc = NULL;
-    }
-    if (b->redis_pid > 0) {
-        bench_stop(b->redis_pid, NULL, NULL, 10000);
-        b->redis_pid = 0;
-    }
+    server_stop(&b->redis_pid, &b->rc);
 }
 
 redisReply *bench_redis(bench *b, const char *fmt, ...)

@@ -64,40 +64,8 @@ int bench_relay_drain(bench *b, const char *db, const char *tag, const char *con
     return 0;
 }
 
-static double ru_cpu_s(const struct rusage *ru)
-{
-    return (double)ru->ru_utime.tv_sec + (double)ru->ru_utime.tv_usec / 1e6 + (double)ru->ru_stime.tv_sec +
-           (double)ru->ru_stime.tv_usec / 1e6;
-}
-
 /* ------------------------------------------------------------------ */
 /* drain */
-
-/* Copies a closed database file (no WAL) to a fresh path. */
-static int copy_db(const char *from, const char *to, char *err, size_t errlen)
-{
-    static char buf[1 << 20];
-    ssize_t n = 0;
-    int in, out, rc = -1;
-    bench_unlink_db(to);
-    in = open(from, O_RDONLY | O_CLOEXEC);
-    out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (in >= 0 && out >= 0) {
-        while ((n = read(in, buf, sizeof buf)) > 0)
-            if (write(out, buf, (size_t)n) != n) {
-                n = -1;
-                break;
-            }
-        rc = n == 0 ? 0 : -1;
-    }
-    if (rc != 0)
-        snprintf(err, errlen, "cannot copy the backlog to %.200s: %s", to, strerror(errno));
-    if (in >= 0)
-        close(in);
-    if (out >= 0)
-        close(out);
-    return rc;
-}
 
 /* The drain's SQL floor: the same backlog drained by the relay's
  * statements alone on one connection, and by the least a per-row lifecycle
@@ -120,7 +88,7 @@ static int sql_floors(bench *b, long n, double *relay_us, double *bare_us, char 
             bench_sql *s = NULL;
             double secs = 0;
             bench_progress(b, "SQL floor: %s, run %d", bare ? "bare lifecycle" : "relay statements", round + 1);
-            rc = copy_db(src, db, err, errlen);
+            rc = bench_copy_db(src, db, err, errlen);
             if (rc == 0)
                 rc = bench_sql_open(db, &s, err, errlen);
             if (rc == 0)
@@ -189,7 +157,7 @@ int sc_drain(bench *b, bench_report *r)
     ceil50 = (c50[0] + c50[1]) / 2;
     ceil1 = (c1[0] + c1[1]) / 2;
     ratio = rate / ceil50;
-    cpu = ru_cpu_s(&ru);
+    cpu = bench_ru_cpu_s(&ru);
 
     bench_row_add(r, "relay drain", NULL, V_NONE, "%s msg/s (%.2f s)", bench_thousands(n1, sizeof n1, rate), secs);
     bench_row_add(r, "ceiling: redis-benchmark -c 50 -P 16", NULL, V_NONE, "%s req/s (%s before, %s after)",

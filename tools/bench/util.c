@@ -427,3 +427,9 @@ void bench_unlink_db(const char *path)
     snprintf(p, sizeof p, "%s-journal", path);
     unlink(p);
 }
+
+double bench_ru_cpu_s(const struct rusage *ru)
+{
+    return (double)ru->ru_utime.tv_sec + (double)ru->ru_utime.tv_usec / 1e6 + (double)ru->ru_stime.tv_sec +
+           (double)ru->ru_stime.tv_usec / 1e6;
+}

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <msgpack.h>
@@ -371,6 +372,16 @@ static void usage(FILE *f)
             "  --drain                   exit 0 once nothing is new and nothing is pending for this consumer\n"
             "  --log-level LEVEL         debug, info, warn, error (default info)\n"
             "  --log-format FORMAT       logfmt, or json for one JSON object per line (default logfmt)\n"
+            "  --tls-ca-file FILE        rediss:// only: PEM file of the CAs that verify the server\n"
+            "                            (default the system's trust store)\n"
+            "  --tls-ca-dir DIR          rediss:// only: directory of CA certificates by subject hash\n"
+            "                            (openssl rehash; default the system's trust store)\n"
+            "  --tls-cert-file FILE      rediss:// only: client certificate (PEM) for mutual TLS;\n"
+            "                            needs --tls-key-file (default none)\n"
+            "  --tls-key-file FILE       rediss:// only: its private key (PEM, not encrypted)\n"
+            "  --tls-server-name NAME    rediss:// only: the name sent as SNI and verified\n"
+            "                            (default the URL's host)\n"
+            "  --tls-insecure            rediss:// only: verify nothing; logged as a warning at every connect\n"
             "  -h, --help, -V, --version\n"
             "\n"
             "SIGTERM/SIGINT stop gracefully (running commands finish); a second signal exits at once.\n"
@@ -427,6 +438,7 @@ static void on_signal(uv_signal_t *h, int signum)
 int main(int argc, char **argv)
 {
     outbox_consumer_settings s;
+    const char *tls_opt = NULL; /* the first --tls-* option given, for messages */
     tool t;
     char err[512];
     int e;
@@ -447,6 +459,16 @@ int main(int argc, char **argv)
         }                                                                                          \
         i++;                                                                                       \
     } while (0)
+#define TLS_STR(name, field)                                                                       \
+    else if (!strcmp(a, name)) {                                                                   \
+        NEED_VALUE;                                                                                \
+        if (!*val) {                                                                               \
+            fprintf(stderr, "%s: %s: empty value\n", prog, a);                                     \
+            return 2;                                                                              \
+        }                                                                                          \
+        field = val;                                                                               \
+        tls_opt = tls_opt ? tls_opt : name;                                                        \
+    }
 #define U64(name, min, max, field, type)                                                           \
     else if (!strcmp(a, name)) {                                                                   \
         NEED_VALUE;                                                                                \
@@ -482,6 +504,9 @@ int main(int argc, char **argv)
             t.exec_cmd = val;
         } else if (!strcmp(a, "--drain")) {
             s.drain = 1;
+        } else if (!strcmp(a, "--tls-insecure")) {
+            s.tls.insecure = 1;
+            tls_opt = tls_opt ? tls_opt : a;
         } else if (!strcmp(a, "--dedup")) {
             NEED_VALUE;
             if (!strcmp(val, "redis"))
@@ -514,6 +539,11 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
+        TLS_STR("--tls-ca-file", s.tls.ca_file)
+        TLS_STR("--tls-ca-dir", s.tls.ca_dir)
+        TLS_STR("--tls-cert-file", s.tls.cert_file)
+        TLS_STR("--tls-key-file", s.tls.key_file)
+        TLS_STR("--tls-server-name", s.tls.server_name)
         U64("--exec-timeout-ms", 1, 86400000, t.exec_timeout_ms, uint64_t)
         U64("--dedup-lease-ms", 1, 86400000, s.dedup_lease_ms, uint64_t)
         U64("--dedup-retention-ms", 1, 365ull * 86400000, s.dedup_retention_ms, uint64_t)
@@ -529,10 +559,17 @@ int main(int argc, char **argv)
             return 2;
         }
 #undef U64
+#undef TLS_STR
 #undef NEED_VALUE
     }
     if (!s.redis_url || !s.stream || !s.group) {
         fprintf(stderr, "%s: --redis, --stream and --group are required\n", prog);
+        return 2;
+    }
+    /* The library refuses these too; here the message can name the option. */
+    if (tls_opt && strncasecmp(s.redis_url, "rediss://", 9) != 0 && strncasecmp(s.redis_url, "rediss-sentinel://", 18) != 0) {
+        fprintf(stderr, "%s: %s: given but the Redis URL is not rediss:// or rediss-sentinel:// (TLS is only used with those)\n",
+                prog, tls_opt);
         return 2;
     }
     if (t.print == !!t.exec_cmd) {
