@@ -351,6 +351,46 @@ static void test_derived_timeouts(void)
     free(db);
 }
 
+/* --sentinel-user / --sentinel-password: options like every other (flag,
+ * environment, config key), refused with a URL that is not a Sentinel one. */
+static void test_sentinel_options(void)
+{
+    char *db = th_path(dir, "sentinel.db"), *cfg = th_path(dir, "sentinel.ini");
+    char *env[] = {"OUTBOX_SENTINEL_PASSWORD=secret", NULL};
+    char *argv_env[] = {relay, "--db", db, "--redis", "redis://127.0.0.1:1", NULL};
+    res r;
+    FILE *f;
+
+    r = RUN("init", "--db", db);
+    res_free(&r);
+    r = RUN("--db", db, "--redis", "redis://127.0.0.1:1", "--sentinel-password", "secret");
+    expect_usage(r, "sentinel_password needs a redis-sentinel:// URL", "--sentinel-password with redis://");
+    res_free(&r);
+    r = run(argv_env, env);
+    expect_usage(r, "sentinel_password needs a redis-sentinel:// URL", "OUTBOX_SENTINEL_PASSWORD with redis://");
+    res_free(&r);
+    f = fopen(cfg, "w");
+    if (!f)
+        bail("cannot write %s", cfg);
+    fprintf(f, "db = %s\nredis = unix:///nonexistent.sock\nsentinel-user = watcher\n", db);
+    fclose(f);
+    r = RUN("--config", cfg);
+    expect_usage(r, "sentinel_user needs a redis-sentinel:// URL", "sentinel-user key with unix://");
+    res_free(&r);
+    r = RUN("--db", db, "--redis", "redis://127.0.0.1:1", "--sentinel-user", "");
+    expect_usage(r, "sentinel-user", "empty --sentinel-user");
+    res_free(&r);
+    /* With a Sentinel URL they are taken: no sentinel answers, the drain
+     * gives up after its timeout (exit 1), not a usage error. */
+    r = RUN("--db", db, "--redis", "redis-sentinel://127.0.0.1:1#mymaster", "--sentinel-user", "watcher",
+            "--sentinel-password", "secret", "--drain", "--drain-timeout-ms", "300");
+    is_int(r.code, 1, "a Sentinel URL with --sentinel-user and --sentinel-password: accepted (drain times out: %s)",
+           r.err ? r.err : "");
+    res_free(&r);
+    free(db);
+    free(cfg);
+}
+
 int main(void)
 {
     relay = th_bin("tools/relay/outbox-relay");
@@ -359,6 +399,7 @@ int main(void)
     test_init();
     test_run_usage();
     test_derived_timeouts();
+    test_sentinel_options();
     th_rmtree(dir);
     free(dir);
     free(relay);

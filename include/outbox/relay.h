@@ -164,12 +164,13 @@ typedef struct outbox_relay_settings {
     uint64_t retention_ms;
     /* Rows deleted per retention transaction; default 1000. */
     unsigned retention_batch;
-    /* The sentinels' own credentials, when redis_url is a
-     * redis-sentinel:// URL and the sentinels need other ones than the
-     * URL's (those are the data nodes'); default NULL: no AUTH to the
-     * sentinels. Copied. Set with another URL: OUTBOX_EINVAL. Not options
-     * of outbox-relay yet. */
+    /* The user for AUTH to the sentinels, when redis_url is a
+     * redis-sentinel:// URL and the sentinels need other credentials than
+     * the URL's (those are the data nodes'). Default NULL. Copied. Set with
+     * another URL: OUTBOX_EINVAL. */
     const char *sentinel_user;
+    /* The sentinels' password (see sentinel_user); default NULL: no AUTH to
+     * the sentinels. Copied. */
     const char *sentinel_password;
     /* TLS for a rediss:// URL: the trust store, a client certificate, the
      * server name, insecure. Each field's default is stated in

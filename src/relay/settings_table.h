@@ -66,6 +66,10 @@
     X("redis", STR, redis_url, OUTBOX__OPT_REQUIRED, NULL, 0, 0, "URL", NULL,                                         \
       "redis:// or rediss:// (TLS) [[user]:password@]host[:port][/db], unix:///path/to/sock[?db=N], or "            \
       "redis-sentinel:// or rediss-sentinel:// [[user]:password@]host[:port][,host[:port]...][/db]#master")         \
+    X("sentinel-user", STR, sentinel_user, 0, NULL, 0, 0, "USER", "none",                                            \
+      "redis-sentinel:// only: the user for AUTH to the sentinels (the URL's credentials are the data nodes')")      \
+    X("sentinel-password", STR, sentinel_password, 0, NULL, 0, 0, "PASSWORD", "none",                                \
+      "redis-sentinel:// only: the password for AUTH to the sentinels")                                             \
     X("batch", UINT, batch, 0, 512, 1, 100000, "N", NULL, "rows claimed per SQLite transaction")                     \
     X("inflight", UINT, inflight, 0, 8192, 1, 1000000, "N", NULL,                                                     \
       "messages claimed and not yet marked, at most: memory is bounded by this, not by the backlog")                 \

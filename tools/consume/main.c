@@ -372,6 +372,10 @@ static void usage(FILE *f)
             "  --drain                   exit 0 once nothing is new and nothing is pending for this consumer\n"
             "  --log-level LEVEL         debug, info, warn, error (default info)\n"
             "  --log-format FORMAT       logfmt, or json for one JSON object per line (default logfmt)\n"
+            "  --sentinel-user USER      redis-sentinel:// only: the user for AUTH to the sentinels\n"
+            "                            (the URL's credentials are the data nodes'; default none)\n"
+            "  --sentinel-password PASSWORD\n"
+            "                            redis-sentinel:// only: the sentinels' password (default none)\n"
             "  --tls-ca-file FILE        rediss:// only: PEM file of the CAs that verify the server\n"
             "                            (default the system's trust store)\n"
             "  --tls-ca-dir DIR          rediss:// only: directory of CA certificates by subject hash\n"
@@ -538,6 +542,17 @@ int main(int argc, char **argv)
                 fprintf(stderr, "%s: --log-format: unknown log format '%s' (logfmt, json)\n", prog, val);
                 return 2;
             }
+        }
+        else if (!strcmp(a, "--sentinel-user") || !strcmp(a, "--sentinel-password")) {
+            NEED_VALUE;
+            if (!*val) {
+                fprintf(stderr, "%s: %s: empty value\n", prog, a);
+                return 2;
+            }
+            if (a[11] == 'u')
+                s.sentinel_user = val;
+            else
+                s.sentinel_password = val;
         }
         TLS_STR("--tls-ca-file", s.tls.ca_file)
         TLS_STR("--tls-ca-dir", s.tls.ca_dir)
