@@ -194,6 +194,23 @@ int se_wait_master(const se_env *e, int want, int timeout_ms)
     return 0;
 }
 
+int se_wait_all_named(const se_env *e, int want, int timeout_ms)
+{
+    int64_t deadline = th_now_ms() + timeout_ms;
+    do {
+        int running = 0, naming = 0;
+        for (int i = 0; i < SE_SENTINELS; i++)
+            if (e->spid[i] > 0) {
+                running++;
+                naming += se_named_master(e, i) == want;
+            }
+        if (running && naming == running)
+            return 1;
+        th_sleep_ms(50);
+    } while (th_now_ms() < deadline);
+    return 0;
+}
+
 int se_wait_replica(const se_env *e, int i, int timeout_ms)
 {
     int64_t deadline = th_now_ms() + timeout_ms;

@@ -62,6 +62,9 @@ int se_wait_master(const se_env *e, int want, int timeout_ms);
 /* Waits until node i is a replica of the other one with its link up and
  * the master's WAIT 1 succeeds; returns 1, or 0 after timeout_ms. */
 int se_wait_replica(const se_env *e, int i, int timeout_ms);
+/* Waits until every running sentinel names node want as the master (the
+ * failover has reached all of them); 1, or 0 on timeout. */
+int se_wait_all_named(const se_env *e, int want, int timeout_ms);
 
 /* SIGKILL sentinel i (by pid); start it again on the same port and
  * configuration (which it rewrote with what it learnt). */

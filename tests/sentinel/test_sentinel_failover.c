@@ -106,7 +106,11 @@ static void run_phase(se_env *e, const char *dir, const char *dbpath, const phas
         th_sleep_ms(1000);
         is_int(published(ph->topic), base, "%s: no replica for the new master: nothing marked published", ph->topic);
     }
-    /* The old master comes back (as a master, until demoted). */
+    /* The old master comes back (as a master, until demoted), once every
+     * sentinel knows of the failover: a sentinel that had not heard of it
+     * yet could take the restarted, empty old master for the master still,
+     * and the new master would resync from it. */
+    ok(se_wait_all_named(e, next, 30000 * th_slow()), "%s: every sentinel names node %d", ph->topic, next);
     base = published(ph->topic);
     ok(th_redis_restart(&e->node[ph->victim]) == 0, "%s: the old master is started again", ph->topic);
     ok(se_wait_replica(e, ph->victim, 40000 * th_slow()), "%s: and demoted to a replica of node %d", ph->topic, next);
