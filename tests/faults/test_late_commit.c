@@ -163,7 +163,7 @@ int main(void)
     outbox_relay *r = NULL;
     round_ctx x;
     pthread_t th;
-    int late = 0, locked = 0, rounds, i;
+    int late = 0, locked = 0, rounds, done_rounds = 0, i;
     int64_t worst = 0;
 
     rt_world_start(&srv, &dir, &dbpath, &db, &c);
@@ -196,7 +196,10 @@ int main(void)
     ok(stream_has(c, "outbox:late", "warm-000000"), "warm-up row published");
 
     rounds = th_slow() > 1 ? 4 : ROUNDS; /* under valgrind each round takes seconds */
-    for (int round = 0; round < rounds; round++) {
+    /* Whether the writer meets the unit's lock is chance (about half the
+     * rounds on a quiet machine, fewer on a loaded one): rounds go on, up to
+     * three times as many, until it did at least once. */
+    for (int round = 0; round < rounds || (locked == 0 && round < 3 * rounds); round++) {
         int64_t seen_ms = 0, start;
         /* A row by another connection makes the relay run a unit; the
          * writer commits right after it. */
@@ -224,6 +227,7 @@ int main(void)
             break;
         }
         locked += atomic_load(&x.saw_lock);
+        done_rounds++;
         snprintf(id, sizeof id, "late-%d", round);
         while (th_now_ms() - x.commit_ms < LATE_LIMIT_MS * th_slow()) {
             uv_run(&loop, UV_RUN_NOWAIT);
@@ -240,7 +244,7 @@ int main(void)
             worst = seen_ms - x.commit_ms;
         }
     }
-    ok(locked >= 1, "the writer met the marking unit's lock in %d of %d rounds", locked, rounds);
+    ok(locked >= 1, "the writer met the marking unit's lock in %d of %d rounds", locked, done_rounds);
     is_int(late, 0, "every late-visible commit published without the fallback scan (worst %lld ms)",
            (long long)worst);
 
