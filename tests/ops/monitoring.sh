@@ -10,22 +10,7 @@
 set -u
 src=${OUTBOX_SOURCE_DIR:?}
 dir=$src/tools/prometheus
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-n=0
-fail=0
-check() { # check DESCRIPTION COMMAND...
-    local what=$1
-    shift
-    n=$((n + 1))
-    if "$@" >"$tmp/out" 2>&1; then
-        echo "ok $n - $what"
-    else
-        echo "not ok $n - $what"
-        sed 's/^/# /' "$tmp/out"
-        fail=1
-    fi
-}
+. "$src/tests/tap.sh"
 skip() {
     n=$((n + 1))
     echo "ok $n - # SKIP $1"

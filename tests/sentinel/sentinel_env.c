@@ -177,7 +177,10 @@ static int node_role_is(const th_redis *n, const char *role)
     return yes;
 }
 
-int se_wait_master(const se_env *e, int want, int timeout_ms)
+/* Waits until enough running sentinels name node want as the master: more
+ * than half (all = 0) or every one (all = 1); the node must also say it is
+ * master when all is 0. */
+static int wait_named(const se_env *e, int want, int all, int timeout_ms)
 {
     int64_t deadline = th_now_ms() + timeout_ms;
     do {
@@ -187,28 +190,21 @@ int se_wait_master(const se_env *e, int want, int timeout_ms)
                 running++;
                 naming += se_named_master(e, i) == want;
             }
-        if (running && naming * 2 > running && node_role_is(&e->node[want], "master"))
+        if (running && (all ? naming == running : naming * 2 > running && node_role_is(&e->node[want], "master")))
             return 1;
         th_sleep_ms(50);
     } while (th_now_ms() < deadline);
     return 0;
 }
 
+int se_wait_master(const se_env *e, int want, int timeout_ms)
+{
+    return wait_named(e, want, 0, timeout_ms);
+}
+
 int se_wait_all_named(const se_env *e, int want, int timeout_ms)
 {
-    int64_t deadline = th_now_ms() + timeout_ms;
-    do {
-        int running = 0, naming = 0;
-        for (int i = 0; i < SE_SENTINELS; i++)
-            if (e->spid[i] > 0) {
-                running++;
-                naming += se_named_master(e, i) == want;
-            }
-        if (running && naming == running)
-            return 1;
-        th_sleep_ms(50);
-    } while (th_now_ms() < deadline);
-    return 0;
+    return wait_named(e, want, 1, timeout_ms);
 }
 
 int se_wait_replica(const se_env *e, int i, int timeout_ms)
