@@ -192,15 +192,25 @@ int ce_master_list(const ce_env *e, int *out)
     return n;
 }
 
+static int *new_map(void)
+{
+    int *m = malloc(sizeof(int) * CE_SLOTS);
+    if (!m)
+        bail("out of memory");
+    return m;
+}
+
 int ce_owner_of_slot(const ce_env *e, int slot)
 {
-    static int owner[CE_SLOTS];
+    int *owner, found = -1;
     if (slot < 0 || slot >= CE_SLOTS)
         return -1;
-    for (int i = 0; i < e->n; i++)
+    owner = new_map();
+    for (int i = 0; i < e->n && found < 0; i++)
         if (ce_is_master(e, i) && slot_map(e, i, owner) == 0 && owner[slot])
-            return ce_index_of_port(e, owner[slot]);
-    return -1;
+            found = ce_index_of_port(e, owner[slot]);
+    free(owner);
+    return found;
 }
 
 int ce_owner(const ce_env *e, const char *key)
@@ -210,15 +220,16 @@ int ce_owner(const ce_env *e, const char *key)
 
 int ce_lowest_slot(const ce_env *e, int i)
 {
-    static int owner[CE_SLOTS];
+    int *owner = new_map(), found = -1;
     for (int k = 0; k < e->n; k++)
         if (ce_is_master(e, k) && slot_map(e, k, owner) == 0) {
-            for (int s = 0; s < CE_SLOTS; s++)
+            for (int s = 0; s < CE_SLOTS && found < 0; s++)
                 if (owner[s] == e->node[i].port)
-                    return s;
-            return -1;
+                    found = s;
+            break;
         }
-    return -1;
+    free(owner);
+    return found;
 }
 
 int ce_replica_of(const ce_env *e, int m)
@@ -316,12 +327,73 @@ static int everyone_sees(const ce_env *e, int i, const char *want)
     return running > 0;
 }
 
+/* The node named by a MOVED/ASK error ("MOVED 3999 127.0.0.1:6381"), -1
+ * if it names none of ours. */
+static int redirect_target(const ce_env *e, const char *err)
+{
+    const char *colon = strrchr(err, ':');
+    return colon ? ce_index_of_port(e, atoi(colon + 1)) : -1;
+}
+
+static int starts(const char *s, const char *word)
+{
+    return strncmp(s, word, strlen(word)) == 0;
+}
+
+redisReply *ce_cmd_argv(const ce_env *e, const char *key, int argc, const char **argv, const size_t *lens,
+                        int timeout_ms)
+{
+    int64_t deadline = th_now_ms() + (int64_t)timeout_ms * th_slow();
+    int node = ce_owner(e, key), asking = 0;
+    redisReply *last = NULL;
+    do {
+        redisContext *c = node >= 0 ? ce_client(e, node) : NULL;
+        redisReply *r = NULL;
+        if (c && asking) {
+            r = redisCommand(c, "ASKING");
+            if (r)
+                freeReplyObject(r);
+        }
+        r = c ? redisCommandArgv(c, argc, argv, lens) : NULL;
+        if (c)
+            redisFree(c);
+        asking = 0;
+        if (r && r->type == REDIS_REPLY_ERROR && (starts(r->str, "MOVED ") || starts(r->str, "ASK "))) {
+            asking = starts(r->str, "ASK ");
+            node = redirect_target(e, r->str);
+            freeReplyObject(r);
+            continue;
+        }
+        if (r && !(r->type == REDIS_REPLY_ERROR && (starts(r->str, "TRYAGAIN") || starts(r->str, "CLUSTERDOWN") ||
+                                                   starts(r->str, "LOADING")))) {
+            if (last)
+                freeReplyObject(last);
+            return r;
+        }
+        if (last)
+            freeReplyObject(last);
+        last = r;
+        th_sleep_ms(50);
+        node = ce_owner(e, key);
+    } while (th_now_ms() < deadline);
+    return last;
+}
+
+static void check_agreement(const ce_env *e, int *first, int *other, char *why, size_t len);
+
 /* Why ce_wait_ok is not satisfied, for the diagnostics; "" when it is. */
 static void not_ok_reason(const ce_env *e, char *why, size_t len)
 {
-    static int first[CE_SLOTS], other[CE_SLOTS];
-    int have_first = -1;
+    int *first = new_map(), *other = new_map();
     why[0] = '\0';
+    check_agreement(e, first, other, why, len);
+    free(first);
+    free(other);
+}
+
+static void check_agreement(const ce_env *e, int *first, int *other, char *why, size_t len)
+{
+    int have_first = -1;
     for (int k = 0; k < e->n; k++) {
         redisReply *r;
         if (e->node[k].pid <= 0)
@@ -611,6 +683,48 @@ int ce_migrate_keys(ce_env *e, int nkeys)
         free(lens);
     } else if (!r || r->type != REDIS_REPLY_ARRAY) {
         diag("CLUSTER GETKEYSINSLOT: %s", r && r->type == REDIS_REPLY_ERROR ? r->str : c->errstr);
+        moved = -1;
+    }
+    if (r)
+        freeReplyObject(r);
+    redisFree(c);
+    return moved;
+}
+
+int ce_migrate_named(ce_env *e, const char *key)
+{
+    char port[16];
+    const char *argv[9];
+    size_t lens[9];
+    int argc = 0, moved;
+    redisContext *c;
+    redisReply *r;
+    if (e->mig.slot < 0) {
+        diag("ce_migrate_named: no migration open");
+        return -1;
+    }
+    if (!(c = ce_client(e, e->mig.from))) {
+        diag("ce_migrate_named: the source node does not answer");
+        return -1;
+    }
+    snprintf(port, sizeof port, "%d", e->node[e->mig.to].port);
+    argv[argc++] = "MIGRATE";
+    argv[argc++] = "127.0.0.1";
+    argv[argc++] = port;
+    argv[argc++] = key;
+    argv[argc++] = "0";
+    argv[argc++] = "5000";
+    if (e->password[0]) {
+        argv[argc++] = "AUTH";
+        argv[argc++] = e->password;
+    }
+    for (int k = 0; k < argc; k++)
+        lens[k] = strlen(argv[k]);
+    r = redisCommandArgv(c, argc, argv, lens);
+    if (r && r->type == REDIS_REPLY_STATUS)
+        moved = strcmp(r->str, "NOKEY") != 0;
+    else {
+        diag("MIGRATE %s: %s", key, r && r->type == REDIS_REPLY_ERROR ? r->str : c->errstr);
         moved = -1;
     }
     if (r)

@@ -16,7 +16,11 @@
  *
  * Every helper speaks to the nodes with hiredis' blocking client and plain
  * cluster commands; none uses the project's own connection layer, so the
- * tests of that layer can check it against what the servers say.
+ * tests of that layer can check it against what the servers say. The
+ * helpers keep no state outside the env and may be called from several
+ * threads at once (a writer thread beside one that reshards), except those
+ * that change e (start, stop, migrations, kill, restart), which one thread
+ * calls.
  */
 #ifndef OUTBOX_TESTS_CLUSTER_ENV_H
 #define OUTBOX_TESTS_CLUSTER_ENV_H
@@ -93,6 +97,19 @@ int ce_master_list(const ce_env *e, int *out);
  * -1 if none. */
 int ce_replica_of(const ce_env *e, int m);
 
+/* A command for key (argv and lens as hiredis' redisCommandArgv; key is
+ * the one that decides the slot) sent to the node the slot map
+ * names, following MOVED and ASK (ASKING first) and retrying TRYAGAIN,
+ * CLUSTERDOWN, LOADING and a connection that fails, for up to timeout_ms:
+ * what a test's writer needs while slots move. Returns the last reply (the
+ * caller frees it) or NULL when no node answered in time. A reply that is
+ * the answer to a command whose connection then failed is not retried; a
+ * command whose connection failed before the answer is sent again (a
+ * duplicate at worst: the caller's data must tolerate that, as XADD of an
+ * outbox message does). */
+redisReply *ce_cmd_argv(const ce_env *e, const char *key, int argc, const char **argv, const size_t *lens,
+                        int timeout_ms);
+
 /* Waits until every running node says cluster_state:ok and every one of
  * them has the same slot map (the same owner address for every slot) and no
  * slot in migration; 1, or 0 after timeout_ms (with diagnostics when
@@ -122,6 +139,10 @@ int ce_reshard(ce_env *e, int from, int to, int nslots);
 int ce_migrate_begin(ce_env *e, int slot, int to, int nkeys);
 int ce_migrate_keys(ce_env *e, int nkeys);
 int ce_migrate_finish(ce_env *e);
+/* MIGRATEs the named key of the open migration's slot now (a test that
+ * wants, e.g., a stream on the target while its other keys are still on the
+ * source). 1 if it moved, 0 if it was not on the source, -1 on error. */
+int ce_migrate_named(ce_env *e, const char *key);
 /* ce_migrate_begin and ce_migrate_finish in one step. */
 int ce_move_slot(ce_env *e, int slot, int to);
 

@@ -9,8 +9,8 @@
  *      new owner after it, the old one answers MOVED;
  *   3. a manual migration: in the ASK window a moved key gets ASK on the
  *      source, MOVED on the target without ASKING and its value with it; a
- *      key not moved yet is still served by the source; after the finish
- *      both are on the target;
+ *      key not moved yet is still served by the source; ce_cmd_argv
+ *      follows the ASK; after the finish the keys are on the target;
  *   4. CLUSTER FAILOVER: the replica is the master, the old master answers
  *      MOVED;
  *   5. a master SIGKILLed: its replica is promoted, a key written with
@@ -159,30 +159,48 @@ static void test_ask_window(void)
     snprintf(a, sizeof a, "{%s}:a", tag);
     snprintf(b, sizeof b, "{%s}:b", tag);
     ok(set_on(from, a, "va", 0) && set_on(from, b, "vb", 0), "two keys of the slot on node %d", from);
-    ok(ce_migrate_begin(&env, slot, to, 1) == 0, "SETSLOT IMPORTING/MIGRATING and one key MIGRATEd");
+    ok(ce_migrate_begin(&env, slot, to, 0) == 0, "SETSLOT IMPORTING/MIGRATING, no key moved yet");
+    get_on(from, a, 0, got, sizeof got);
+    is_str(got, "va", "the source still serves the first key");
+    is_int(ce_migrate_named(&env, a), 1, "the first key MIGRATEd by name");
+    is_int(ce_migrate_named(&env, a), 0, "MIGRATE of it again: not on the source any more");
+    get_on(from, a, 0, got, sizeof got);
+    moved_to(slot, to, "ASK", want, sizeof want);
+    is_str(got, want, "the moved key gets ASK on the source");
+    get_on(from, b, 0, got, sizeof got);
+    is_str(got, "vb", "the key not moved yet is served by the source");
+    get_on(to, a, 0, got, sizeof got);
+    moved_to(slot, from, "MOVED", want, sizeof want);
+    is_str(got, want, "the target answers MOVED without ASKING");
+    get_on(to, a, 1, got, sizeof got);
+    is_str(got, "va", "and serves it after ASKING");
     {
-        char ga[256], gb[256];
-        const char *moved, *kept;
-        get_on(from, a, 0, ga, sizeof ga);
-        get_on(from, b, 0, gb, sizeof gb);
-        /* Which of the two went first is the server's choice. */
-        moved = strncmp(ga, "ERR-REPLY: ASK", 14) == 0 ? a : b;
-        kept = moved == a ? b : a;
-        get_on(from, moved, 0, got, sizeof got);
-        moved_to(slot, to, "ASK", want, sizeof want);
-        is_str(got, want, "the moved key gets ASK on the source");
-        get_on(from, kept, 0, got, sizeof got);
-        is_str(got, kept == a ? "va" : "vb", "the key not moved yet is served by the source");
-        get_on(to, moved, 0, got, sizeof got);
-        moved_to(slot, from, "MOVED", want, sizeof want);
-        is_str(got, want, "the target answers MOVED without ASKING");
-        get_on(to, moved, 1, got, sizeof got);
-        is_str(got, moved == a ? "va" : "vb", "and serves it after ASKING");
-        is_int(ce_migrate_keys(&env, 10), 1, "ce_migrate_keys moves the other key");
-        get_on(from, kept, 0, got, sizeof got);
-        moved_to(slot, to, "ASK", want, sizeof want);
-        is_str(got, want, "now that one gets ASK too");
+        char c[96];
+        const char *argv[3] = {"SET", c, "vc"};
+        size_t lens[3];
+        redisReply *r;
+        snprintf(c, sizeof c, "{%s}:c", tag);
+        lens[0] = 3;
+        lens[1] = strlen(c);
+        lens[2] = 2;
+        r = ce_cmd_argv(&env, c, 3, argv, lens, 5000);
+        ok(r && r->type == REDIS_REPLY_STATUS, "ce_cmd_argv: SET of a new key of the slot follows the ASK");
+        if (r)
+            freeReplyObject(r);
+        get_on(to, c, 1, got, sizeof got);
+        is_str(got, "vc", "the new key is on the target");
+        argv[0] = "GET";
+        argv[1] = a;
+        lens[1] = strlen(a);
+        r = ce_cmd_argv(&env, a, 2, argv, lens, 5000);
+        ok(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, "va") == 0, "ce_cmd_argv: GET of the moved key");
+        if (r)
+            freeReplyObject(r);
     }
+    is_int(ce_migrate_keys(&env, 10), 1, "ce_migrate_keys moves the other key");
+    get_on(from, b, 0, got, sizeof got);
+    moved_to(slot, to, "ASK", want, sizeof want);
+    is_str(got, want, "now that one gets ASK too");
     ok(ce_migrate_finish(&env) == 0, "SETSLOT NODE on every master, the cluster settles");
     is_int(ce_owner_of_slot(&env, slot), to, "the slot is the target's");
     get_on(to, a, 0, got, sizeof got);
