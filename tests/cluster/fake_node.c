@@ -128,14 +128,17 @@ static size_t expand(const fake_nodes *f, const char *t, char *out, size_t cap)
 static size_t make_reply(fake_nodes *f, int node, int argc, const char **argv, const size_t *argvlen, char *out,
                          size_t cap)
 {
-    char name[64];
+    char name[32], full[64];
     size_t nlen = argvlen[0] < 31 ? argvlen[0] : 31;
     int i;
     memcpy(name, argv[0], nlen);
     name[nlen] = '\0';
+    snprintf(full, sizeof full, "%s %.*s", name, argc > 1 ? (int)(argvlen[1] < 30 ? argvlen[1] : 30) : 0,
+             argc > 1 ? argv[1] : "");
     for (i = 0; i < f->nrules; i++) {
         rule *r = &f->rules[i];
-        if (r->node == node && strcasecmp(r->command, name) == 0 && r->n > 0) {
+        if (r->node == node && (strcasecmp(r->command, name) == 0 || strcasecmp(r->command, full) == 0) &&
+            r->n > 0) {
             const char *t = r->replies[r->next < r->n ? r->next : r->n - 1];
             if (r->next < r->n)
                 r->next++;
@@ -210,7 +213,7 @@ static void serve(fake_nodes *f, fclient *c)
             snprintf(line, sizeof line, "n%d:%.*s%s%.*s", c->node, (int)(argvlen[0] < 20 ? argvlen[0] : 20), argv[0],
                      argc > 1 ? " " : "", argc > 1 ? (int)(argvlen[1] < 40 ? argvlen[1] : 40) : 0,
                      argc > 1 ? argv[1] : "");
-            for (char *p = line; *p && *p != ' '; p++)
+            for (char *p = strchr(line, ':') + 1; *p && *p != ' '; p++)
                 if (*p >= 'a' && *p <= 'z')
                     *p = (char)(*p - 32);
             logf_add(f, line);

@@ -3,7 +3,7 @@
  *
  * A set of up to 4 nodes, each a TCP listener on 127.0.0.1 (a free port),
  * served by one thread with blocking sockets and poll(). Each node answers
- * by its script: for a command name, a list of replies used in turn (the
+ * by its script: for a command name (or "NAME ARG", as "CLUSTER SLOTS"), a list of replies used in turn (the
  * last one again and again), written as RESP with "%0".."%3" standing for
  * the ports of nodes 0..3 ("-MOVED 12182 127.0.0.1:%1\r\n"). Without a rule:
  * PING -> +PONG, CLUSTER SHARDS -> an error (so that the client falls back

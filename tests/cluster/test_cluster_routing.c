@@ -416,7 +416,7 @@ static void test_node_down(fake_nodes *f)
     fake_nodes_reset(f);
     {
         const char *cs[] = {two[0], NULL};
-        fake_nodes_rule(f, 0, "CLUSTER", cs);
+        fake_nodes_rule(f, 0, "CLUSTER SLOTS", cs);
     }
     fake_nodes_rule(f, 0, "GET", okr);
     world_open(&w, url_for(f, 0), 0);
