@@ -622,6 +622,28 @@ const char *outbox__cluster_errstr(const outbox__cluster *c)
     return c ? c->errstr : "";
 }
 
+void outbox__cluster_reset(outbox__cluster *c, const char *why)
+{
+    if (!c || c->closing)
+        return;
+    for (size_t i = 0; i < c->nnodes; i++) {
+        outbox__cluster_node *n = c->nodes[i];
+        outbox__redis *conn = n->conn;
+        ccmd *k = n->wait_head;
+        n->wait_head = n->wait_tail = NULL;
+        if (conn) {
+            outbox__log(c->log, OUTBOX_LOG_INFO, "msg=\"cluster node connection dropped\" conn=%s node=%s why=\"%s\"",
+                        c->what, n->name, why ? why : "");
+            n->conn = NULL;
+            n->state = NS_IDLE;
+            c->handles++;
+            outbox__redis_close(conn, on_conn_closed, c);
+        }
+        fail_list(k, OUTBOX_ECLOSED);
+        outbox__cluster_map_node_event(c, n, OUTBOX_ECLOSED); /* a refresh waiting for its connect */
+    }
+}
+
 /* ---- close --------------------------------------------------------------- */
 
 void outbox__cluster_close(outbox__cluster *c, void (*cb)(void *data), void *data)
