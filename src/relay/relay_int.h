@@ -11,6 +11,7 @@
  *   wake.c  publish.c  idem_publish.c
  *                    WAL watch, data_version and checkpoints; XADD and WAIT;
  *                    idempotent publishing
+ *   link.c           the relay's Redis: one node or a cluster, one interface
  *   claim.c          choosing and claiming rows
  *   marks.c          writing and accounting marks
  *   encode.c  window.c  db.c  settings.c

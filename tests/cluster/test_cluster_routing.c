@@ -508,6 +508,30 @@ static void test_unreachable(void)
     is_int(world_close(&w), 0, "unreachable: loop closed cleanly");
 }
 
+/* The daemon refuses a bad cluster URL at start, exit 2, naming the
+ * problem. */
+static void test_cli(void)
+{
+    static const struct {
+        const char *url, *err;
+    } cases[] = {
+        {"redis-cluster://127.0.0.1:7000/1", "database 1 with redis-cluster://: a Redis Cluster has only database 0"},
+        {"redis-cluster://", "empty seed node list"},
+        {"rediss-cluster://h:1,,h:2", "empty host in the seed node list"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *bin = th_bin("tools/relay/outbox-relay"), *out = NULL, *err = NULL;
+        char *argv[] = {bin, "--db", "/nonexistent/app.db", "--redis", (char *)cases[i].url, NULL};
+        int rc = th_run(argv, NULL, &out, &err, 10000);
+        is_int(rc, 2, "outbox-relay --redis %s exits 2", cases[i].url);
+        ok(err && strstr(err, cases[i].err), "outbox-relay --redis %s: %s (%s)", cases[i].url, cases[i].err,
+           err ? err : "");
+        free(bin);
+        free(out);
+        free(err);
+    }
+}
+
 int main(void)
 {
     fake_nodes *f;
@@ -515,6 +539,7 @@ int main(void)
     test_slots();
     test_urls();
     test_markers();
+    test_cli();
     f = fake_nodes_start(4);
     test_slots_fallback(f);
     test_moved_back(f);
