@@ -248,6 +248,9 @@ static void on_node_connect(outbox__redis *r, int status, void *data)
         return; /* given up by close: it is closing already */
     if (status == 0 && !c->closing) {
         n->state = NS_UP;
+        if (n->failures)
+            outbox__log(c->log, OUTBOX_LOG_INFO, "msg=\"cluster node reachable again\" conn=%s node=%s", c->what,
+                        n->name);
         n->failures = 0;
         if (c->hooks.on_node_up)
             c->hooks.on_node_up(c, n, r, c->hooks.data);
@@ -265,9 +268,11 @@ static void on_node_connect(outbox__redis *r, int status, void *data)
         outbox__cluster_map_node_event(c, n, 0);
         return;
     }
-    outbox__log(c->log, c->closing ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_WARN,
-                "msg=\"cluster node unreachable\" conn=%s node=%s err=%s detail=\"%s\"", c->what, n->name,
-                outbox_err_name(status), outbox__redis_errstr(r));
+    /* One warning per outage of the node; the retries after it at debug. */
+    outbox__log(c->log, c->closing || n->failures ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_WARN,
+                "msg=\"cluster node unreachable, its messages are released until it answers\" conn=%s node=%s "
+                "err=%s detail=\"%s\"",
+                c->what, n->name, outbox_err_name(status), outbox__redis_errstr(r));
     snprintf(c->errstr, sizeof c->errstr, "%s: %s", n->name, outbox__redis_errstr(r));
     n->conn = NULL;
     n->state = NS_IDLE;
