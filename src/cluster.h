@@ -159,8 +159,9 @@ void outbox__cluster_refresh(outbox__cluster *c);
 /* The last refresh failure's detail, "" if none. */
 const char *outbox__cluster_errstr(const outbox__cluster *c);
 
-/* Drops every node's connection: the commands pending on them get
- * OUTBOX_ECLOSED (unknown outcome); nodes reconnect on demand. */
+/* Drops every node's connection: the commands pending on them, waiting
+ * for a connect or for a retry get OUTBOX_ECLOSED (unknown outcome for those
+ * in flight); nodes reconnect on demand. */
 void outbox__cluster_reset(outbox__cluster *c, const char *why);
 
 /* Closes every connection and timer: pending commands get OUTBOX_ECLOSED

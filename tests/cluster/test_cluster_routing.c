@@ -7,6 +7,7 @@
  * and the cluster URLs.
  */
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,14 @@ static char *url_for(const fake_nodes *f, int node)
     static char buf[64];
     snprintf(buf, sizeof buf, "redis-cluster://127.0.0.1:%d", fake_nodes_port(f, node));
     return buf;
+}
+
+static int count_substr(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
 }
 
 static void test_slots(void)
@@ -532,6 +541,62 @@ static void test_cli(void)
     }
 }
 
+/* A plain redis:// URL answered with MOVED (a node whose INFO does not say
+ * cluster_enabled:1, e.g. one that refuses INFO): publishing is held with
+ * one error naming redis-cluster://, the messages are released, not
+ * failed. */
+static void test_plain_moved(fake_nodes *f)
+{
+    static const char *const moved[] = {"-MOVED 1234 127.0.0.1:%1\r\n", NULL};
+    static const char *const noperm[] = {"-NOPERM this user has no permissions to run the 'info' command\r\n", NULL};
+    char *dir = th_tmpdir(), *db = th_path(dir, "app.db"), *log = th_path(dir, "relay.log"), url[64], want[96];
+    char *bin = th_bin("tools/relay/outbox-relay"), *text = NULL;
+    char *init[] = {bin, "init", "--db", db, NULL};
+    sqlite3 *c;
+    pid_t pid;
+    int64_t end;
+
+    fake_nodes_reset(f);
+    fake_nodes_rule(f, 0, "XADD", moved);
+    fake_nodes_rule(f, 0, "INFO", noperm);
+    is_int(th_run(init, NULL, NULL, NULL, 10000), 0, "plain MOVED: outbox-relay init");
+    if (sqlite3_open(db, &c) != SQLITE_OK)
+        bail("sqlite3_open");
+    th_sql_exec(c, "INSERT INTO outbox(id, topic, payload) VALUES ('m1', 'orders', x'01'), ('m2', 'orders', x'02')");
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", fake_nodes_port(f, 0));
+    {
+        char *argv[] = {bin, "--db", db, "--redis", url, NULL};
+        pid = th_spawn(argv, NULL, log, log);
+    }
+    end = th_now_ms() + 10000;
+    do {
+        th_sleep_ms(100);
+        free(text);
+        text = th_slurp(log);
+    } while ((!text || !strstr(text, "publishing held")) && th_now_ms() < end);
+    th_sleep_ms(1000);
+    free(text);
+    text = th_slurp(log);
+    snprintf(want, sizeof want, "(a MOVED reply): use a cluster URL, redis-cluster://127.0.0.1:%d",
+             fake_nodes_port(f, 0));
+    ok(text && strstr(text, want), "plain MOVED: the error names the cluster URL form");
+    is_int(text ? count_substr(text, "publishing held") : 0, 1, "plain MOVED: one error line");
+    is_int(th_sql_int(c, "SELECT max(attempts) FROM outbox"), 0, "plain MOVED: no attempt counted");
+    is_int(th_sql_int(c, "SELECT count(*) FROM outbox WHERE state = 0"), 2, "plain MOVED: both rows pending again");
+    ok(fake_nodes_count(f, 0, "XADD") <= 2, "plain MOVED: the XADDs were not retried one by one (%d)",
+       fake_nodes_count(f, 0, "XADD"));
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "plain MOVED: the relay stops on SIGTERM");
+    if (text)
+        th_diag_tail("relay log", text, 5);
+    sqlite3_close(c);
+    free(text);
+    free(bin);
+    free(db);
+    free(log);
+    th_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     fake_nodes *f;
@@ -551,6 +616,7 @@ int main(void)
     test_self_loop(f);
     test_node_down(f);
     test_close_pending(f);
+    test_plain_moved(f);
     test_unreachable();
     fake_nodes_stop(f);
     return tap_done();
