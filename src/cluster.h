@@ -40,6 +40,12 @@
  *   OUTBOX_ECLOSED from outbox__cluster_close(). conn is the connection
  *   that gave the reply (NULL when none did): outbox__cluster_node_of()
  *   names its node, where a WAIT for the command must go.
+ *   What the caller does with each: a reply is final (an error reply from
+ *   a redirection or retry means the command was not executed: it may be
+ *   counted as a failed attempt); OUTBOX_ECONNECT: not executed, send it
+ *   again later if wanted; OUTBOX_ECLOSED / OUTBOX_ETIMEDOUT / OUTBOX_EPROTO:
+ *   treat as maybe executed (the relay releases its message: sent again, a
+ *   duplicate at worst).
  * - A function that returns an error calls no callback.
  * - Replies come in FIFO order per node for the commands that no node
  *   redirected; a redirected or retried command's reply comes when its new

@@ -265,6 +265,8 @@ static void test_moved_back(fake_nodes *f)
     log = fake_nodes_log(f);
     is_str(log, "n0:GET foo|n1:GET foo|n0:GET foo|n1:GET foo|n0:GET foo|n1:GET foo", "moved back: 1 + 5 sends, alternating");
     free(log);
+    ok(outbox__cluster_refreshes(w.c, NULL) <= 2, "moved back: 5 MOVED, the map refreshed at most once more (%llu)",
+       (unsigned long long)outbox__cluster_refreshes(w.c, NULL));
     is_int(world_close(&w), 0, "moved back: loop closed cleanly");
 }
 
@@ -465,6 +467,31 @@ static void test_node_down(fake_nodes *f)
     is_int(world_close(&w), 0, "half down: loop closed cleanly");
 }
 
+/* A node that disappears with a command in flight: unknown outcome
+ * (OUTBOX_ECLOSED & co, not OUTBOX_ECONNECT), the callback once. */
+static void test_node_vanishes(fake_nodes *f)
+{
+    world w;
+    rec r;
+    static const char *const silent[] = {"", NULL};
+    fake_nodes_reset(f);
+    fake_nodes_rule(f, 2, "GET", silent);
+    {
+        static const char *const map[] = {"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%2\r\n", NULL};
+        fake_nodes_rule(f, 0, "CLUSTER SLOTS", map);
+    }
+    world_open(&w, url_for(f, 0), 0);
+    is_int(get(&w, "foo", &r, 0), 0, "vanishes: GET to node 2 accepted");
+    for (int i = 0; i < 50 && fake_nodes_count(f, 2, "GET") == 0; i++)
+        uv_run(&w.loop, UV_RUN_ONCE);
+    is_int(fake_nodes_count(f, 2, "GET"), 1, "vanishes: node 2 got it");
+    fake_nodes_kill(f, 2);
+    run_until(&w, &r.calls, 3000);
+    is_int(r.calls, 1, "vanishes: one callback");
+    ok(r.status < 0 && r.status != OUTBOX_ECONNECT, "vanishes: an unknown outcome (%s)", outbox_err_name(r.status));
+    is_int(world_close(&w), 0, "vanishes: loop closed cleanly");
+}
+
 /* Close with commands in flight, waiting for a connect and waiting for a
  * retry: each callback once, with OUTBOX_ECLOSED. */
 static void test_close_pending(fake_nodes *f)
@@ -616,6 +643,7 @@ int main(void)
     test_self_loop(f);
     test_node_down(f);
     test_close_pending(f);
+    test_node_vanishes(f);
     test_plain_moved(f);
     test_unreachable();
     fake_nodes_stop(f);
