@@ -7,11 +7,13 @@
  *
  * With a Cluster URL the read goes through its own cluster layer (c->crd)
  * by the stream's key: the blocked XREADGROUP waits on the connection of
- * the stream's master only, and when the slot moves (a MOVED or ASK answer,
- * or Redis unblocking it with MOVED) the layer sends it to the new owner.
- * What the layer cannot hide (the node's connection lost, UNBLOCKED when a
- * failover demotes the master, CLUSTERDOWN past the deadline) ends the read;
- * the read timer reads again shortly, after asking for a fresh slot map.
+ * the stream's master only, and a read answered MOVED or ASK is sent to the
+ * node named by the layer. What the layer cannot hide ends the read: the
+ * node's connection lost, UNBLOCKED (the source's MIGRATE deleted the
+ * stream key in a reshard; a failover demoted the master), CLUSTERDOWN past
+ * the deadline. The read timer then reads again shortly, after asking for a
+ * fresh slot map; that read gets the ASK or MOVED that leads to the new
+ * owner.
  * Entries delivered to a read whose reply was lost stay pending for this
  * consumer and come back through XAUTOCLAIM, on whichever node owns the
  * stream by then.
