@@ -64,6 +64,7 @@ struct outbox_consumer {
     /* Reading and recovery (consumer_read.c; loop thread). */
     enum cstate state;
     int group_ready, group_creating, reading, checking_drain, drained;
+    int read_interrupted; /* Cluster: logged once until a read succeeds */
     char claim_cursor[64];
     /* Entries and retries (consumer_deliver.c; loop thread). */
     entry *live;

@@ -91,8 +91,8 @@ static void on_read(outbox__redis *conn, int status, redisReply *reply, void *da
          * reads again. A cluster: the layer lost the node's connection (or
          * could not reach it); read again once the map says where. */
         if (status != 0 && c->crd)
-            LOG(c, OUTBOX_LOG_INFO, "msg=\"read interrupted, reading again\" stream=%s err=%s", c->stream,
-                outbox_err_name(status));
+            LOG(c, c->read_interrupted++ ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO,
+                "msg=\"read interrupted, reading again\" stream=%s err=%s", c->stream, outbox_err_name(status));
         read_again_later(c);
         return;
     }
@@ -103,14 +103,15 @@ static void on_read(outbox__redis *conn, int status, redisReply *reply, void *da
         } else if (c->crd) {
             /* UNBLOCKED (the master was demoted), CLUSTERDOWN or TRYAGAIN
              * after the layer's retries: the slot is changing hands. */
-            LOG(c, OUTBOX_LOG_INFO, "msg=\"read interrupted, reading again\" stream=%s reply=\"%.200s\"", c->stream,
-                reply->str);
+            LOG(c, c->read_interrupted++ ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO,
+                "msg=\"read interrupted, reading again\" stream=%s reply=\"%.200s\"", c->stream, reply->str);
             read_again_later(c);
         } else {
             LOG(c, OUTBOX_LOG_ERROR, "msg=\"XREADGROUP failed\" error=\"%.200s\"", reply->str);
         }
         return;
     }
+    c->read_interrupted = 0;
     if (reply->type == REDIS_REPLY_ARRAY) {
         for (size_t s = 0; s < reply->elements; s++) {
             const redisReply *sr = reply->element[s];
