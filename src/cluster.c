@@ -248,6 +248,9 @@ static void on_node_connect(outbox__redis *r, int status, void *data)
         return; /* given up by close: it is closing already */
     if (status == 0 && !c->closing) {
         n->state = NS_UP;
+        if (n->failures)
+            outbox__log(c->log, OUTBOX_LOG_INFO, "msg=\"cluster node reachable again\" conn=%s node=%s", c->what,
+                        n->name);
         n->failures = 0;
         if (c->hooks.on_node_up)
             c->hooks.on_node_up(c, n, r, c->hooks.data);
@@ -265,9 +268,11 @@ static void on_node_connect(outbox__redis *r, int status, void *data)
         outbox__cluster_map_node_event(c, n, 0);
         return;
     }
-    outbox__log(c->log, c->closing ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_WARN,
-                "msg=\"cluster node unreachable\" conn=%s node=%s err=%s detail=\"%s\"", c->what, n->name,
-                outbox_err_name(status), outbox__redis_errstr(r));
+    /* One warning per outage of the node; the retries after it at debug. */
+    outbox__log(c->log, c->closing || n->failures ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_WARN,
+                "msg=\"cluster node unreachable, its messages are released until it answers\" conn=%s node=%s "
+                "err=%s detail=\"%s\"",
+                c->what, n->name, outbox_err_name(status), outbox__redis_errstr(r));
     snprintf(c->errstr, sizeof c->errstr, "%s: %s", n->name, outbox__redis_errstr(r));
     n->conn = NULL;
     n->state = NS_IDLE;
@@ -620,6 +625,28 @@ void outbox__cluster_refresh(outbox__cluster *c)
 const char *outbox__cluster_errstr(const outbox__cluster *c)
 {
     return c ? c->errstr : "";
+}
+
+void outbox__cluster_reset(outbox__cluster *c, const char *why)
+{
+    if (!c || c->closing)
+        return;
+    for (size_t i = 0; i < c->nnodes; i++) {
+        outbox__cluster_node *n = c->nodes[i];
+        outbox__redis *conn = n->conn;
+        ccmd *k = n->wait_head;
+        n->wait_head = n->wait_tail = NULL;
+        if (conn) {
+            outbox__log(c->log, OUTBOX_LOG_INFO, "msg=\"cluster node connection dropped\" conn=%s node=%s why=\"%s\"",
+                        c->what, n->name, why ? why : "");
+            n->conn = NULL;
+            n->state = NS_IDLE;
+            c->handles++;
+            outbox__redis_close(conn, on_conn_closed, c);
+        }
+        fail_list(k, OUTBOX_ECLOSED);
+        outbox__cluster_map_node_event(c, n, OUTBOX_ECLOSED); /* a refresh waiting for its connect */
+    }
 }
 
 /* ---- close --------------------------------------------------------------- */

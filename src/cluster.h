@@ -159,6 +159,10 @@ void outbox__cluster_refresh(outbox__cluster *c);
 /* The last refresh failure's detail, "" if none. */
 const char *outbox__cluster_errstr(const outbox__cluster *c);
 
+/* Drops every node's connection: the commands pending on them get
+ * OUTBOX_ECLOSED (unknown outcome); nodes reconnect on demand. */
+void outbox__cluster_reset(outbox__cluster *c, const char *why);
+
 /* Closes every connection and timer: pending commands get OUTBOX_ECLOSED
  * (or their connection's own error), then cb (may be NULL) once everything
  * is closed and freed. May be called from inside any callback of the

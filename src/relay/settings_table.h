@@ -64,8 +64,10 @@
     X("db", STR, db_path, OUTBOX__OPT_REQUIRED, NULL, 0, 0, "PATH", NULL,                                             \
       "SQLite database holding the outbox table")                                                                    \
     X("redis", STR, redis_url, OUTBOX__OPT_REQUIRED, NULL, 0, 0, "URL", NULL,                                         \
-      "redis:// or rediss:// (TLS) [[user]:password@]host[:port][/db], unix:///path/to/sock[?db=N], or "            \
-      "redis-sentinel:// or rediss-sentinel:// [[user]:password@]host[:port][,host[:port]...][/db]#master")         \
+      "redis:// or rediss:// (TLS) [[user]:password@]host[:port][/db], unix:///path/to/sock[?db=N], "               \
+      "redis-sentinel:// or rediss-sentinel:// [[user]:password@]host[:port][,host[:port]...][/db]#master, or "     \
+      "redis-cluster:// or rediss-cluster:// [[user]:password@]host[:port][,host[:port]...] (a Redis Cluster's "    \
+      "seed nodes)")                                                                                                 \
     X("sentinel-user", STR, sentinel_user, 0, NULL, 0, 0, "USER", "none",                                            \
       "redis-sentinel:// only: the user for AUTH to the sentinels (the URL's credentials are the data nodes')")      \
     X("sentinel-password", STR, sentinel_password, 0, NULL, 0, 0, "PASSWORD", "none",                                \

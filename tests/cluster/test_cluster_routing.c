@@ -16,6 +16,7 @@
 #include "cluster.h"
 #include "fake_node.h"
 #include "harness.h"
+#include "idem.h"
 #include "redis.h"
 #include "slot.h"
 #include "tap.h"
@@ -141,6 +142,32 @@ static void test_slots(void)
     is_int(outbox__key_slot("foo{bar}{zap}", 13), outbox__key_slot("bar", 3), "foo{bar}{zap} hashes bar");
     is_int(outbox__key_slot("{", 1), outbox__crc16("{", 1) & 16383, "a lone { hashes the whole key");
     is_int(outbox__key_slot("", 0), 0, "the empty key is slot 0");
+}
+
+/* Idempotent publish markers share their stream's slot whatever braces
+ * the prefix and the topic hold. */
+static void test_markers(void)
+{
+    static const char *const cases[][2] = {
+        {"outbox:", "orders"},     {"outbox:", "{eu}orders"}, {"outbox:", "a}b"},  {"outbox:", "a{}b"},
+        {"app{x}:", "orders"},     {"{", "}"},                {"outbox:", "}{x}"}, {"", "{}{}"},
+        {"outbox:", "orders{eu}"}, {"p:", "{{a}}"},
+    };
+    char *m = outbox__idem_marker("outbox:", "outbox:orders", "id1", 0);
+    is_str(m, "outbox:idem:{outbox:orders}:id1", "marker: the documented layout for a plain topic");
+    free(m);
+    m = outbox__idem_marker("outbox:", "outbox:orders", "id1", 2);
+    is_str(m, "outbox:idem:{outbox:orders}:id1:r2", "marker: with its replay count");
+    free(m);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char stream[64];
+        snprintf(stream, sizeof stream, "%s%s", cases[i][0], cases[i][1]);
+        m = outbox__idem_marker(cases[i][0], stream, "0190f1e2-id", 0);
+        ok(m && outbox__key_slot(m, strlen(m)) == outbox__key_slot(stream, strlen(stream)),
+           "marker %s of stream %s is in the stream's slot %u", m ? m : "(null)", stream,
+           outbox__key_slot(stream, strlen(stream)));
+        free(m);
+    }
 }
 
 static void test_urls(void)
@@ -481,12 +508,38 @@ static void test_unreachable(void)
     is_int(world_close(&w), 0, "unreachable: loop closed cleanly");
 }
 
+/* The daemon refuses a bad cluster URL at start, exit 2, naming the
+ * problem. */
+static void test_cli(void)
+{
+    static const struct {
+        const char *url, *err;
+    } cases[] = {
+        {"redis-cluster://127.0.0.1:7000/1", "database 1 with redis-cluster://: a Redis Cluster has only database 0"},
+        {"redis-cluster://", "empty seed node list"},
+        {"rediss-cluster://h:1,,h:2", "empty host in the seed node list"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *bin = th_bin("tools/relay/outbox-relay"), *out = NULL, *err = NULL;
+        char *argv[] = {bin, "--db", "/nonexistent/app.db", "--redis", (char *)cases[i].url, NULL};
+        int rc = th_run(argv, NULL, &out, &err, 10000);
+        is_int(rc, 2, "outbox-relay --redis %s exits 2", cases[i].url);
+        ok(err && strstr(err, cases[i].err), "outbox-relay --redis %s: %s (%s)", cases[i].url, cases[i].err,
+           err ? err : "");
+        free(bin);
+        free(out);
+        free(err);
+    }
+}
+
 int main(void)
 {
     fake_nodes *f;
     signal(SIGPIPE, SIG_IGN);
     test_slots();
     test_urls();
+    test_markers();
+    test_cli();
     f = fake_nodes_start(4);
     test_slots_fallback(f);
     test_moved_back(f);
