@@ -65,6 +65,7 @@ struct outbox_consumer {
     enum cstate state;
     int group_ready, group_creating, reading, checking_drain, drained;
     int read_interrupted; /* Cluster: logged once until a read succeeds */
+    int cluster_hinted;   /* a plain URL answered like a cluster node: said once */
     char claim_cursor[64];
     /* Entries and retries (consumer_deliver.c; loop thread). */
     entry *live;

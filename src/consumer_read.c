@@ -31,6 +31,35 @@ static void ensure_group(outbox_consumer *c);
 
 #define READ_AGAIN_MS 100
 
+/* A plain URL naming a node of a Redis Cluster works until the stream's
+ * slot is elsewhere; then every read and write is answered MOVED (or ASK,
+ * or CLUSTERDOWN). That is a configuration error: say so once, naming the
+ * URL to use. 1 if reply is such an answer. */
+static int plain_url_to_cluster(outbox_consumer *c, const redisReply *reply)
+{
+    static const char *const codes[] = {"MOVED ", "ASK ", "CLUSTERDOWN"};
+    const outbox__redis_url *u = c->rd.node.host ? &c->rd.node : &c->rd.url;
+    int hit = 0;
+    if (c->crd || reply->type != REDIS_REPLY_ERROR)
+        return 0;
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        hit |= strncmp(reply->str, codes[i], strlen(codes[i])) == 0;
+    if (hit && !c->cluster_hinted++) {
+        if (u->host)
+            LOG(c, OUTBOX_LOG_ERROR,
+                "msg=\"the Redis URL names a Redis Cluster node: use a cluster URL, %s://%s%s%s:%d\" stream=%s "
+                "reply=\"%.200s\"",
+                u->tls ? "rediss-cluster" : "redis-cluster", strchr(u->host, ':') ? "[" : "", u->host,
+                strchr(u->host, ':') ? "]" : "", u->port, c->stream, reply->str);
+        else
+            LOG(c, OUTBOX_LOG_ERROR,
+                "msg=\"the Redis URL names a Redis Cluster node: use a cluster URL, redis-cluster://host:port\" "
+                "stream=%s reply=\"%.200s\"",
+                c->stream, reply->str);
+    }
+    return hit;
+}
+
 /* Cluster: a read (or the group's creation) that failed is tried again
  * soon; the map is refreshed first (throttled by the layer). */
 static void read_again_later(outbox_consumer *c)
@@ -106,7 +135,7 @@ static void on_read(outbox__redis *conn, int status, redisReply *reply, void *da
             LOG(c, c->read_interrupted++ ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO,
                 "msg=\"read interrupted, reading again\" stream=%s reply=\"%.200s\"", c->stream, reply->str);
             read_again_later(c);
-        } else {
+        } else if (!plain_url_to_cluster(c, reply)) {
             LOG(c, OUTBOX_LOG_ERROR, "msg=\"XREADGROUP failed\" error=\"%.200s\"", reply->str);
         }
         return;
@@ -180,7 +209,7 @@ static void on_group(outbox__redis *conn, int status, redisReply *reply, void *d
     if (reply->type == REDIS_REPLY_STATUS || (reply->type == REDIS_REPLY_ERROR && !strncmp(reply->str, "BUSYGROUP", 9))) {
         c->group_ready = 1;
         outbox__consumer_kick_read(c);
-    } else {
+    } else if (!plain_url_to_cluster(c, reply)) {
         LOG(c, OUTBOX_LOG_ERROR, "msg=\"cannot create the consumer group\" stream=%s group=%s error=\"%.200s\"",
             c->stream, c->group, reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply");
     }

@@ -9,12 +9,18 @@
  *   - the C API: outbox_consumer_create and outbox_dedup_create answer
  *     OUTBOX_EURL with the same text for a bad Cluster URL, OUTBOX_EINVAL
  *     for sentinel credentials or TLS settings that do not fit, and accept
- *     a good Cluster URL without connecting (nobody listens on it).
+ *     a good Cluster URL without connecting (nobody listens on it);
+ *   - a plain redis:// URL naming a cluster node that does not own the
+ *     stream's slot (a real cluster of 3 masters, cluster_env.h): the
+ *     consumer says once, as an error, that the URL names a Redis Cluster
+ *     node and which redis-cluster:// URL to use.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../consumer/ct.h"
+#include "cluster_env.h"
 #include "harness.h"
 #include "outbox.h"
 #include "tap.h"
@@ -162,9 +168,61 @@ static void test_api(void)
     is_int(uv_loop_close(&loop), 0, "the loop closes");
 }
 
+static char hint[256];
+static int hints;
+
+static void capture(void *data, outbox_log_level level, const char *msg)
+{
+    (void)data;
+    if (level == OUTBOX_LOG_ERROR && strstr(msg, hint))
+        hints++;
+}
+
+static void test_plain_url(void)
+{
+    ce_env env;
+    uv_loop_t loop;
+    outbox_consumer_settings cs;
+    outbox_consumer *c = NULL;
+    int m[CE_MAX_NODES];
+    char stream[64], err[300];
+    outbox_consumer_stats st;
+
+    if (ce_start(&env, 3, 0, 0, NULL) != 0) {
+        ok(0, "a cluster of 3 masters for the plain URL check");
+        return;
+    }
+    ce_master_list(&env, m);
+    if (ce_name_in_slot(&env, ce_lowest_slot(&env, m[1]), "outbox:plain-", stream, sizeof stream) != 0)
+        bail("no stream name");
+    snprintf(hint, sizeof hint, "the Redis URL names a Redis Cluster node: use a cluster URL, redis-cluster://127.0.0.1:%d",
+             env.node[m[0]].port);
+    uv_loop_init(&loop);
+    outbox_consumer_defaults(&cs);
+    cs.redis_url = env.node[m[0]].tcp_url;
+    cs.stream = stream;
+    cs.group = "g";
+    cs.handler = handler;
+    cs.block_ms = 100;
+    cs.claim_interval_ms = 100;
+    cs.log = capture;
+    is_int(outbox_consumer_create(&c, &loop, &cs, err, sizeof err), 0, "plain URL %s of a node without the stream",
+           cs.redis_url);
+    is_int(outbox_consumer_start(c), 0, "  started");
+    ct_run_for(&loop, 1500);
+    is_int(hints, 1, "  said once that the URL names a cluster node: %s", hint);
+    outbox_consumer_stats_get(c, &st);
+    is_int(st.delivered, 0, "  nothing delivered");
+    outbox_consumer_stop(c, NULL, NULL);
+    outbox_consumer_destroy(c);
+    is_int(ct_loop_finish(&loop, 5000), 0, "  the loop closes cleanly");
+    ce_stop(&env);
+}
+
 int main(void)
 {
     test_cli();
     test_api();
+    test_plain_url();
     return tap_done();
 }
