@@ -8,7 +8,12 @@
  * Two Redis connections: one for XREADGROUP ... BLOCK (a blocked command
  * holds its connection), one for everything else (group creation, XACK,
  * XCLAIM/XAUTOCLAIM/XPENDING, dead letters). The Redis dedup module has its
- * own. Each delivered entry becomes an `entry` that lives until it is
+ * own. With a Cluster URL the two connections are two cluster layers
+ * (cluster.h): every command names its key (the stream, or the dead
+ * stream), and the layer sends it to the node of that key's slot and
+ * follows MOVED and ASK; the stream's consumer group and its pending
+ * entries move with the stream key, and so do the dedup keys (the stream
+ * is their hash tag). Each delivered entry becomes an `entry` that lives until it is
  * acknowledged, dead-lettered, or left pending for a later delivery.
  * Reading is in consumer_read.c, entries and retries in consumer_deliver.c,
  * the handler and its dedup in consumer_dedup.c.
@@ -202,7 +207,24 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
             return e;
         }
     }
-    {
+    if (url.cluster) {
+        outbox__cluster_options o;
+        outbox__cluster_hooks rh = {outbox__consumer_on_rd_ready, NULL, NULL, c};
+        outbox__cluster_hooks ch = {outbox__consumer_on_cmd_ready, NULL, NULL, c};
+        outbox__cluster_options_defaults(&o);
+        o.redis.client_name = "outbox-consumer";
+        o.redis.tls = c->tls;
+        e = outbox__cluster_create(&c->crd, loop, &url, &o, &c->log, "read", &rh);
+        if (e == 0 && (e = outbox__cluster_create(&c->ccmd, loop, &url, &o, &c->log, "command", &ch)) != 0) {
+            outbox__cluster_close(c->crd, NULL, NULL); /* never started: freed at once */
+            c->crd = NULL;
+        }
+        outbox__redis_url_free(&url);
+        if (e != 0) {
+            consumer_free(c);
+            return e;
+        }
+    } else {
         outbox__redis_options o;
         outbox__redis_options_defaults(&o);
         o.client_name = "outbox-consumer";
@@ -254,14 +276,20 @@ int outbox_consumer_start(outbox_consumer *c)
     uv_timer_init(c->loop, &c->retry_timer);
     uv_timer_init(c->loop, &c->claim_timer);
     uv_timer_init(c->loop, &c->gc_timer);
-    c->retry_timer.data = c->claim_timer.data = c->gc_timer.data = c;
-    c->handles = 5; /* two connections, three timers */
+    uv_timer_init(c->loop, &c->read_timer);
+    c->retry_timer.data = c->claim_timer.data = c->gc_timer.data = c->read_timer.data = c;
+    c->handles = 6; /* two connections (or cluster layers), four timers */
     c->state = CS_RUNNING;
     LOG(c, OUTBOX_LOG_INFO, "msg=\"consumer started\" stream=%s group=%s consumer=%s dedup=%s", c->stream, c->group,
         c->consumer,
         c->s.dedup == OUTBOX_DEDUP_REDIS ? "redis" : c->s.dedup == OUTBOX_DEDUP_SQLITE ? "sqlite" : "none");
-    outbox__rconn_start(&c->cmd);
-    outbox__rconn_start(&c->rd);
+    if (c->ccmd) {
+        outbox__cluster_start(c->ccmd);
+        outbox__cluster_start(c->crd);
+    } else {
+        outbox__rconn_start(&c->cmd);
+        outbox__rconn_start(&c->rd);
+    }
     uv_timer_start(&c->claim_timer, outbox__consumer_on_claim_timer, c->s.claim_interval_ms, c->s.claim_interval_ms);
     if (c->db)
         uv_timer_start(&c->gc_timer, outbox__consumer_on_gc_timer, 1000, c->s.inbox_retention_ms / 10 < 3600000
@@ -311,7 +339,12 @@ void outbox__consumer_maybe_finish(outbox_consumer *c)
     if (c->state != CS_STOPPING || c->closing || c->inflight > 0)
         return;
     c->closing = 1;
-    outbox__rconn_close(&c->cmd, on_rconn_closed, c);
+    if (c->ccmd) {
+        outbox__cluster_close(c->ccmd, on_rconn_closed, c);
+        c->ccmd = NULL;
+    } else {
+        outbox__rconn_close(&c->cmd, on_rconn_closed, c);
+    }
     if (c->dedup) {
         c->handles++;
         outbox_dedup_destroy(c->dedup, on_dedup_closed, c);
@@ -320,6 +353,7 @@ void outbox__consumer_maybe_finish(outbox_consumer *c)
     uv_close((uv_handle_t *)&c->retry_timer, on_timer_closed);
     uv_close((uv_handle_t *)&c->claim_timer, on_timer_closed);
     uv_close((uv_handle_t *)&c->gc_timer, on_timer_closed);
+    uv_close((uv_handle_t *)&c->read_timer, on_timer_closed);
 }
 
 int outbox_consumer_stop(outbox_consumer *c, void (*cb)(outbox_consumer *c, void *data), void *data)
@@ -334,9 +368,16 @@ int outbox_consumer_stop(outbox_consumer *c, void (*cb)(outbox_consumer *c, void
     uv_timer_stop(&c->claim_timer);
     uv_timer_stop(&c->gc_timer);
     uv_timer_stop(&c->retry_timer);
+    uv_timer_stop(&c->read_timer);
     /* The blocked XREADGROUP goes with its connection; anything it delivered
      * that we did not see stays pending in the group. */
-    outbox__rconn_close(&c->rd, on_rconn_closed, c);
+    if (c->crd) {
+        outbox__cluster *rd = c->crd;
+        c->crd = NULL;
+        outbox__cluster_close(rd, on_rconn_closed, c);
+    } else {
+        outbox__rconn_close(&c->rd, on_rconn_closed, c);
+    }
     /* Entries waiting for a retry stay pending in the group. */
     while ((e = c->retry_head) != NULL) {
         c->retry_head = e->rnext;
@@ -352,9 +393,15 @@ void outbox_consumer_destroy(outbox_consumer *c)
     if (!c)
         return;
     if (c->state == CS_CREATED) {
-        /* Never started: no handles, nothing to wait for. */
-        outbox__rconn_discard(&c->rd);
-        outbox__rconn_discard(&c->cmd);
+        /* Never started: no handles, nothing to wait for (a cluster layer
+         * that was not started is freed at once by its close). */
+        if (c->ccmd) {
+            outbox__cluster_close(c->crd, NULL, NULL);
+            outbox__cluster_close(c->ccmd, NULL, NULL);
+        } else {
+            outbox__rconn_discard(&c->rd);
+            outbox__rconn_discard(&c->cmd);
+        }
         consumer_free(c);
         return;
     }
@@ -365,6 +412,22 @@ void outbox_consumer_destroy(outbox_consumer *c)
     c->destroy_pending = 1;
     if (c->state == CS_RUNNING)
         outbox_consumer_stop(c, NULL, NULL);
+}
+
+int outbox__consumer_cmd_ready(const outbox_consumer *c)
+{
+    return c->ccmd ? outbox__cluster_ready(c->ccmd) : outbox__rconn_get(&c->cmd) != NULL;
+}
+
+int outbox__consumer_command(outbox_consumer *c, const char *key, int argc, const char **argv, const size_t *lens,
+                             outbox__redis_reply_cb cb, void *data)
+{
+    outbox__redis *conn;
+    if (c->ccmd)
+        return outbox__cluster_command_argv(c->ccmd, key, strlen(key), argc, argv, lens, 0, cb, data, NULL);
+    if (!(conn = outbox__rconn_get(&c->cmd)))
+        return OUTBOX_ECONNECT;
+    return outbox__redis_command_argv(conn, argc, argv, lens, 0, cb, data);
 }
 
 void outbox_consumer_stats_get(const outbox_consumer *c, outbox_consumer_stats *st)

@@ -152,10 +152,9 @@ static void on_ack(outbox__redis *conn, int status, redisReply *reply, void *dat
 void outbox__consumer_ack(entry *e)
 {
     outbox_consumer *c = e->c;
-    outbox__redis *conn = outbox__rconn_get(&c->cmd);
     const char *argv[4] = {"XACK", c->stream, c->group, e->entry_id};
     size_t lens[4] = {4, strlen(c->stream), strlen(c->group), strlen(e->entry_id)};
-    if (!conn || outbox__redis_command_argv(conn, 4, argv, lens, 0, on_ack, e) != 0)
+    if (outbox__consumer_command(c, c->stream, 4, argv, lens, on_ack, e) != 0)
         on_ack(NULL, OUTBOX_ECONNECT, NULL, e);
 }
 
@@ -179,7 +178,6 @@ static void on_dead_added(outbox__redis *conn, int status, redisReply *reply, vo
 void outbox__consumer_dead_letter(entry *e, const char *reason)
 {
     outbox_consumer *c = e->c;
-    outbox__redis *conn = outbox__rconn_get(&c->cmd);
     char deliveries[24];
     const char *argv[16];
     size_t lens[16];
@@ -205,7 +203,9 @@ void outbox__consumer_dead_letter(entry *e, const char *reason)
     ARG("reason", 6);
     ARG(reason, strlen(reason));
 #undef ARG
-    if (!conn || outbox__redis_command_argv(conn, n, argv, lens, 0, on_dead_added, e) != 0)
+    /* The dead stream has a slot of its own on a cluster: routed by its
+     * name. */
+    if (outbox__consumer_command(c, c->dead_stream, n, argv, lens, on_dead_added, e) != 0)
         outbox__consumer_schedule_recheck(e, "not connected");
 }
 
@@ -259,10 +259,9 @@ static void on_retry_timer(uv_timer_t *t)
     uint64_t now = uv_now(c->loop);
     while (c->retry_head && c->retry_head->retry_at <= now) {
         entry *e = c->retry_head;
-        outbox__redis *conn = outbox__rconn_get(&c->cmd);
         c->retry_head = e->rnext;
         e->in_retry = 0;
-        if (!conn || c->state != CS_RUNNING) {
+        if (!outbox__consumer_cmd_ready(c) || c->state != CS_RUNNING) {
             if (c->state != CS_RUNNING) {
                 outbox__consumer_entry_free(e);
                 continue;
@@ -279,7 +278,7 @@ static void on_retry_timer(uv_timer_t *t)
             size_t lens[7];
             for (int i = 0; i < argc; i++)
                 lens[i] = strlen(argv[i]);
-            if (outbox__redis_command_argv(conn, argc, argv, lens, 0, e->recheck ? on_recheck : on_xclaim, e) != 0)
+            if (outbox__consumer_command(c, c->stream, argc, argv, lens, e->recheck ? on_recheck : on_xclaim, e) != 0)
                 outbox__consumer_schedule_retry(e, "not connected");
         }
     }

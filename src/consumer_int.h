@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "outbox/consumer.h"
+#include "cluster.h"
 #include "dedup.h"
 #include "rconn.h"
 
@@ -49,8 +50,12 @@ struct outbox_consumer {
     outbox__logger log;
     char *redis_url, *stream, *group, *consumer, *inbox_path, *ns, *dead_stream;
     char *sentinel_user, *sentinel_password; /* for the dedup module */
-    /* Connections and dedup (consumer.c opens and closes them; loop thread). */
+    /* Connections and dedup (consumer.c opens and closes them; loop thread).
+     * A Cluster URL: two cluster layers (cluster.h) instead of rd and cmd,
+     * one for the blocking reads and one for the rest, both routing by the
+     * stream's slot, so the reads follow the stream when its slot moves. */
     outbox__rconn rd, cmd;
+    outbox__cluster *crd, *ccmd;
     outbox__tls_config *tls; /* rediss://: shared by rd, cmd and the dedup module */
     outbox_dedup *dedup;
     /* The SQLite inbox (consumer_dedup.c; loop thread). */
@@ -59,6 +64,8 @@ struct outbox_consumer {
     /* Reading and recovery (consumer_read.c; loop thread). */
     enum cstate state;
     int group_ready, group_creating, reading, checking_drain, drained;
+    int read_interrupted; /* Cluster: logged once until a read succeeds */
+    int cluster_hinted;   /* a plain URL answered like a cluster node: said once */
     char claim_cursor[64];
     /* Entries and retries (consumer_deliver.c; loop thread). */
     entry *live;
@@ -66,6 +73,7 @@ struct outbox_consumer {
     uint64_t inflight;
     /* Handles and the stop (consumer.c; loop thread). */
     uv_timer_t retry_timer, claim_timer, gc_timer;
+    uv_timer_t read_timer; /* Cluster: reads again after a failed read */
     int handles;
     void (*stop_cb)(outbox_consumer *, void *);
     void *stop_data;
@@ -78,12 +86,24 @@ struct outbox_consumer {
 
 /* consumer.c: closes the handles once a stop has no entry left in flight. */
 void outbox__consumer_maybe_finish(outbox_consumer *c);
+/* consumer.c: the command connection (or cluster layer) can take commands. */
+int outbox__consumer_cmd_ready(const outbox_consumer *c);
+/* consumer.c: a command about key (the stream, or the dead stream) on the
+ * command connection, or through the cluster layer to the node of key's
+ * slot. 0 (cb follows, exactly once), or an error and no callback:
+ * OUTBOX_ECONNECT when not connected, and those of
+ * outbox__redis_command_argv / outbox__cluster_command_argv. */
+int outbox__consumer_command(outbox_consumer *c, const char *key, int argc, const char **argv, const size_t *lens,
+                             outbox__redis_reply_cb cb, void *data);
 
 /* consumer_read.c */
 void outbox__consumer_kick_read(outbox_consumer *c);
 void outbox__consumer_on_cmd_up(outbox__rconn *rc, void *data);
 void outbox__consumer_on_rd_up(outbox__rconn *rc, void *data);
 void outbox__consumer_on_claim_timer(uv_timer_t *t);
+void outbox__consumer_on_read_timer(uv_timer_t *t);
+void outbox__consumer_on_cmd_ready(outbox__cluster *cl, void *data);
+void outbox__consumer_on_rd_ready(outbox__cluster *cl, void *data);
 
 /* consumer_deliver.c */
 entry *outbox__consumer_entry_from_reply(outbox_consumer *c, const redisReply *r, uint64_t deliveries);

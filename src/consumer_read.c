@@ -4,6 +4,19 @@
  * check (XPENDING for this consumer) and the periodic recovery of entries
  * left idle by a consumer that went away (XAUTOCLAIM, then XPENDING for the
  * delivery count). Loop thread.
+ *
+ * With a Cluster URL the read goes through its own cluster layer (c->crd)
+ * by the stream's key: the blocked XREADGROUP waits on the connection of
+ * the stream's master only, and a read answered MOVED or ASK is sent to the
+ * node named by the layer. What the layer cannot hide ends the read: the
+ * node's connection lost, UNBLOCKED (the source's MIGRATE deleted the
+ * stream key in a reshard; a failover demoted the master), CLUSTERDOWN past
+ * the deadline. The read timer then reads again shortly, after asking for a
+ * fresh slot map; that read gets the ASK or MOVED that leads to the new
+ * owner.
+ * Entries delivered to a read whose reply was lost stay pending for this
+ * consumer and come back through XAUTOCLAIM, on whichever node owns the
+ * stream by then.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +28,55 @@
 /* reading */
 
 static void ensure_group(outbox_consumer *c);
+
+#define READ_AGAIN_MS 100
+
+/* A plain URL naming a node of a Redis Cluster works until the stream's
+ * slot is elsewhere; then every read and write is answered MOVED (or ASK,
+ * or CLUSTERDOWN). That is a configuration error: say so once, naming the
+ * URL to use. 1 if reply is such an answer. */
+static int plain_url_to_cluster(outbox_consumer *c, const redisReply *reply)
+{
+    static const char *const codes[] = {"MOVED ", "ASK ", "CLUSTERDOWN"};
+    const outbox__redis_url *u = c->rd.node.host ? &c->rd.node : &c->rd.url;
+    int hit = 0;
+    if (c->crd || reply->type != REDIS_REPLY_ERROR)
+        return 0;
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        hit |= strncmp(reply->str, codes[i], strlen(codes[i])) == 0;
+    if (hit && !c->cluster_hinted++) {
+        if (u->host)
+            LOG(c, OUTBOX_LOG_ERROR,
+                "msg=\"the Redis URL names a Redis Cluster node: use a cluster URL, %s://%s%s%s:%d\" stream=%s "
+                "reply=\"%.200s\"",
+                u->tls ? "rediss-cluster" : "redis-cluster", strchr(u->host, ':') ? "[" : "", u->host,
+                strchr(u->host, ':') ? "]" : "", u->port, c->stream, reply->str);
+        else
+            LOG(c, OUTBOX_LOG_ERROR,
+                "msg=\"the Redis URL names a Redis Cluster node: use a cluster URL, redis-cluster://host:port\" "
+                "stream=%s reply=\"%.200s\"",
+                c->stream, reply->str);
+    }
+    return hit;
+}
+
+/* Cluster: a read (or the group's creation) that failed is tried again
+ * soon; the map is refreshed first (throttled by the layer). */
+static void read_again_later(outbox_consumer *c)
+{
+    if (!c->crd || c->state != CS_RUNNING)
+        return;
+    outbox__cluster_refresh(c->crd);
+    if (!uv_is_active((uv_handle_t *)&c->read_timer))
+        uv_timer_start(&c->read_timer, outbox__consumer_on_read_timer, READ_AGAIN_MS, 0);
+}
+
+void outbox__consumer_on_read_timer(uv_timer_t *t)
+{
+    outbox_consumer *c = t->data;
+    ensure_group(c);
+    outbox__consumer_kick_read(c);
+}
 
 static void on_drain_check(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
@@ -38,14 +100,13 @@ static void on_drain_check(outbox__redis *conn, int status, redisReply *reply, v
 
 static void check_drained(outbox_consumer *c)
 {
-    outbox__redis *conn = outbox__rconn_get(&c->cmd);
     const char *argv[7] = {"XPENDING", c->stream, c->group, "-", "+", "1", c->consumer};
     size_t lens[7];
-    if (!c->s.drain || c->drained || c->inflight || !conn || c->checking_drain)
+    if (!c->s.drain || c->drained || c->inflight || !outbox__consumer_cmd_ready(c) || c->checking_drain)
         return;
     for (int i = 0; i < 7; i++)
         lens[i] = strlen(argv[i]);
-    if (outbox__redis_command_argv(conn, 7, argv, lens, 0, on_drain_check, c) == 0)
+    if (outbox__consumer_command(c, c->stream, 7, argv, lens, on_drain_check, c) == 0)
         c->checking_drain = 1;
 }
 
@@ -54,17 +115,32 @@ static void on_read(outbox__redis *conn, int status, redisReply *reply, void *da
     outbox_consumer *c = data;
     size_t got = 0;
     c->reading = 0;
-    if (status != 0 || outbox__rconn_redirect_error(&c->rd, conn, reply))
-        return; /* the connection is being re-established; on_up reads again */
+    if (status != 0 || outbox__rconn_redirect_error(&c->rd, conn, reply)) {
+        /* A single node: the connection is being re-established and on_up
+         * reads again. A cluster: the layer lost the node's connection (or
+         * could not reach it); read again once the map says where. */
+        if (status != 0 && c->crd)
+            LOG(c, c->read_interrupted++ ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO,
+                "msg=\"read interrupted, reading again\" stream=%s err=%s", c->stream, outbox_err_name(status));
+        read_again_later(c);
+        return;
+    }
     if (reply->type == REDIS_REPLY_ERROR) {
         if (strncmp(reply->str, "NOGROUP", 7) == 0) {
             c->group_ready = 0;
             ensure_group(c);
-        } else {
+        } else if (c->crd) {
+            /* UNBLOCKED (the master was demoted), CLUSTERDOWN or TRYAGAIN
+             * after the layer's retries: the slot is changing hands. */
+            LOG(c, c->read_interrupted++ ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO,
+                "msg=\"read interrupted, reading again\" stream=%s reply=\"%.200s\"", c->stream, reply->str);
+            read_again_later(c);
+        } else if (!plain_url_to_cluster(c, reply)) {
             LOG(c, OUTBOX_LOG_ERROR, "msg=\"XREADGROUP failed\" error=\"%.200s\"", reply->str);
         }
         return;
     }
+    c->read_interrupted = 0;
     if (reply->type == REDIS_REPLY_ARRAY) {
         for (size_t s = 0; s < reply->elements; s++) {
             const redisReply *sr = reply->element[s];
@@ -86,10 +162,12 @@ static void on_read(outbox__redis *conn, int status, redisReply *reply, void *da
 
 void outbox__consumer_kick_read(outbox_consumer *c)
 {
-    outbox__redis *conn = outbox__rconn_get(&c->rd);
+    outbox__redis *conn = c->crd ? NULL : outbox__rconn_get(&c->rd);
     char count[16], block[24];
     unsigned n;
-    if (c->state != CS_RUNNING || !c->group_ready || c->reading || !conn || c->checking_drain || c->drained)
+    int e;
+    if (c->state != CS_RUNNING || !c->group_ready || c->reading || (c->crd ? !outbox__cluster_ready(c->crd) : !conn) ||
+        c->checking_drain || c->drained)
         return;
     if (c->inflight >= c->s.max_inflight)
         return;
@@ -108,8 +186,15 @@ void outbox__consumer_kick_read(outbox_consumer *c)
         all[10] = ">";
         for (int i = 0; i < 11; i++)
             lens[i] = strlen(all[i]);
-        if (outbox__redis_command_argv(conn, 11, all, lens, c->s.block_ms + 10000, on_read, c) == 0)
+        if (c->crd)
+            e = outbox__cluster_command_argv(c->crd, c->stream, strlen(c->stream), 11, all, lens, c->s.block_ms + 10000,
+                                             on_read, c, NULL);
+        else
+            e = outbox__redis_command_argv(conn, 11, all, lens, c->s.block_ms + 10000, on_read, c);
+        if (e == 0)
             c->reading = 1;
+        else
+            read_again_later(c); /* the node is down for the layer's backoff */
     }
 }
 
@@ -117,12 +202,14 @@ static void on_group(outbox__redis *conn, int status, redisReply *reply, void *d
 {
     outbox_consumer *c = data;
     c->group_creating = 0;
-    if (status != 0 || outbox__rconn_redirect_error(&c->cmd, conn, reply))
-        return; /* on_up creates it on the next connection */
+    if (status != 0 || outbox__rconn_redirect_error(&c->cmd, conn, reply)) {
+        read_again_later(c); /* a cluster; a single node's on_up creates it on the next connection */
+        return;
+    }
     if (reply->type == REDIS_REPLY_STATUS || (reply->type == REDIS_REPLY_ERROR && !strncmp(reply->str, "BUSYGROUP", 9))) {
         c->group_ready = 1;
         outbox__consumer_kick_read(c);
-    } else {
+    } else if (!plain_url_to_cluster(c, reply)) {
         LOG(c, OUTBOX_LOG_ERROR, "msg=\"cannot create the consumer group\" stream=%s group=%s error=\"%.200s\"",
             c->stream, c->group, reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply");
     }
@@ -130,16 +217,15 @@ static void on_group(outbox__redis *conn, int status, redisReply *reply, void *d
 
 static void ensure_group(outbox_consumer *c)
 {
-    outbox__redis *conn = outbox__rconn_get(&c->cmd);
     /* A new group starts at the beginning of the stream: every message the
      * relay published is processed, also those written before the group. */
     const char *argv[6] = {"XGROUP", "CREATE", c->stream, c->group, "0", "MKSTREAM"};
     size_t lens[6];
-    if (c->group_ready || c->group_creating || !conn)
+    if (c->group_ready || c->group_creating || !outbox__consumer_cmd_ready(c))
         return;
     for (int i = 0; i < 6; i++)
         lens[i] = strlen(argv[i]);
-    if (outbox__redis_command_argv(conn, 6, argv, lens, 0, on_group, c) == 0)
+    if (outbox__consumer_command(c, c->stream, 6, argv, lens, on_group, c) == 0)
         c->group_creating = 1;
 }
 
@@ -152,6 +238,18 @@ void outbox__consumer_on_cmd_up(outbox__rconn *rc, void *data)
 void outbox__consumer_on_rd_up(outbox__rconn *rc, void *data)
 {
     (void)rc;
+    outbox__consumer_kick_read(data);
+}
+
+void outbox__consumer_on_cmd_ready(outbox__cluster *cl, void *data)
+{
+    (void)cl;
+    ensure_group(data);
+}
+
+void outbox__consumer_on_rd_ready(outbox__cluster *cl, void *data)
+{
+    (void)cl;
     outbox__consumer_kick_read(data);
 }
 
@@ -258,7 +356,7 @@ static void on_autoclaim(outbox__redis *conn, int status, redisReply *reply, voi
             size_t lens[7];
             for (int k = 0; k < 7; k++)
                 lens[k] = strlen(argv[k]);
-            if (outbox__redis_command_argv(conn, 7, argv, lens, 0, on_pending_count, x) != 0) {
+            if (outbox__consumer_command(c, c->stream, 7, argv, lens, on_pending_count, x) != 0) {
                 freeReplyObject(x->claimed);
                 free(x);
             }
@@ -269,13 +367,13 @@ static void on_autoclaim(outbox__redis *conn, int status, redisReply *reply, voi
 void outbox__consumer_on_claim_timer(uv_timer_t *t)
 {
     outbox_consumer *c = t->data;
-    outbox__redis *conn = outbox__rconn_get(&c->cmd);
     char idle[24], count[16];
     /* A Redis error answering the group creation or a read (LOADING,
      * MISCONF, NOPERM ...) stops the read loop: retry both from here. */
     ensure_group(c);
     outbox__consumer_kick_read(c);
-    if (!conn || !c->group_ready || c->state != CS_RUNNING || c->inflight >= c->s.max_inflight)
+    if (!outbox__consumer_cmd_ready(c) || !c->group_ready || c->state != CS_RUNNING ||
+        c->inflight >= c->s.max_inflight)
         return;
     snprintf(idle, sizeof idle, "%llu", (unsigned long long)c->s.min_idle_ms);
     snprintf(count, sizeof count, "%u", c->s.batch);
@@ -285,7 +383,7 @@ void outbox__consumer_on_claim_timer(uv_timer_t *t)
         size_t lens[8];
         for (int i = 0; i < 8; i++)
             lens[i] = strlen(argv[i]);
-        outbox__redis_command_argv(conn, 8, argv, lens, 0, on_autoclaim, c);
+        outbox__consumer_command(c, c->stream, 8, argv, lens, on_autoclaim, c);
     }
 }
 

@@ -1,12 +1,21 @@
 /*
- * Consumer-side dedup on Redis: begin (SET NX PX + GET, pipelined),
- * complete and abandon (Lua compare-and-set through EVALSHA, EVAL when the
- * server does not know the script yet).
+ * Consumer-side dedup on Redis: begin (SET NX PX, then GET when the key
+ * was there), complete and abandon (Lua compare-and-set through EVALSHA,
+ * EVAL when the server does not know the script yet).
+ *
+ * With a Cluster URL every command goes through the cluster layer
+ * (cluster.h) by its key, <ns>:{<stream>}:<id>: the stream's slot, so the
+ * markers are on the node that has the stream, and move with it in a
+ * reshard (MOVED and ASK are followed there). Each command waits for the
+ * previous one's reply (a redirected command's reply can overtake a later
+ * one's), and the scripts are loaded on each node as its connection comes
+ * up (a node that lacks them answers NOSCRIPT: EVAL then).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cluster.h"
 #include "dedup.h"
 #include "outbox/writer.h"
 #include "rconn.h"
@@ -24,7 +33,8 @@ enum op_kind { OP_BEGIN, OP_COMPLETE, OP_ABANDON };
 struct outbox_dedup {
     uv_loop_t *loop;
     outbox__logger log;
-    outbox__rconn rc;
+    outbox__rconn rc;       /* a single node or Sentinel URL */
+    outbox__cluster *cl;    /* a Cluster URL (then rc is unused) */
     char *ns, *owner_value; /* owner_value = "P:<owner>" */
     uint64_t lease_ms, retention_ms;
     char sha[2][41];        /* complete, abandon; "" until loaded */
@@ -39,7 +49,6 @@ typedef struct op {
     enum op_kind kind;
     outbox_dedup_cb cb;
     void *data;
-    int set_ok, status, get_sent;
     char key[KEY_MAX];
 } op;
 
@@ -62,15 +71,46 @@ static void set_errstr(outbox_dedup *d, const char *s, size_t len)
     d->errstr[n] = '\0';
 }
 
+static int starts_with(const redisReply *reply, const char *word)
+{
+    size_t n = strlen(word);
+    return reply->len >= n && memcmp(reply->str, word, n) == 0;
+}
+
 /* The status an error reply gives an operation: a node that stopped being
- * the master (Sentinel) is Redis being unavailable, not the key's
- * problem. */
+ * the master (Sentinel), or a cluster that could not serve the slot in time
+ * (what the cluster layer hands on after its retries: CLUSTERDOWN, TRYAGAIN,
+ * LOADING, READONLY, a redirect loop), is Redis being unavailable, not the
+ * key's problem. */
 static int error_status(outbox_dedup *d, const outbox__redis *c, const redisReply *reply)
 {
+    set_errstr(d, reply->str, reply->len);
     if (outbox__rconn_redirect_error(&d->rc, c, reply))
         return OUTBOX_ECLOSED;
-    set_errstr(d, reply->str, reply->len);
+    if (d->cl && (starts_with(reply, "CLUSTERDOWN") || starts_with(reply, "TRYAGAIN") ||
+                  starts_with(reply, "LOADING") || starts_with(reply, "READONLY") || starts_with(reply, "MOVED") ||
+                  starts_with(reply, "ASK") || starts_with(reply, "redirect loop") ||
+                  starts_with(reply, "malformed")))
+        return OUTBOX_ECLOSED;
     return OUTBOX_EREDIS;
+}
+
+static int dedup_ready(const outbox_dedup *d)
+{
+    return d->cl ? outbox__cluster_ready(d->cl) : outbox__rconn_get(&d->rc) != NULL;
+}
+
+/* Sends a command about key: through the cluster layer by the key's slot,
+ * or on the connection. 0 (cb follows), or an error (no callback). */
+static int send_cmd(outbox_dedup *d, const char *key, int argc, const char **argv, const size_t *lens,
+                    outbox__redis_reply_cb cb, void *data)
+{
+    outbox__redis *c;
+    if (d->cl)
+        return outbox__cluster_command_argv(d->cl, key, strlen(key), argc, argv, lens, 0, cb, data, NULL);
+    if (!(c = outbox__rconn_get(&d->rc)))
+        return OUTBOX_ECONNECT;
+    return outbox__redis_command_argv(c, argc, argv, lens, 0, cb, data);
 }
 
 static void on_script_loaded(outbox__redis *c, int status, redisReply *reply, void *data)
@@ -96,6 +136,20 @@ static void on_up(outbox__rconn *rc, void *data)
 {
     (void)rc;
     load_scripts(data);
+}
+
+/* Cluster: each node gets the scripts before anything else is written to
+ * it. The SHA1 of a script is the same on every node. */
+static void on_node_up(outbox__cluster *cl, outbox__cluster_node *n, outbox__redis *conn, void *data)
+{
+    outbox_dedup *d = data;
+    const char *scripts[2] = {complete_lua, abandon_lua};
+    (void)conn;
+    for (int i = 0; i < 2; i++) {
+        const char *argv[3] = {"SCRIPT", "LOAD", scripts[i]};
+        size_t lens[3] = {6, 4, strlen(scripts[i])};
+        outbox__cluster_node_command_argv(cl, n, 3, argv, lens, 0, on_script_loaded, d->sha[i]);
+    }
 }
 
 int outbox__dedup_create_shared(outbox_dedup **out, uv_loop_t *loop, const outbox_dedup_settings *s,
@@ -164,18 +218,30 @@ int outbox__dedup_create_shared(outbox_dedup **out, uv_loop_t *loop, const outbo
     o.reply_timeout_ms = s->reply_timeout_ms;
     o.client_name = "outbox-dedup";
     o.tls = tls ? tls : own_tls;
-    e = outbox__rconn_init(&d->rc, loop, &url, &o, &d->log, "dedup");
+    if (url.cluster) {
+        outbox__cluster_options co;
+        outbox__cluster_hooks hooks = {NULL, NULL, on_node_up, d};
+        outbox__cluster_options_defaults(&co);
+        co.redis = o;
+        e = outbox__cluster_create(&d->cl, loop, &url, &co, &d->log, "dedup", &hooks);
+    } else {
+        e = outbox__rconn_init(&d->rc, loop, &url, &o, &d->log, "dedup");
+    }
     outbox__redis_url_free(&url);
-    outbox__tls_config_unref(own_tls); /* the rconn holds its own reference */
+    outbox__tls_config_unref(own_tls); /* the rconn or the cluster holds its own reference */
     if (e != 0) {
         free(d->ns);
         free(d->owner_value);
         free(d);
         return e;
     }
-    d->rc.on_up = on_up;
-    d->rc.data = d;
-    outbox__rconn_start(&d->rc);
+    if (d->cl) {
+        outbox__cluster_start(d->cl);
+    } else {
+        d->rc.on_up = on_up;
+        d->rc.data = d;
+        outbox__rconn_start(&d->rc);
+    }
     *out = d;
     return 0;
 }
@@ -205,12 +271,15 @@ void outbox_dedup_destroy(outbox_dedup *d, void (*cb)(void *data), void *data)
     d->destroying = 1;
     d->destroy_cb = cb;
     d->destroy_data = data;
-    outbox__rconn_close(&d->rc, dedup_closed, d);
+    if (d->cl)
+        outbox__cluster_close(d->cl, dedup_closed, d);
+    else
+        outbox__rconn_close(&d->rc, dedup_closed, d);
 }
 
 int outbox_dedup_connected(const outbox_dedup *d)
 {
-    return d && outbox__rconn_get(&d->rc) != NULL;
+    return d && dedup_ready(d);
 }
 
 const char *outbox_dedup_errstr(const outbox_dedup *d)
@@ -227,7 +296,7 @@ static int make_op(outbox_dedup *d, enum op_kind kind, const char *stream, const
         return OUTBOX_EINVAL;
     if (d->destroying)
         return OUTBOX_ECLOSED;
-    if (!outbox__rconn_get(&d->rc))
+    if (!dedup_ready(d))
         return OUTBOX_ECONNECT;
     o = calloc(1, sizeof *o);
     if (!o)
@@ -251,41 +320,42 @@ static void finish(op *o, int status, outbox_dedup_result res)
     free(o);
 }
 
-static void on_set(outbox__redis *c, int status, redisReply *reply, void *data)
-{
-    op *o = data;
-    if (!o->get_sent) { /* the GET could not be queued: finish here */
-        finish(o, status ? status : OUTBOX_ENOMEM, 0);
-        return;
-    }
-    if (status != 0)
-        o->status = status;
-    else if (reply->type == REDIS_REPLY_ERROR)
-        o->status = error_status(o->d, c, reply);
-    else
-        o->set_ok = reply->type == REDIS_REPLY_STATUS;
-}
-
 static void on_get(outbox__redis *c, int status, redisReply *reply, void *data)
 {
     op *o = data;
-    if (o->status != 0 || status != 0) {
-        finish(o, o->status ? o->status : status, 0);
-        return;
-    }
-    if (o->set_ok) {
-        finish(o, 0, OUTBOX_DEDUP_FIRST);
+    if (status != 0)
+        finish(o, status, 0);
+    else if (reply->type == REDIS_REPLY_ERROR)
+        finish(o, error_status(o->d, c, reply), 0);
+    else if (reply->type == REDIS_REPLY_STRING && reply->len == 1 && reply->str[0] == 'D')
+        finish(o, 0, OUTBOX_DEDUP_DONE);
+    else
+        /* Another owner's processing key, or it expired between the two
+         * commands: either way, not ours now; try again later. */
+        finish(o, 0, OUTBOX_DEDUP_BUSY);
+}
+
+static void on_set(outbox__redis *c, int status, redisReply *reply, void *data)
+{
+    op *o = data;
+    const char *argv[2] = {"GET", o->key};
+    size_t lens[2] = {3, strlen(o->key)};
+    int e;
+    if (status != 0) {
+        finish(o, status, 0);
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR) {
         finish(o, error_status(o->d, c, reply), 0);
-    } else if (reply->type == REDIS_REPLY_STRING && reply->len == 1 && reply->str[0] == 'D') {
-        finish(o, 0, OUTBOX_DEDUP_DONE);
-    } else {
-        /* Another owner's processing key, or it expired between the two
-         * commands: either way, not ours now; try again later. */
-        finish(o, 0, OUTBOX_DEDUP_BUSY);
+        return;
     }
+    if (reply->type == REDIS_REPLY_STATUS) {
+        finish(o, 0, OUTBOX_DEDUP_FIRST);
+        return;
+    }
+    /* The key was there: whose is it? */
+    if ((e = send_cmd(o->d, o->key, 2, argv, lens, on_get, o)) != 0)
+        finish(o, e, 0);
 }
 
 int outbox_dedup_begin(outbox_dedup *d, const char *stream, const char *id, outbox_dedup_cb cb, void *data)
@@ -293,27 +363,17 @@ int outbox_dedup_begin(outbox_dedup *d, const char *stream, const char *id, outb
     op *o;
     char px[24];
     int e = make_op(d, OP_BEGIN, stream, id, cb, data, &o);
-    outbox__redis *c;
     if (e != 0)
         return e;
-    c = outbox__rconn_get(&d->rc);
     snprintf(px, sizeof px, "%llu", (unsigned long long)d->lease_ms);
     {
         const char *argv[6] = {"SET", o->key, d->owner_value, "NX", "PX", px};
         size_t lens[6] = {3, strlen(o->key), strlen(d->owner_value), 2, 2, strlen(px)};
-        const char *gargv[2] = {"GET", o->key};
-        size_t glens[2] = {3, strlen(o->key)};
-        e = outbox__redis_command_argv(c, 6, argv, lens, 0, on_set, o);
-        if (e != 0) {
+        e = send_cmd(d, o->key, 6, argv, lens, on_set, o);
+        if (e != 0)
             free(o);
-            return e;
-        }
-        /* Pipelined right behind the SET: the GET reply decides the result
-         * and is the one callback that finishes the operation. */
-        if (outbox__redis_command_argv(c, 2, gargv, glens, 0, on_get, o) == 0)
-            o->get_sent = 1;
     }
-    return 0;
+    return e;
 }
 
 static int send_script(op *o, int use_eval);
@@ -327,9 +387,12 @@ static void on_script(outbox__redis *c, int status, redisReply *reply, void *dat
     }
     if (reply->type == REDIS_REPLY_ERROR) {
         if (reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0) {
-            /* The server lost its scripts (restart, SCRIPT FLUSH): send the
-             * body, which also caches it again. */
-            o->d->sha[o->kind == OP_COMPLETE ? 0 : 1][0] = '\0';
+            /* The server lost its scripts (restart, SCRIPT FLUSH), or this
+             * node of a cluster never had them (it took over the slot):
+             * send the body, which also caches it there. Another node of
+             * the cluster may still have them: keep the SHA1 then. */
+            if (!o->d->cl)
+                o->d->sha[o->kind == OP_COMPLETE ? 0 : 1][0] = '\0';
             int e = send_script(o, 1);
             if (e != 0)
                 finish(o, e, 0);
@@ -347,7 +410,6 @@ static void on_script(outbox__redis *c, int status, redisReply *reply, void *dat
 static int send_script(op *o, int use_eval)
 {
     outbox_dedup *d = o->d;
-    outbox__redis *c = outbox__rconn_get(&d->rc);
     int idx = o->kind == OP_COMPLETE ? 0 : 1;
     const char *body = idx == 0 ? complete_lua : abandon_lua;
     char ret[24];
@@ -355,8 +417,6 @@ static int send_script(op *o, int use_eval)
     size_t lens[6];
     int argc = 0;
 
-    if (!c)
-        return OUTBOX_ECONNECT;
     if (!use_eval && d->sha[idx][0]) {
         argv[argc] = "EVALSHA";
         lens[argc++] = 7;
@@ -379,7 +439,7 @@ static int send_script(op *o, int use_eval)
         argv[argc] = ret;
         lens[argc++] = strlen(ret);
     }
-    return outbox__redis_command_argv(c, argc, argv, lens, 0, on_script, o);
+    return send_cmd(d, o->key, argc, argv, lens, on_script, o);
 }
 
 static int script_op(outbox_dedup *d, enum op_kind kind, const char *stream, const char *id, outbox_dedup_cb cb,

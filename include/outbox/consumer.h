@@ -14,6 +14,14 @@
  *
  * All calls run on the loop thread. A function that returns an error calls
  * no callback; every accepted call gets its callback exactly once.
+ *
+ * Redis URLs: redis://, rediss://, unix://, redis-sentinel://,
+ * rediss-sentinel:// and, for a Redis Cluster, redis-cluster:// and
+ * rediss-cluster:// (seed nodes). On a cluster every command goes to the
+ * master of its key's slot, following MOVED and ASK: the stream, its group
+ * and its dedup keys share the stream's slot and move together in a
+ * reshard or failover, and the consumer follows them (README.md, "On a
+ * Redis Cluster").
  */
 #ifndef OUTBOX_CONSUMER_H
 #define OUTBOX_CONSUMER_H
@@ -47,7 +55,7 @@ typedef enum outbox_dedup_result {
 } outbox_dedup_result;
 
 typedef struct outbox_dedup_settings {
-    const char *redis_url;  /* required; copied */
+    const char *redis_url;  /* required (any form above); copied */
     const char *key_namespace; /* default "dedup"; copied */
     const char *owner;      /* default: a fresh UUIDv7 per dedup object; copied */
     uint64_t lease_ms;      /* processing lease; default 30000 */
@@ -150,7 +158,7 @@ typedef enum outbox_dedup_mode {
 typedef int (*outbox_consumer_handler)(outbox_consumer *c, const outbox_delivery *dv, void *data);
 
 typedef struct outbox_consumer_settings {
-    const char *redis_url;   /* required; copied */
+    const char *redis_url;   /* required (any form above); copied */
     const char *stream;      /* required: the full stream name, e.g. "outbox:orders"; copied */
     const char *group;       /* required; copied */
     const char *consumer;    /* default "<hostname>:<pid>"; copied */

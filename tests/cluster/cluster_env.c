@@ -851,3 +851,18 @@ int ce_restart(ce_env *e, int i)
     }
     return ce_wait_ok(e, 30000) && replicas_linked(e, 30000) ? 0 : -1;
 }
+
+void ce_diag_logs(const ce_env *e, int max_lines)
+{
+    for (int i = 0; i < e->n; i++) {
+        char *path, *log, what[64];
+        if (!e->node[i].dir)
+            continue;
+        path = th_path(e->node[i].dir, "redis.log");
+        log = th_slurp(path);
+        snprintf(what, sizeof what, "node %d :%d pid %d: ", i, e->node[i].port, (int)e->node[i].pid);
+        th_diag_tail(what, log, max_lines);
+        free(log);
+        free(path);
+    }
+}

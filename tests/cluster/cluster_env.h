@@ -20,7 +20,10 @@
  * helpers keep no state outside the env and may be called from several
  * threads at once (a writer thread beside one that reshards), except those
  * that change e (start, stop, migrations, kill, restart), which one thread
- * calls.
+ * calls. A server started by ce_start or ce_restart gets SIGTERM when the
+ * THREAD that started it ends (the harness' PR_SET_PDEATHSIG follows the
+ * thread, not the process): call them from a thread that lives until
+ * ce_stop, such as the main thread.
  */
 #ifndef OUTBOX_TESTS_CLUSTER_ENV_H
 #define OUTBOX_TESTS_CLUSTER_ENV_H
@@ -160,5 +163,9 @@ void ce_kill(ce_env *e, int i);
  * ce_wait_ok); a master that was replaced comes back as a replica. 0, or
  * -1. */
 int ce_restart(ce_env *e, int i);
+
+/* Prints the last max_lines lines of every node's redis.log as TAP
+ * diagnostics, each headed by the node's index, port and pid. */
+void ce_diag_logs(const ce_env *e, int max_lines);
 
 #endif

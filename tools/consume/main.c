@@ -351,7 +351,11 @@ static void usage(FILE *f)
             "Options:\n"
             "  --redis URL               redis:// or rediss:// (TLS) [[user]:password@]host[:port][/db],\n"
             "                            unix:///path[?db=N], or redis-sentinel:// or rediss-sentinel://\n"
-            "                            [[user]:password@]host[:port][,host[:port]...][/db]#master\n"
+            "                            [[user]:password@]host[:port][,host[:port]...][/db]#master,\n"
+            "                            or redis-cluster:// or rediss-cluster:// (Redis Cluster)\n"
+            "                            [[user]:password@]host[:port][,host[:port]...] (seed nodes;\n"
+            "                            the stream is read from the master of its slot, followed when\n"
+            "                            the slot moves)\n"
             "  --stream S                stream to read, e.g. outbox:orders (required)\n"
             "  --group G                 consumer group (required)\n"
             "  --consumer NAME           consumer name (default HOSTNAME:PID)\n"
@@ -582,8 +586,11 @@ int main(int argc, char **argv)
         return 2;
     }
     /* The library refuses these too; here the message can name the option. */
-    if (tls_opt && strncasecmp(s.redis_url, "rediss://", 9) != 0 && strncasecmp(s.redis_url, "rediss-sentinel://", 18) != 0) {
-        fprintf(stderr, "%s: %s: given but the Redis URL is not rediss:// or rediss-sentinel:// (TLS is only used with those)\n",
+    if (tls_opt && strncasecmp(s.redis_url, "rediss://", 9) != 0 && strncasecmp(s.redis_url, "rediss-sentinel://", 18) != 0 &&
+        strncasecmp(s.redis_url, "rediss-cluster://", 17) != 0) {
+        fprintf(stderr,
+                "%s: %s: given but the Redis URL is not rediss://, rediss-sentinel:// or rediss-cluster:// (TLS is only "
+                "used with those)\n",
                 prog, tls_opt);
         return 2;
     }
