@@ -128,6 +128,11 @@ int outbox__cluster_ready(const outbox__cluster *c)
     return c && c->ready && !c->closing;
 }
 
+int outbox__cluster_reachable(const outbox__cluster *c)
+{
+    return outbox__cluster_ready(c) && !c->down_reported;
+}
+
 /* ---- nodes --------------------------------------------------------------- */
 
 outbox__cluster_node *outbox__cluster_node_get(outbox__cluster *c, const char *host, size_t hlen, int port)

@@ -115,6 +115,10 @@ int outbox__cluster_create(outbox__cluster **out, uv_loop_t *loop, const outbox_
 void outbox__cluster_start(outbox__cluster *c);
 /* 1 once a slot map is loaded (stays 1: a later failure keeps the last). */
 int outbox__cluster_ready(const outbox__cluster *c);
+/* 1 while ready and the last refresh found a node that answered: 0 from
+ * on_down until the next on_ready (no node reachable: the owner may stop
+ * sending, and say it is down). */
+int outbox__cluster_reachable(const outbox__cluster *c);
 
 /*
  * Queues a command (RESP-formatted, copied) about key (klen bytes: its slot

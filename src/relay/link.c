@@ -181,7 +181,7 @@ int outbox__link_up(const outbox_relay *r)
     if (r->redis.state != RC_STARTED)
         return 0;
     if (r->redis.cluster)
-        return outbox__cluster_ready(r->redis.cluster);
+        return !r->redis.cluster_closing && outbox__cluster_reachable(r->redis.cluster);
     return outbox__rconn_get(&r->redis.rc) != NULL && !r->redis.info_pending && !r->redis.misconfig[0];
 }
 
@@ -235,7 +235,7 @@ int outbox__link_node_argv(outbox_relay *r, void *node, int argc, const char **a
 
 void *outbox__link_node_of(const outbox_relay *r, const outbox__redis *conn)
 {
-    return r->redis.cluster ? outbox__cluster_node_of(r->redis.cluster, conn) : NULL;
+    return r->redis.cluster && !r->redis.cluster_closing ? outbox__cluster_node_of(r->redis.cluster, conn) : NULL;
 }
 
 static int is_word(const redisReply *reply, const char *w)

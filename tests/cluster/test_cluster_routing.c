@@ -492,6 +492,27 @@ static void test_node_vanishes(fake_nodes *f)
     is_int(world_close(&w), 0, "vanishes: loop closed cleanly");
 }
 
+/* Every node gone after the map was loaded: on_down, not reachable any
+ * more (the map is kept). Kills node 0: the last test with fake nodes. */
+static void test_all_down(fake_nodes *f)
+{
+    world w;
+    fake_nodes_reset(f);
+    world_open(&w, url_for(f, 0), 0);
+    is_int(outbox__cluster_reachable(w.c), 1, "all down: reachable with its map");
+    {
+        rec r;
+        get(&w, "foo", &r, 0);
+        run_until(&w, &r.calls, 3000);
+    }
+    fake_nodes_kill(f, 0);
+    run_until(&w, &w.downs, 5000);
+    is_int(w.downs, 1, "all down: on_down once");
+    is_int(outbox__cluster_reachable(w.c), 0, "all down: not reachable");
+    is_int(outbox__cluster_ready(w.c), 1, "all down: still ready (the last map is kept)");
+    is_int(world_close(&w), 0, "all down: loop closed cleanly");
+}
+
 /* Close with commands in flight, waiting for a connect and waiting for a
  * retry: each callback once, with OUTBOX_ECLOSED. */
 static void test_close_pending(fake_nodes *f)
@@ -537,6 +558,7 @@ static void test_unreachable(void)
     world_open(&w, url, 0);
     run_until(&w, &w.downs, 3000);
     is_int(w.ready, 0, "unreachable: not ready");
+    is_int(outbox__cluster_reachable(w.c), 0, "unreachable: not reachable");
     is_int(w.downs, 1, "unreachable: on_down once");
     ok(strstr(outbox__cluster_errstr(w.c), "connection refused") != NULL, "unreachable: errstr says why (%s)",
        outbox__cluster_errstr(w.c));
@@ -645,6 +667,7 @@ int main(void)
     test_close_pending(f);
     test_node_vanishes(f);
     test_plain_moved(f);
+    test_all_down(f);
     test_unreachable();
     fake_nodes_stop(f);
     return tap_done();
