@@ -546,6 +546,22 @@ static void test_close_pending(fake_nodes *f)
     is_int(uv_loop_close(&w.loop), 0, "close: loop closed cleanly");
 }
 
+/* A seed that is not a cluster node: on_down with the node's own words. */
+static void test_not_cluster(fake_nodes *f)
+{
+    world w;
+    static const char *const off[] = {"-ERR This instance has cluster support disabled\r\n", NULL};
+    fake_nodes_reset(f);
+    fake_nodes_rule(f, 1, "CLUSTER", off);
+    world_open(&w, url_for(f, 1), 0);
+    run_until(&w, &w.downs, 3000);
+    is_int(w.ready, 0, "not a cluster node: not ready");
+    is_int(w.downs, 1, "not a cluster node: on_down once");
+    ok(strstr(outbox__cluster_errstr(w.c), "CLUSTER SHARDS: ERR This instance has cluster support disabled") != NULL,
+       "not a cluster node: errstr says so (%s)", outbox__cluster_errstr(w.c));
+    is_int(world_close(&w), 0, "not a cluster node: loop closed cleanly");
+}
+
 /* No node answers: on_down once, not ready, commands refused. */
 static void test_unreachable(void)
 {
@@ -665,6 +681,7 @@ int main(void)
     test_self_loop(f);
     test_node_down(f);
     test_close_pending(f);
+    test_not_cluster(f);
     test_node_vanishes(f);
     test_plain_moved(f);
     test_all_down(f);
