@@ -128,6 +128,11 @@ int outbox__cluster_ready(const outbox__cluster *c)
     return c && c->ready && !c->closing;
 }
 
+int outbox__cluster_reachable(const outbox__cluster *c)
+{
+    return outbox__cluster_ready(c) && !c->down_reported;
+}
+
 /* ---- nodes --------------------------------------------------------------- */
 
 outbox__cluster_node *outbox__cluster_node_get(outbox__cluster *c, const char *host, size_t hlen, int port)
@@ -629,12 +634,20 @@ const char *outbox__cluster_errstr(const outbox__cluster *c)
 
 void outbox__cluster_reset(outbox__cluster *c, const char *why)
 {
+    ccmd *k;
     if (!c || c->closing)
         return;
+    /* Those waiting for a retry were not executed (their last reply was a
+     * TRYAGAIN & co): they fail as closed too. */
+    k = c->retry_head;
+    c->retry_head = NULL;
+    if (c->started)
+        uv_timer_stop(&c->retry_timer);
+    fail_list(k, OUTBOX_ECLOSED);
     for (size_t i = 0; i < c->nnodes; i++) {
         outbox__cluster_node *n = c->nodes[i];
         outbox__redis *conn = n->conn;
-        ccmd *k = n->wait_head;
+        k = n->wait_head;
         n->wait_head = n->wait_tail = NULL;
         if (conn) {
             outbox__log(c->log, OUTBOX_LOG_INFO, "msg=\"cluster node connection dropped\" conn=%s node=%s why=\"%s\"",

@@ -40,6 +40,12 @@
  *   OUTBOX_ECLOSED from outbox__cluster_close(). conn is the connection
  *   that gave the reply (NULL when none did): outbox__cluster_node_of()
  *   names its node, where a WAIT for the command must go.
+ *   What the caller does with each: a reply is final (an error reply from
+ *   a redirection or retry means the command was not executed: it may be
+ *   counted as a failed attempt); OUTBOX_ECONNECT: not executed, send it
+ *   again later if wanted; OUTBOX_ECLOSED / OUTBOX_ETIMEDOUT / OUTBOX_EPROTO:
+ *   treat as maybe executed (the relay releases its message: sent again, a
+ *   duplicate at worst).
  * - A function that returns an error calls no callback.
  * - Replies come in FIFO order per node for the commands that no node
  *   redirected; a redirected or retried command's reply comes when its new
@@ -109,6 +115,10 @@ int outbox__cluster_create(outbox__cluster **out, uv_loop_t *loop, const outbox_
 void outbox__cluster_start(outbox__cluster *c);
 /* 1 once a slot map is loaded (stays 1: a later failure keeps the last). */
 int outbox__cluster_ready(const outbox__cluster *c);
+/* 1 while ready and the last refresh found a node that answered: 0 from
+ * on_down until the next on_ready (no node reachable: the owner may stop
+ * sending, and say it is down). */
+int outbox__cluster_reachable(const outbox__cluster *c);
 
 /*
  * Queues a command (RESP-formatted, copied) about key (klen bytes: its slot
@@ -159,8 +169,9 @@ void outbox__cluster_refresh(outbox__cluster *c);
 /* The last refresh failure's detail, "" if none. */
 const char *outbox__cluster_errstr(const outbox__cluster *c);
 
-/* Drops every node's connection: the commands pending on them get
- * OUTBOX_ECLOSED (unknown outcome); nodes reconnect on demand. */
+/* Drops every node's connection: the commands pending on them, waiting
+ * for a connect or for a retry get OUTBOX_ECLOSED (unknown outcome for those
+ * in flight); nodes reconnect on demand. */
 void outbox__cluster_reset(outbox__cluster *c, const char *why);
 
 /* Closes every connection and timer: pending commands get OUTBOX_ECLOSED

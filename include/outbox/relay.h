@@ -306,6 +306,26 @@ typedef struct outbox_relay_stats {
  * then -1); OUTBOX_EINVAL for a NULL argument. */
 OUTBOX_API int outbox_relay_stats_get(outbox_relay *r, outbox_relay_stats *st);
 
+/* One node of a Redis Cluster, as the relay sees it (redis-cluster:// and
+ * rediss-cluster:// URLs; see outbox_relay_nodes_get). */
+typedef struct outbox_relay_node_stats {
+    char node[64];     /* "host:port" ("[v6]:port"), cut to fit, NUL-terminated */
+    int connected;     /* 1 while the relay's connection to it is up */
+    int master;        /* 1 while it serves slots in the relay's slot map */
+    uint64_t moved;    /* MOVED redirections it answered */
+    uint64_t ask;      /* ASK redirections it answered */
+    uint64_t tryagain; /* TRYAGAIN, CLUSTERDOWN, LOADING or READONLY replies retried */
+    uint64_t errors;   /* connections to it that failed or were lost */
+} outbox_relay_node_stats;
+
+/* Fills out[0..cap) with the cluster nodes the relay knows (loop thread),
+ * *n (may be NULL) with how many there are (more than cap: the rest left
+ * out) and *refreshes (may be NULL) with the slot map refreshes done. With
+ * a URL that is not a cluster's, *n and *refreshes are 0. Returns 0, or
+ * OUTBOX_EINVAL for a NULL r, or a NULL out with cap > 0. */
+OUTBOX_API int outbox_relay_nodes_get(outbox_relay *r, outbox_relay_node_stats *out, size_t cap, size_t *n,
+                                      uint64_t *refreshes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -28,7 +28,7 @@ static void cluster_problem(outbox_relay *r, const char *how)
     char url[200];
     const char *host = r->redis.rc.node.host ? r->redis.rc.node.host : r->cfg.url.host;
     int port = r->redis.rc.node.host ? r->redis.rc.node.port : r->cfg.url.port;
-    int first = r->redis.misconfig[0] == '\0';
+    uint64_t now = uv_now(r->loop);
     if (host)
         snprintf(url, sizeof url, "%s://%s%s%s:%d", r->cfg.url.tls ? "rediss-cluster" : "redis-cluster",
                  strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", port);
@@ -36,9 +36,14 @@ static void cluster_problem(outbox_relay *r, const char *how)
         snprintf(url, sizeof url, "redis-cluster://host:port");
     snprintf(r->redis.misconfig, sizeof r->redis.misconfig,
              "the Redis URL names a Redis Cluster node (%s): use a cluster URL, %s", how, url);
-    r->redis.misconfig_at = uv_now(r->loop);
-    if (first)
+    r->redis.misconfig_at = now;
+    /* Once, and again at most once a minute while it lasts (a node that
+     * answers INFO as a plain node but MOVED to commands flips back and
+     * forth at every check). */
+    if (!r->redis.misconfig_logged || now - r->redis.misconfig_logged >= 60000) {
+        r->redis.misconfig_logged = now ? now : 1;
         LOG(r, OUTBOX_LOG_ERROR, "msg=\"publishing held: %s\" redis=%s", r->redis.misconfig, r->cfg.url_desc);
+    }
 }
 
 /* ---- the single node -------------------------------------------------- */
@@ -176,7 +181,7 @@ int outbox__link_up(const outbox_relay *r)
     if (r->redis.state != RC_STARTED)
         return 0;
     if (r->redis.cluster)
-        return outbox__cluster_ready(r->redis.cluster);
+        return !r->redis.cluster_closing && outbox__cluster_reachable(r->redis.cluster);
     return outbox__rconn_get(&r->redis.rc) != NULL && !r->redis.info_pending && !r->redis.misconfig[0];
 }
 
@@ -230,7 +235,7 @@ int outbox__link_node_argv(outbox_relay *r, void *node, int argc, const char **a
 
 void *outbox__link_node_of(const outbox_relay *r, const outbox__redis *conn)
 {
-    return r->redis.cluster ? outbox__cluster_node_of(r->redis.cluster, conn) : NULL;
+    return r->redis.cluster && !r->redis.cluster_closing ? outbox__cluster_node_of(r->redis.cluster, conn) : NULL;
 }
 
 static int is_word(const redisReply *reply, const char *w)

@@ -482,3 +482,29 @@ int outbox_relay_stats_get(outbox_relay *r, outbox_relay_stats *st)
     st->oldest_pending_ms = d->oldest_due_ms;
     return 0;
 }
+
+int outbox_relay_nodes_get(outbox_relay *r, outbox_relay_node_stats *out, size_t cap, size_t *n,
+                           uint64_t *refreshes)
+{
+    outbox__cluster_node_stats st[64];
+    uint64_t refr = 0, failed;
+    size_t total, i;
+    if (!r || (!out && cap > 0))
+        return OUTBOX_EINVAL;
+    total = outbox__link_nodes(r, st, OUTBOX_ARRAY_LEN(st), &refr, &failed);
+    for (i = 0; i < total && i < cap && i < OUTBOX_ARRAY_LEN(st); i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        outbox__strlcpy(out[i].node, st[i].name, sizeof out[i].node);
+        out[i].connected = st[i].connected;
+        out[i].master = st[i].master;
+        out[i].moved = st[i].moved;
+        out[i].ask = st[i].ask;
+        out[i].tryagain = st[i].tryagain;
+        out[i].errors = st[i].errors;
+    }
+    if (n)
+        *n = total;
+    if (refreshes)
+        *refreshes = refr;
+    return 0;
+}

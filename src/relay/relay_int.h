@@ -152,6 +152,7 @@ struct relay_redis {
     int info_pending;    /* a single node's INFO cluster check awaits its reply */
     char misconfig[400]; /* a plain URL names a cluster node: why publishing is held, "" otherwise */
     uint64_t misconfig_at; /* loop ms of the last check */
+    uint64_t misconfig_logged; /* loop ms of its last error line, 0 if none */
 };
 
 /* The window (loop thread; read by the unit's worker while it runs, never

@@ -24,6 +24,7 @@
 #include "cluster_env.h"
 #include "harness.h"
 #include "ops.h"
+#include "outbox.h"
 #include "rt.h"
 #include "tap.h"
 
@@ -242,6 +243,70 @@ static void test_plain_url(void)
     th_sql_exec(db, "DELETE FROM outbox WHERE topic = 'plain'");
 }
 
+/* The relay embedded on a libuv loop with a cluster URL: drained, and
+ * outbox_relay_nodes_get names the masters it is connected to. */
+typedef struct embedded {
+    outbox_relay_node_stats nodes[16];
+    size_t n;
+    uint64_t refreshes;
+    int drained, stopped, rc;
+} embedded;
+
+static void on_stopped(outbox_relay *r, void *data)
+{
+    (void)r;
+    ((embedded *)data)->stopped = 1;
+}
+
+static void on_drained(outbox_relay *r, void *data)
+{
+    embedded *x = data;
+    x->drained = 1;
+    x->rc = outbox_relay_nodes_get(r, x->nodes, 16, &x->n, &x->refreshes);
+    outbox_relay_stop(r, on_stopped, x);
+}
+
+static void test_embedded(void)
+{
+    uv_loop_t loop;
+    outbox_relay *r = NULL;
+    outbox_relay_settings s;
+    embedded x;
+    char err[256];
+    int connected = 0, masters = 0;
+    memset(&x, 0, sizeof x);
+    for (int i = 0; i < 3; i++) {
+        char topic[16];
+        snprintf(topic, sizeof topic, "emb%d", i);
+        rt_insert_rows(db, topic, 0, 20, topic, 0);
+    }
+    uv_loop_init(&loop);
+    outbox_relay_defaults(&s);
+    s.db_path = dbpath;
+    s.redis_url = env.url;
+    s.drain = 1;
+    s.drain_timeout_ms = 20000;
+    s.log_level = OUTBOX_LOG_WARN;
+    s.on_drained = on_drained;
+    s.on_drained_data = &x;
+    is_int(outbox_relay_create(&r, &loop, &s, err, sizeof err), 0, "embedded: created with %s (%s)", env.url, err);
+    is_int(outbox_relay_start(r), 0, "embedded: started");
+    uv_run(&loop, UV_RUN_DEFAULT);
+    is_int(x.drained && x.stopped, 1, "embedded: drained and stopped");
+    is_int(outbox_relay_drain_result(r), 0, "embedded: the drain succeeded");
+    is_int(x.rc, 0, "embedded: outbox_relay_nodes_get returns 0");
+    for (size_t i = 0; i < x.n && i < 16; i++) {
+        connected += x.nodes[i].connected && x.nodes[i].master;
+        masters += x.nodes[i].master;
+    }
+    is_int(masters, 3, "embedded: three masters in the slot map (%zu nodes known)", x.n);
+    ok(connected >= 1, "embedded: connected to the masters its streams are on (%d)", connected);
+    ok(x.refreshes >= 1, "embedded: the slot map was loaded (%llu refreshes)", (unsigned long long)x.refreshes);
+    outbox_relay_destroy(r);
+    is_int(uv_loop_close(&loop), 0, "embedded: loop closed cleanly");
+    th_sql_exec(db, "DELETE FROM outbox WHERE topic LIKE 'emb%%'");
+}
+
 int main(void)
 {
     int64_t t0 = th_now_ms();
@@ -254,6 +319,7 @@ int main(void)
     dbpath = rt_make_db(dir, "app.db");
     db = rt_open(dbpath);
     test_plain_url();
+    test_embedded();
     test_others_flow();
     sqlite3_close(db);
     ce_stop(&env);

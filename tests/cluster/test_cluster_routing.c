@@ -7,6 +7,7 @@
  * and the cluster URLs.
  */
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,14 @@ static char *url_for(const fake_nodes *f, int node)
     static char buf[64];
     snprintf(buf, sizeof buf, "redis-cluster://127.0.0.1:%d", fake_nodes_port(f, node));
     return buf;
+}
+
+static int count_substr(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
 }
 
 static void test_slots(void)
@@ -256,6 +265,8 @@ static void test_moved_back(fake_nodes *f)
     log = fake_nodes_log(f);
     is_str(log, "n0:GET foo|n1:GET foo|n0:GET foo|n1:GET foo|n0:GET foo|n1:GET foo", "moved back: 1 + 5 sends, alternating");
     free(log);
+    ok(outbox__cluster_refreshes(w.c, NULL) <= 2, "moved back: 5 MOVED, the map refreshed at most once more (%llu)",
+       (unsigned long long)outbox__cluster_refreshes(w.c, NULL));
     is_int(world_close(&w), 0, "moved back: loop closed cleanly");
 }
 
@@ -456,6 +467,52 @@ static void test_node_down(fake_nodes *f)
     is_int(world_close(&w), 0, "half down: loop closed cleanly");
 }
 
+/* A node that disappears with a command in flight: unknown outcome
+ * (OUTBOX_ECLOSED & co, not OUTBOX_ECONNECT), the callback once. */
+static void test_node_vanishes(fake_nodes *f)
+{
+    world w;
+    rec r;
+    static const char *const silent[] = {"", NULL};
+    fake_nodes_reset(f);
+    fake_nodes_rule(f, 2, "GET", silent);
+    {
+        static const char *const map[] = {"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%2\r\n", NULL};
+        fake_nodes_rule(f, 0, "CLUSTER SLOTS", map);
+    }
+    world_open(&w, url_for(f, 0), 0);
+    is_int(get(&w, "foo", &r, 0), 0, "vanishes: GET to node 2 accepted");
+    for (int i = 0; i < 50 && fake_nodes_count(f, 2, "GET") == 0; i++)
+        uv_run(&w.loop, UV_RUN_ONCE);
+    is_int(fake_nodes_count(f, 2, "GET"), 1, "vanishes: node 2 got it");
+    fake_nodes_kill(f, 2);
+    run_until(&w, &r.calls, 3000);
+    is_int(r.calls, 1, "vanishes: one callback");
+    ok(r.status < 0 && r.status != OUTBOX_ECONNECT, "vanishes: an unknown outcome (%s)", outbox_err_name(r.status));
+    is_int(world_close(&w), 0, "vanishes: loop closed cleanly");
+}
+
+/* Every node gone after the map was loaded: on_down, not reachable any
+ * more (the map is kept). Kills node 0: the last test with fake nodes. */
+static void test_all_down(fake_nodes *f)
+{
+    world w;
+    fake_nodes_reset(f);
+    world_open(&w, url_for(f, 0), 0);
+    is_int(outbox__cluster_reachable(w.c), 1, "all down: reachable with its map");
+    {
+        rec r;
+        get(&w, "foo", &r, 0);
+        run_until(&w, &r.calls, 3000);
+    }
+    fake_nodes_kill(f, 0);
+    run_until(&w, &w.downs, 5000);
+    is_int(w.downs, 1, "all down: on_down once");
+    is_int(outbox__cluster_reachable(w.c), 0, "all down: not reachable");
+    is_int(outbox__cluster_ready(w.c), 1, "all down: still ready (the last map is kept)");
+    is_int(world_close(&w), 0, "all down: loop closed cleanly");
+}
+
 /* Close with commands in flight, waiting for a connect and waiting for a
  * retry: each callback once, with OUTBOX_ECLOSED. */
 static void test_close_pending(fake_nodes *f)
@@ -501,6 +558,7 @@ static void test_unreachable(void)
     world_open(&w, url, 0);
     run_until(&w, &w.downs, 3000);
     is_int(w.ready, 0, "unreachable: not ready");
+    is_int(outbox__cluster_reachable(w.c), 0, "unreachable: not reachable");
     is_int(w.downs, 1, "unreachable: on_down once");
     ok(strstr(outbox__cluster_errstr(w.c), "connection refused") != NULL, "unreachable: errstr says why (%s)",
        outbox__cluster_errstr(w.c));
@@ -532,6 +590,62 @@ static void test_cli(void)
     }
 }
 
+/* A plain redis:// URL answered with MOVED (a node whose INFO does not say
+ * cluster_enabled:1, e.g. one that refuses INFO): publishing is held with
+ * one error naming redis-cluster://, the messages are released, not
+ * failed. */
+static void test_plain_moved(fake_nodes *f)
+{
+    static const char *const moved[] = {"-MOVED 1234 127.0.0.1:%1\r\n", NULL};
+    static const char *const noperm[] = {"-NOPERM this user has no permissions to run the 'info' command\r\n", NULL};
+    char *dir = th_tmpdir(), *db = th_path(dir, "app.db"), *log = th_path(dir, "relay.log"), url[64], want[96];
+    char *bin = th_bin("tools/relay/outbox-relay"), *text = NULL;
+    char *init[] = {bin, "init", "--db", db, NULL};
+    sqlite3 *c;
+    pid_t pid;
+    int64_t end;
+
+    fake_nodes_reset(f);
+    fake_nodes_rule(f, 0, "XADD", moved);
+    fake_nodes_rule(f, 0, "INFO", noperm);
+    is_int(th_run(init, NULL, NULL, NULL, 10000), 0, "plain MOVED: outbox-relay init");
+    if (sqlite3_open(db, &c) != SQLITE_OK)
+        bail("sqlite3_open");
+    th_sql_exec(c, "INSERT INTO outbox(id, topic, payload) VALUES ('m1', 'orders', x'01'), ('m2', 'orders', x'02')");
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", fake_nodes_port(f, 0));
+    {
+        char *argv[] = {bin, "--db", db, "--redis", url, NULL};
+        pid = th_spawn(argv, NULL, log, log);
+    }
+    end = th_now_ms() + 10000;
+    do {
+        th_sleep_ms(100);
+        free(text);
+        text = th_slurp(log);
+    } while ((!text || !strstr(text, "publishing held")) && th_now_ms() < end);
+    th_sleep_ms(1000);
+    free(text);
+    text = th_slurp(log);
+    snprintf(want, sizeof want, "(a MOVED reply): use a cluster URL, redis-cluster://127.0.0.1:%d",
+             fake_nodes_port(f, 0));
+    ok(text && strstr(text, want), "plain MOVED: the error names the cluster URL form");
+    is_int(text ? count_substr(text, "publishing held") : 0, 1, "plain MOVED: one error line");
+    is_int(th_sql_int(c, "SELECT max(attempts) FROM outbox"), 0, "plain MOVED: no attempt counted");
+    is_int(th_sql_int(c, "SELECT count(*) FROM outbox WHERE state = 0"), 2, "plain MOVED: both rows pending again");
+    ok(fake_nodes_count(f, 0, "XADD") <= 2, "plain MOVED: the XADDs were not retried one by one (%d)",
+       fake_nodes_count(f, 0, "XADD"));
+    is_int(th_stop(pid, SIGTERM, 10000), 0, "plain MOVED: the relay stops on SIGTERM");
+    if (text)
+        th_diag_tail("relay log", text, 5);
+    sqlite3_close(c);
+    free(text);
+    free(bin);
+    free(db);
+    free(log);
+    th_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     fake_nodes *f;
@@ -551,6 +665,9 @@ int main(void)
     test_self_loop(f);
     test_node_down(f);
     test_close_pending(f);
+    test_node_vanishes(f);
+    test_plain_moved(f);
+    test_all_down(f);
     test_unreachable();
     fake_nodes_stop(f);
     return tap_done();
