@@ -214,10 +214,14 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
         outbox__cluster_options_defaults(&o);
         o.redis.client_name = "outbox-consumer";
         o.redis.tls = c->tls;
-        e = outbox__cluster_create(&c->crd, loop, &url, &o, &c->log, "read", &rh);
-        if (e == 0 && (e = outbox__cluster_create(&c->ccmd, loop, &url, &o, &c->log, "command", &ch)) != 0) {
-            outbox__cluster_close(c->crd, NULL, NULL); /* never started: freed at once */
-            c->crd = NULL;
+        e = outbox__cluster_create(&c->ccmd, loop, &url, &o, &c->log, "command", &ch);
+        /* The read layer's own commands (its slot map refreshes) may wait
+         * behind a blocked XREADGROUP on a node's connection: up to the
+         * block, which must not count as that connection timing out. */
+        o.redis.reply_timeout_ms = s->block_ms + o.redis.reply_timeout_ms;
+        if (e == 0 && (e = outbox__cluster_create(&c->crd, loop, &url, &o, &c->log, "read", &rh)) != 0) {
+            outbox__cluster_close(c->ccmd, NULL, NULL); /* never started: freed at once */
+            c->ccmd = NULL;
         }
         outbox__redis_url_free(&url);
         if (e != 0) {

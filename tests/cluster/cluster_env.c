@@ -13,6 +13,8 @@
 
 #define CLI_TIMEOUT_MS 120000
 
+static char *cli_addr(const ce_env *e, int i, char *buf);
+
 redisContext *ce_client(const ce_env *e, int i)
 {
     struct timeval tv = {2, 0};
@@ -460,6 +462,13 @@ static int run_cli(const ce_env *e, const char *const *args)
     char *argv[48], *out = NULL, *err = NULL;
     int n = 0, st;
     argv[n++] = "redis-cli";
+    if (e->tls_ca) {
+        /* The slot moves of a reshard are MIGRATEs between the nodes, over
+         * TLS with tls-cluster yes: redis-cli must see the TLS ports. */
+        argv[n++] = "--tls";
+        argv[n++] = "--cacert";
+        argv[n++] = e->tls_ca;
+    }
     if (e->password[0]) {
         argv[n++] = "--no-auth-warning";
         argv[n++] = "-a";
@@ -514,14 +523,20 @@ static void find_password(ce_env *e, const char *extra)
 static int start_node(ce_env *e, int i, int appendonly, const char *extra)
 {
     for (int attempt = 0; attempt < 3; attempt++) {
-        char conf[sizeof e->node[i].extra];
+        char conf[sizeof e->node[i].extra], tls[320] = "";
         int len;
         e->bus_port[i] = th_free_port();
+        if (e->tls_dir) {
+            /* The long file paths are in the included file: th_redis keeps
+             * 512 bytes of extra configuration. */
+            e->tls_port[i] = th_free_port();
+            snprintf(tls, sizeof tls, "include %s/tls.conf\ntls-port %d\n", e->tls_dir, e->tls_port[i]);
+        }
         len = snprintf(conf, sizeof conf,
                        "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 2000\n"
-                       "cluster-port %d\nappendonly %s\n%s%s%s%s",
+                       "cluster-port %d\nappendonly %s\n%s%s%s%s%s",
                        e->bus_port[i], appendonly ? "yes" : "no", e->password[0] ? "masterauth " : "",
-                       e->password, e->password[0] ? "\n" : "", extra ? extra : "");
+                       e->password, e->password[0] ? "\n" : "", tls, extra ? extra : "");
         if (len < 0 || (size_t)len >= sizeof conf) {
             diag("ce_start: extra config too long");
             return -1;
@@ -560,7 +575,35 @@ static int replicas_linked(const ce_env *e, int timeout_ms)
     return 0;
 }
 
+/* The TLS lines every node of a ce_start_tls cluster includes. */
+static int write_tls_conf(ce_env *e, const ce_tls *tls)
+{
+    char *path;
+    FILE *f;
+    e->tls_dir = th_tmpdir();
+    path = th_path(e->tls_dir, "tls.conf");
+    f = fopen(path, "w");
+    free(path);
+    if (!f) {
+        diag("cannot write the TLS configuration");
+        return -1;
+    }
+    if (!(e->tls_ca = strdup(tls->ca_file)))
+        bail("out of memory");
+    fprintf(f,
+            "tls-cert-file %s\ntls-key-file %s\ntls-ca-cert-file %s\ntls-auth-clients no\ntls-cluster yes\n"
+            "tls-replication yes\n",
+            tls->cert_file, tls->key_file, tls->ca_file);
+    fclose(f);
+    return 0;
+}
+
 int ce_start(ce_env *e, int masters, int replicas, int appendonly, const char *extra_conf)
+{
+    return ce_start_tls(e, masters, replicas, appendonly, extra_conf, NULL);
+}
+
+int ce_start_tls(ce_env *e, int masters, int replicas, int appendonly, const char *extra_conf, const ce_tls *tls)
 {
     const char *args[CE_MAX_NODES + 8];
     char addr[CE_MAX_NODES][32], reps[16];
@@ -575,6 +618,10 @@ int ce_start(ce_env *e, int masters, int replicas, int appendonly, const char *e
     e->replicas = replicas;
     e->n = masters * (1 + replicas);
     find_password(e, extra_conf);
+    if (tls && write_tls_conf(e, tls) != 0) {
+        ce_stop(e);
+        return -1;
+    }
     for (int i = 0; i < e->n; i++)
         if (start_node(e, i, appendonly, extra_conf) != 0) {
             diag("could not start cluster node %d", i);
@@ -588,7 +635,7 @@ int ce_start(ce_env *e, int masters, int replicas, int appendonly, const char *e
     args[na++] = "--cluster";
     args[na++] = "create";
     for (int i = 0; i < e->n; i++)
-        args[na++] = ce_addr(e, i, addr[i]);
+        args[na++] = cli_addr(e, i, addr[i]);
     snprintf(reps, sizeof reps, "%d", replicas);
     args[na++] = "--cluster-replicas";
     args[na++] = reps;
@@ -602,10 +649,11 @@ int ce_start(ce_env *e, int masters, int replicas, int appendonly, const char *e
         ce_stop(e);
         return -1;
     }
-    len = snprintf(e->url, sizeof e->url, "redis-cluster://%s%s%s", e->password[0] ? ":" : "", e->password,
-                   e->password[0] ? "@" : "");
+    len = snprintf(e->url, sizeof e->url, "%s://%s%s%s", tls ? "rediss-cluster" : "redis-cluster",
+                   e->password[0] ? ":" : "", e->password, e->password[0] ? "@" : "");
     for (int i = 0; i < e->n && len > 0 && (size_t)len < sizeof e->url; i++)
-        len += snprintf(e->url + len, sizeof e->url - (size_t)len, "%s127.0.0.1:%d", i ? "," : "", e->node[i].port);
+        len += snprintf(e->url + len, sizeof e->url - (size_t)len, "%s127.0.0.1:%d", i ? "," : "",
+                        tls ? e->tls_port[i] : e->node[i].port);
     return 0;
 }
 
@@ -614,17 +662,38 @@ void ce_stop(ce_env *e)
     for (int i = 0; i < e->n && i < CE_MAX_NODES; i++)
         th_redis_destroy(&e->node[i]);
     e->n = 0;
+    if (e->tls_dir) {
+        th_rmtree(e->tls_dir);
+        free(e->tls_dir);
+        e->tls_dir = NULL;
+    }
+    free(e->tls_ca);
+    e->tls_ca = NULL;
+}
+
+/* The address redis-cli is given for node i (its TLS port under TLS). */
+static char *cli_addr(const ce_env *e, int i, char *buf)
+{
+    snprintf(buf, 32, "127.0.0.1:%d", e->tls_dir ? e->tls_port[i] : e->node[i].port);
+    return buf;
 }
 
 int ce_reshard(ce_env *e, int from, int to, int nslots)
 {
     char addr[32], count[16];
-    const char *args[] = {"--cluster", "reshard", ce_addr(e, from, addr), "--cluster-from", e->id[from],
+    const char *args[] = {"--cluster", "reshard", cli_addr(e, from, addr), "--cluster-from", e->id[from],
                           "--cluster-to", e->id[to], "--cluster-slots", count, "--cluster-yes", NULL};
     snprintf(count, sizeof count, "%d", nslots);
     if (run_cli(e, args) != 0)
         return -1;
     return ce_wait_ok(e, 30000) ? 0 : -1;
+}
+
+/* The port MIGRATE is to use for node i: with tls-cluster yes the source
+ * connects to the target over TLS, so its TLS port. */
+static int migrate_port(const ce_env *e, int i)
+{
+    return e->tls_dir ? e->tls_port[i] : e->node[i].port;
 }
 
 int ce_migrate_keys(ce_env *e, int nkeys)
@@ -651,7 +720,7 @@ int ce_migrate_keys(ce_env *e, int nkeys)
         int argc = 0;
         if (!argv || !lens)
             bail("out of memory");
-        snprintf(port, sizeof port, "%d", e->node[e->mig.to].port);
+        snprintf(port, sizeof port, "%d", migrate_port(e, e->mig.to));
         snprintf(timeout, sizeof timeout, "%d", 5000);
         argv[argc++] = "MIGRATE";
         argv[argc++] = "127.0.0.1";
@@ -707,7 +776,7 @@ int ce_migrate_named(ce_env *e, const char *key)
         diag("ce_migrate_named: the source node does not answer");
         return -1;
     }
-    snprintf(port, sizeof port, "%d", e->node[e->mig.to].port);
+    snprintf(port, sizeof port, "%d", migrate_port(e, e->mig.to));
     argv[argc++] = "MIGRATE";
     argv[argc++] = "127.0.0.1";
     argv[argc++] = port;

@@ -37,14 +37,23 @@
 #define CE_MAX_NODES 12
 #define CE_SLOTS 16384
 
+/* TLS for ce_start_tls: PEM files (borrowed until ce_start_tls returns). */
+typedef struct ce_tls {
+    const char *ca_file, *cert_file, *key_file;
+} ce_tls;
+
 typedef struct ce_env {
     int masters, replicas, n; /* n = masters * (1 + replicas) */
     th_redis node[CE_MAX_NODES];
     int bus_port[CE_MAX_NODES];
+    int tls_port[CE_MAX_NODES]; /* ce_start_tls: each node's TLS port; 0 without TLS */
+    char *tls_dir;              /* ce_start_tls: the TLS lines every node includes */
+    char *tls_ca;               /* ce_start_tls: the CA file, for redis-cli --tls */
     char id[CE_MAX_NODES][41]; /* CLUSTER MYID of each node */
     char password[128];        /* from a requirepass line of extra_conf, or "" */
     /* redis-cluster://127.0.0.1:P0,127.0.0.1:P1,... (every node, masters
-     * first; with ":password@" before the first address when password). */
+     * first; with ":password@" before the first address when password);
+     * rediss-cluster:// and the TLS ports after ce_start_tls. */
     char url[1024];
     /* A manual migration left open by ce_migrate_begin (slot -1: none). */
     struct {
@@ -62,6 +71,18 @@ typedef struct ce_env {
  * diagnostics (everything stopped and removed).
  */
 int ce_start(ce_env *e, int masters, int replicas, int appendonly, const char *extra_conf);
+/*
+ * ce_start with TLS as well: every node also listens on a TLS port
+ * (tls->cert_file and key_file, tls-auth-clients no, CA tls->ca_file) with
+ * tls-cluster yes (the cluster bus over TLS) and tls-replication yes, and
+ * e->url is rediss-cluster:// naming the TLS ports. The helpers keep using
+ * the plaintext ports: Redis answers CLUSTER SLOTS with the plaintext ports
+ * on a plaintext connection and with the TLS ports on a TLS one, and
+ * CLUSTER SHARDS gives both (port and tls-port). MIGRATE goes to the
+ * target's TLS port (the source speaks TLS to it), and redis-cli --cluster
+ * reshard runs with --tls on the TLS ports.
+ */
+int ce_start_tls(ce_env *e, int masters, int replicas, int appendonly, const char *extra_conf, const ce_tls *tls);
 /* Stops every node by pid (SIGTERM, then SIGKILL) and removes their
  * directories; safe on a zeroed or already stopped env. A test that bails
  * out leaves nothing either: the harness kills its servers and removes its
