@@ -72,8 +72,9 @@ struct msg {
     msg *chain_after; /* claimed behind this message of an earlier batch (linked after commit) */
     char *env;        /* idempotent mode: the envelope, sent with its stream's batch */
     size_t envlen;
-    char *cmd; /* formatted XADD, until sent */
+    char *cmd; /* formatted XADD, until sent; in chunk, not malloc'd */
     size_t cmdlen;
+    struct msg_chunk *chunk; /* holds this message and its command (encode.c) */
     enum msg_state state;
     enum outcome outcome;
     int behind;            /* held behind an earlier message of its key */
@@ -159,8 +160,7 @@ struct relay_claim_ws {
     size_t scap;
     unsigned gen; /* a slot is in use in this claim iff its gen is this */
     chunk *arena;
-    char *envbuf; /* envelope scratch buffer */
-    size_t envcap;
+    struct msg_chunk *mchunk; /* where new messages go (encode.c) */
 };
 
 /* One unit of work: filled by the loop thread (outbox__sched_do_work), run
@@ -350,6 +350,11 @@ char *outbox__safe_text(const char *s, size_t len);
  * publish gets outcome OUT_DEAD and the reason as its result. Returns 0 or
  * OUTBOX_ENOMEM (*out, if set, is the caller's to free either way). */
 int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, msg **out);
+/* Messages and their commands are carved out of shared chunks, each freed
+ * when its last message is: gives m's share back (any thread). */
+void outbox__msg_release(msg *m);
+/* Lets go of the chunk new messages were going in (claim_free). */
+void outbox__encode_free(outbox_relay *r);
 
 /* ---- window.c ---- */
 

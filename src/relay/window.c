@@ -85,10 +85,9 @@ void outbox__msg_free(msg *m)
 {
     if (!m)
         return;
-    free(m->cmd);
     free(m->env);
     free(m->result);
-    free(m);
+    outbox__msg_release(m);
 }
 
 void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char *text, size_t len)
