@@ -17,18 +17,21 @@
 
 
 /* Copies an error for last_error: short, printable, one line. */
-char *outbox__safe_text(const char *s, size_t len)
+char *outbox__safe_text_into(char *out, const char *s, size_t len)
 {
     size_t n = len > 200 ? 200 : len, i;
-    char *out = malloc(n + 1);
-    if (!out)
-        return NULL;
     for (i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         out[i] = (c < ' ' || c == 0x7f) ? ' ' : (char)c;
     }
     out[n] = '\0';
     return out;
+}
+
+char *outbox__safe_text(const char *s, size_t len)
+{
+    char *out = malloc((len > 200 ? 200 : len) + 1);
+    return out ? outbox__safe_text_into(out, s, len) : NULL;
 }
 
 /* ------------------------------------------------------------------ */

@@ -81,7 +81,8 @@ struct msg {
     int took_over;         /* claimed from an expired lease */
     int mark_applied;      /* set by outbox__mark_write: the mark changed the row (not fenced) */
     const char *mark_what; /* set by outbox__mark_write: published, retry, dead or released */
-    char *result;          /* stream entry id (published) or error text (failed); malloc'd */
+    char *result;          /* stream entry id (published) or error text (failed); malloc'd or entry */
+    char entry[48];        /* a published message's entry id, when it fits (window.c) */
 };
 
 /* The messages of one pipelined batch that wait for one WAIT reply. */
@@ -137,6 +138,7 @@ struct relay_redis {
 struct relay_window {
     uint64_t inflight, awaiting;
     msg *marks_head, *marks_tail;
+    uint64_t marks_len; /* how many are queued (a unit takes its own off) */
     /* The newest message held of each key (see outbox__keymap_put). */
     msg **keymap;
     size_t keymap_cap, keymap_len;
@@ -344,6 +346,8 @@ int outbox__relay_exec(outbox_relay *r, const char *sql);
 /* A copy for last_error: at most 200 bytes, control bytes made spaces.
  * malloc'd; NULL when out of memory. */
 char *outbox__safe_text(const char *s, size_t len);
+/* The same into out, which has room for len + 1 bytes (s may be out). */
+char *outbox__safe_text_into(char *out, const char *s, size_t len);
 /* Builds *out from the current row of the claim's UPDATE ... RETURNING
  * (columns as OUTBOX__SQL_CLAIM returns them): the row's fields and its XADD
  * command (the envelope alone in idempotent mode). A row the relay cannot
