@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "idem.h"
+#include "slot.h"
 
 /* KEYS[1] the stream, KEYS[2..] the markers; ARGV[1] marker retention in
  * ms, ARGV[2] MAXLEN (0: none), then id and envelope per message. A
@@ -36,6 +37,59 @@ const char outbox__idem_lua[] =
     "end\n"
     "return out\n";
 
+/* A hash tag (lowercase letters and digits) whose slot is slot: the first
+ * in a fixed order, so every relay finds the same. */
+static void slot_tag(unsigned slot, char out[8])
+{
+    static const char alphabet[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+    for (size_t len = 1; len <= 5; len++) {
+        size_t idx[5] = {0};
+        for (;;) {
+            size_t i;
+            for (i = 0; i < len; i++)
+                out[i] = alphabet[idx[i]];
+            out[len] = '\0';
+            if ((outbox__crc16(out, len) & (OUTBOX__SLOTS - 1)) == slot)
+                return;
+            for (i = 0; i < len && ++idx[i] == sizeof alphabet - 1; i++)
+                idx[i] = 0;
+            if (i == len)
+                break;
+        }
+    }
+    out[0] = '\0'; /* not reached: 36^4 strings cover every slot */
+}
+
+char *outbox__idem_marker(const char *prefix, const char *stream, const char *id, int64_t replay_count)
+{
+    size_t need = strlen(prefix) + strlen(stream) + strlen(id) + 64, off, n;
+    unsigned slot = outbox__key_slot(stream, strlen(stream));
+    char *m = malloc(need), tag[8];
+    const char *t;
+    int len;
+    if (!m)
+        return NULL;
+    len = replay_count > 0 ? snprintf(m, need, "%sidem:{%s}:%s:r%lld", prefix, stream, id, (long long)replay_count)
+                           : snprintf(m, need, "%sidem:{%s}:%s", prefix, stream, id);
+    if (outbox__key_slot(m, (size_t)len) == slot)
+        return m; /* the usual case: no braces in the prefix or the topic */
+    /* Braces in the prefix or the topic: the stream's own hashed part as
+     * the tag, first in the key, or a tag found for its slot when that part
+     * holds a '}'. */
+    outbox__key_hashed_part(stream, strlen(stream), &off, &n);
+    t = stream + off;
+    if (n == 0 || memchr(t, '}', n)) {
+        slot_tag(slot, tag);
+        t = tag;
+        n = strlen(tag);
+    }
+    if (replay_count > 0)
+        snprintf(m, need, "{%.*s}%sidem:%s:%s:r%lld", (int)n, t, prefix, stream, id, (long long)replay_count);
+    else
+        snprintf(m, need, "{%.*s}%sidem:%s:%s", (int)n, t, prefix, stream, id);
+    return m;
+}
+
 long outbox__idem_format(char **cmd, const char *sha, const char *prefix, const char *stream, uint64_t retention_ms,
                          uint64_t maxlen, const outbox__idem_msg *msgs, size_t n)
 {
@@ -62,15 +116,8 @@ long outbox__idem_format(char **cmd, const char *sha, const char *prefix, const 
     ARG(nkeys, strlen(nkeys));
     ARG(stream, strlen(stream));
     for (i = 0; i < n; i++) {
-        size_t need = strlen(prefix) + strlen(stream) + strlen(msgs[i].id) + 48;
-        owned[i] = malloc(need);
-        if (!owned[i])
+        if (!(owned[i] = outbox__idem_marker(prefix, stream, msgs[i].id, msgs[i].replay_count)))
             goto done;
-        if (msgs[i].replay_count > 0)
-            snprintf(owned[i], need, "%sidem:{%s}:%s:r%lld", prefix, stream, msgs[i].id,
-                     (long long)msgs[i].replay_count);
-        else
-            snprintf(owned[i], need, "%sidem:{%s}:%s", prefix, stream, msgs[i].id);
         ARG(owned[i], strlen(owned[i]));
     }
     ARG(ret, strlen(ret));

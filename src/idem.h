@@ -11,8 +11,12 @@
  *
  * Key layout: <prefix>idem:{<stream>}:<message id>[:r<replay count>]. The
  * stream name is the hash tag, so the stream and its markers share a Redis
- * Cluster slot. A message resent with outbox-replay has a new replay count,
- * so the resend is published again.
+ * Cluster slot. Where braces in the prefix or the topic would make that key
+ * hash elsewhere ("{eu}orders" hashes "eu"), the marker starts with a tag of
+ * the stream's slot instead: {<the stream's hashed part>}<prefix>idem:
+ * <stream>:<id>..., or, when that part holds a '}', {<a short tag found for
+ * the slot>}... (outbox__idem_marker). A message resent with outbox-replay
+ * has a new replay count, so the resend is published again.
  *
  * Redis 8.6 and later have XADD ... IDMP for the same purpose. The publish
  * path is chosen in one place (the relay's send_idem()), where a native
@@ -35,6 +39,10 @@ typedef struct outbox__idem_msg {
     const char *env;
     size_t envlen;
 } outbox__idem_msg;
+
+/* The marker key of a message (malloc'd; NULL without memory): always in
+ * the slot of stream. */
+char *outbox__idem_marker(const char *prefix, const char *stream, const char *id, int64_t replay_count);
 
 /* Formats one EVALSHA (sha non-NULL) or EVAL call for n messages of one
  * stream into *cmd (malloc'd, free()). Returns its length or -1. */

@@ -63,6 +63,13 @@ typedef struct outbox__redis_sentinels {
     char *password; /* the sentinels' own password, or NULL */
 } outbox__redis_sentinels;
 
+/* The seed nodes of a Redis Cluster URL (see cluster.h). */
+typedef struct outbox__redis_seeds {
+    char **hosts; /* host names or addresses, in URL order */
+    int *ports;   /* their ports, default 6379 */
+    size_t n;     /* at least 1 */
+} outbox__redis_seeds;
+
 /* A parsed Redis URL. Strings are owned by the struct (see _free). */
 typedef struct outbox__redis_url {
     char *host;     /* TCP host name or address; NULL for a Unix socket */
@@ -75,6 +82,9 @@ typedef struct outbox__redis_url {
     /* A Sentinel URL: the sentinels to ask; host and path are then NULL
      * until a connection is made to the node they name. NULL otherwise. */
     outbox__redis_sentinels *sentinel;
+    /* A Cluster URL: the seed nodes; host and path are then NULL (each
+     * node's connection gets a copy naming the node). NULL otherwise. */
+    outbox__redis_seeds *cluster;
 } outbox__redis_url;
 
 /*
@@ -84,7 +94,7 @@ typedef struct outbox__redis_url {
  * 6379 as well), and `unix:///path/to/sock[?db=N]` (also `redis+unix://`, and
  * `?password=...` / `?user=...` query parameters; no TLS). Returns 0, or
  * OUTBOX_EURL with a specific message ("bad scheme 'http', expected
- * redis://, rediss:// or unix://",
+ * redis://, rediss://, unix://, ...",
  * "port 99999 out of range 1..65535", "database 'x' is not a number", ...)
  * written to err (always NUL-terminated when errlen > 0). On error *out is
  * left zeroed. OUTBOX_ENOMEM on allocation failure.
@@ -95,6 +105,12 @@ typedef struct outbox__redis_url {
  * nodes'; with rediss-sentinel:// (tls 1) the sentinels and the data nodes
  * are spoken to over TLS. "missing master name ...", "empty sentinel list",
  * ...
+ *
+ * And Cluster URLs, `redis-cluster://[[user]:password@]host[:port][,host
+ * [:port]...][/0]` (and `rediss-cluster://`): the seed nodes (default port
+ * 6379) to read the slot map from; user, password and TLS apply to every
+ * node; the database can only be 0 ("database 1 with redis-cluster://: a
+ * Redis Cluster has only database 0", "empty seed node list: ...").
  */
 int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, size_t errlen);
 /* Deep copy; 0 or OUTBOX_ENOMEM. */

@@ -319,25 +319,27 @@ static void sentinels_free(outbox__redis_sentinels *s)
     free(s);
 }
 
-/* One "host[:port]" of the sentinel list, through the redis:// host parser
- * (which defaults to 6379: a sentinel's default port is 26379). */
-static void parse_sentinel_host(url_parser *p, outbox__redis_sentinels *s, const char *item, size_t len)
+/* One "host[:port]" of a sentinel or cluster seed list, through the
+ * redis:// host parser; dflt is the port when none is given (a sentinel's
+ * default port is 26379). `what` names the list in messages. */
+static void parse_list_host(url_parser *p, char **hosts, int *ports, size_t *n, int dflt, const char *what,
+                            const char *item, size_t len)
 {
     url_parser one;
     char buf[300];
     const char *port_sep;
     if (len == 0) {
-        fail(p, OUTBOX_EURL, "empty host in the sentinel list");
+        fail(p, OUTBOX_EURL, "empty host in the %s list", what);
         return;
     }
     if (len >= sizeof buf) {
-        fail(p, OUTBOX_EURL, "sentinel address '%.40s...' too long", item);
+        fail(p, OUTBOX_EURL, "%s address '%.40s...' too long", what, item);
         return;
     }
     memcpy(buf, item, len);
     buf[len] = '\0';
     if (strchr(buf, '@')) {
-        fail(p, OUTBOX_EURL, "invalid character '@' in sentinel '%s'", buf);
+        fail(p, OUTBOX_EURL, "invalid character '@' in %s '%s'", what, buf);
         return;
     }
     memset(&one, 0, sizeof one);
@@ -350,11 +352,16 @@ static void parse_sentinel_host(url_parser *p, outbox__redis_sentinels *s, const
         return;
     }
     port_sep = buf[0] == '[' ? strstr(buf, "]:") : strchr(buf, ':');
-    s->hosts[s->n] = one.u.host;
-    s->ports[s->n] = port_sep ? one.u.port : SENTINEL_PORT;
-    s->n++;
+    hosts[*n] = one.u.host;
+    ports[*n] = port_sep ? one.u.port : dflt;
+    (*n)++;
     one.u.host = NULL;
     outbox__redis_url_free(&one.u);
+}
+
+static void parse_sentinel_host(url_parser *p, outbox__redis_sentinels *s, const char *item, size_t len)
+{
+    parse_list_host(p, s->hosts, s->ports, &s->n, SENTINEL_PORT, "sentinel", item, len);
 }
 
 /* "[userinfo@]host[:port][,host[:port]...][/db]#master". The userinfo and
@@ -409,6 +416,112 @@ static void parse_sentinel(url_parser *p, const char *s, int tls)
     }
     if (!p->status && slash && slash + 1 < hash)
         parse_db(p, slash + 1, (size_t)(hash - slash - 1));
+}
+
+/* ---- Cluster URLs -------------------------------------------------------- */
+
+#define CLUSTER_SEEDS_MAX 64
+
+static void seeds_free(outbox__redis_seeds *s)
+{
+    size_t i;
+    if (!s)
+        return;
+    for (i = 0; i < s->n; i++)
+        free(s->hosts[i]);
+    free(s->hosts);
+    free(s->ports);
+    free(s);
+}
+
+/* "[userinfo@]host[:port][,host[:port]...][/0]": the seed nodes (default
+ * port 6379); the userinfo applies to every node. A cluster has only
+ * database 0. */
+static void parse_cluster(url_parser *p, const char *s, int tls)
+{
+    const char *scheme = tls ? "rediss-cluster" : "redis-cluster";
+    const char *at = strrchr(s, '@'), *list, *slash, *end, *item, *bad;
+    outbox__redis_seeds *c;
+
+    if (!(c = p->u.cluster = calloc(1, sizeof *c)) || !(c->hosts = calloc(CLUSTER_SEEDS_MAX, sizeof *c->hosts)) ||
+        !(c->ports = calloc(CLUSTER_SEEDS_MAX, sizeof *c->ports))) {
+        fail(p, OUTBOX_ENOMEM, "out of memory");
+        return;
+    }
+    p->u.tls = tls;
+    if (at) {
+        parse_userinfo(p, s, (size_t)(at - s));
+        if (p->status)
+            return;
+    }
+    list = at ? at + 1 : s;
+    if ((bad = strpbrk(list, "?#")) != NULL) {
+        fail(p, OUTBOX_EURL, "unexpected '%s' in %s:// URL: expected %s://host:port[,host:port...]", bad, scheme,
+             scheme);
+        return;
+    }
+    slash = strchr(list, '/');
+    end = slash ? slash : list + strlen(list);
+    if (end == list) {
+        fail(p, OUTBOX_EURL, "empty seed node list: expected %s://host:port[,host:port...]", scheme);
+        return;
+    }
+    for (item = list; item <= end && !p->status;) {
+        const char *comma = memchr(item, ',', (size_t)(end - item));
+        const char *stop = comma ? comma : end;
+        if (c->n == CLUSTER_SEEDS_MAX) {
+            fail(p, OUTBOX_EURL, "more than %d seed nodes", CLUSTER_SEEDS_MAX);
+            return;
+        }
+        parse_list_host(p, c->hosts, c->ports, &c->n, 6379, "seed node", item, (size_t)(stop - item));
+        if (!comma)
+            break;
+        item = comma + 1;
+    }
+    if (!p->status && slash && slash[1]) {
+        parse_db(p, slash + 1, strlen(slash + 1));
+        if (!p->status && p->u.db != 0)
+            fail(p, OUTBOX_EURL, "database %d with %s://: a Redis Cluster has only database 0", p->u.db, scheme);
+    }
+}
+
+static int copy_seeds(outbox__redis_seeds **dst, const outbox__redis_seeds *src)
+{
+    outbox__redis_seeds *c;
+    size_t i;
+    *dst = NULL;
+    if (!src)
+        return 0;
+    if (!(c = calloc(1, sizeof *c)) || !(c->hosts = calloc(src->n, sizeof *c->hosts)) ||
+        !(c->ports = calloc(src->n, sizeof *c->ports))) {
+        seeds_free(c);
+        return OUTBOX_ENOMEM;
+    }
+    for (i = 0; i < src->n; i++, c->n++) {
+        c->ports[i] = src->ports[i];
+        if (!(c->hosts[i] = strdup(src->hosts[i])))
+            break;
+    }
+    if (c->n < src->n) {
+        seeds_free(c);
+        return OUTBOX_ENOMEM;
+    }
+    *dst = c;
+    return 0;
+}
+
+static void describe_cluster(const outbox__redis_url *u, char *buf, size_t len)
+{
+    const outbox__redis_seeds *s = u->cluster;
+    int auth = u->user || u->password;
+    snprintf(buf, len, "%s://%s%s%s", u->tls ? "rediss-cluster" : "redis-cluster", u->user ? u->user : "",
+             u->password ? ":***" : "", auth ? "@" : "");
+    for (size_t i = 0; i < s->n; i++) {
+        int v6 = strchr(s->hosts[i], ':') != NULL;
+        size_t used = strlen(buf);
+        snprintf(buf + used, len - used, "%s%s%s%s:%d", i ? "," : "", v6 ? "[" : "", s->hosts[i], v6 ? "]" : "",
+                 s->ports[i]);
+    }
 }
 
 static int copy_sentinels(outbox__redis_sentinels **dst, const outbox__redis_sentinels *src)
@@ -475,7 +588,7 @@ int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, 
     }
     sep = strstr(url, "://");
     if (!sep) {
-        fail(&p, OUTBOX_EURL, "missing scheme in '%s', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://", url);
+        fail(&p, OUTBOX_EURL, "missing scheme in '%s', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://", url);
         return p.status;
     }
     slen = (size_t)(sep - url);
@@ -491,10 +604,14 @@ int outbox__redis_url_parse(const char *url, outbox__redis_url *out, char *err, 
         parse_sentinel(&p, sep + 3, 0);
     } else if (slen == 15 && strncasecmp(url, "rediss-sentinel", 15) == 0) {
         parse_sentinel(&p, sep + 3, 1);
+    } else if (slen == 13 && strncasecmp(url, "redis-cluster", 13) == 0) {
+        parse_cluster(&p, sep + 3, 0);
+    } else if (slen == 14 && strncasecmp(url, "rediss-cluster", 14) == 0) {
+        parse_cluster(&p, sep + 3, 1);
     } else if ((slen == 11 && strncasecmp(url, "rediss+unix", 11) == 0)) {
         fail(&p, OUTBOX_EURL, "TLS over a unix socket (rediss+unix://) is not supported, expected unix://");
     } else {
-        fail(&p, OUTBOX_EURL, "bad scheme '%.*s', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://", (int)slen, url);
+        fail(&p, OUTBOX_EURL, "bad scheme '%.*s', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://", (int)slen, url);
     }
 
     if (p.status) {
@@ -524,7 +641,7 @@ int outbox__redis_url_copy(outbox__redis_url *dst, const outbox__redis_url *src)
     c.tls = src->tls;
     if (dup_or_null(&c.host, src->host) || dup_or_null(&c.path, src->path) ||
         dup_or_null(&c.user, src->user) || dup_or_null(&c.password, src->password) ||
-        copy_sentinels(&c.sentinel, src->sentinel)) {
+        copy_sentinels(&c.sentinel, src->sentinel) || copy_seeds(&c.cluster, src->cluster)) {
         outbox__redis_url_free(&c);
         memset(dst, 0, sizeof *dst);
         return OUTBOX_ENOMEM;
@@ -542,6 +659,7 @@ void outbox__redis_url_free(outbox__redis_url *u)
     free(u->user);
     free(u->password);
     sentinels_free(u->sentinel);
+    seeds_free(u->cluster);
     memset(u, 0, sizeof *u);
 }
 
@@ -555,6 +673,10 @@ void outbox__redis_url_describe(const outbox__redis_url *u, char *buf, size_t le
     }
     if (u->sentinel) {
         describe_sentinels(u, buf, len);
+        return;
+    }
+    if (u->cluster) {
+        describe_cluster(u, buf, len);
         return;
     }
     if (u->path) {

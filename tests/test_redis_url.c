@@ -72,15 +72,15 @@ typedef struct reject_case {
 
 static const reject_case rejected[] = {
     {"", "empty URL"},
-    {"localhost:6379", "missing scheme in 'localhost:6379', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://"},
-    {"http://localhost", "bad scheme 'http', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://"},
-    {"redis:/localhost", "missing scheme in 'redis:/localhost', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://"},
-    {"://h", "bad scheme '', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://"},
+    {"localhost:6379", "missing scheme in 'localhost:6379', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://"},
+    {"http://localhost", "bad scheme 'http', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://"},
+    {"redis:/localhost", "missing scheme in 'redis:/localhost', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://"},
+    {"://h", "bad scheme '', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://"},
     /* TLS URLs: the TCP grammar's errors, and no TLS over a Unix socket */
-    {"redis+tls://h", "bad scheme 'redis+tls', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://"},
-    {"redisss://h", "bad scheme 'redisss', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://"},
-    {"tls://h", "bad scheme 'tls', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://"},
-    {"rediss:/h", "missing scheme in 'rediss:/h', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://"},
+    {"redis+tls://h", "bad scheme 'redis+tls', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://"},
+    {"redisss://h", "bad scheme 'redisss', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://"},
+    {"tls://h", "bad scheme 'tls', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://"},
+    {"rediss:/h", "missing scheme in 'rediss:/h', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://"},
     {"rediss://", "empty host"},
     {"rediss://:6379", "empty host"},
     {"rediss://h:0", "port 0 out of range 1..65535"},
@@ -198,8 +198,8 @@ static const reject_case sentinel_rejected[] = {
     {"redis-sentinel://h#m%zz", "bad percent-encoding in master name"},
     {"redis-sentinel://:p%zz@h#m", "bad percent-encoding in password"},
     {"rediss-sentinel://h", "missing master name: expected rediss-sentinel://host:26379[,host...]#master-name"},
-    {"redis-sentinels://h#m", "bad scheme 'redis-sentinels', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://"},
-    {"sentinel://h#m", "bad scheme 'sentinel', expected redis://, rediss://, unix://, redis-sentinel:// or rediss-sentinel://"},
+    {"redis-sentinels://h#m", "bad scheme 'redis-sentinels', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://"},
+    {"sentinel://h#m", "bad scheme 'sentinel', expected redis://, rediss://, unix://, redis-sentinel://, rediss-sentinel://, redis-cluster:// or rediss-cluster://"},
 };
 
 static void check_rejected(const reject_case *c);

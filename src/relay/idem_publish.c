@@ -1,7 +1,9 @@
 /*
  * idem_publish.c: idempotent publishing (--idempotent): one script call per
  * stream per batch appends each message only if its publish marker does not
- * exist (src/idem.c has the script and its reply format). Loop thread.
+ * exist (src/idem.c has the script and its reply format). The stream and
+ * its markers share a slot, so on a cluster each call goes to one node; the
+ * script is loaded on each node as it connects. Loop thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,7 +25,7 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
     outbox_relay *r = call->r;
     size_t i;
     r->win.awaiting -= call->n;
-    if (status != 0 || !reply || outbox__rconn_redirect_error(&r->redis.rc, conn, reply)) {
+    if (status != 0 || !reply || outbox__link_lost(r, conn, reply)) {
         const char *why = status ? outbox_strerror(status) : reply ? reply->str : "no reply";
         for (i = 0; i < call->n; i++)
             outbox__win_queue_mark(r, call->msgs[i], OUT_RELEASE, why, strlen(why));
@@ -32,13 +34,21 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
          * aborts at once; OOM refuses the call). NOSCRIPT is not the
          * messages' fault: load the script again and release them. */
         int noscript = reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0;
-        /* Only the first NOSCRIPT reloads: the calls sent before it fail
-         * too, but their replies all come before the reload's, while the
-         * sha is empty (calls sent meanwhile carry the whole script). */
-        if (noscript && r->redis.idem_sha[0] && redis_conn(r))
-            outbox__pub_idem_load(r);
-        else if (noscript)
+        if (noscript && r->redis.cluster) {
+            /* Per node: a promoted replica lacks the script its old master
+             * had. Loaded there, ahead of the calls sent after this one. */
+            void *node = outbox__link_node_of(r, conn);
+            if (node)
+                outbox__pub_idem_load(r, node);
+        } else if (noscript && r->redis.idem_sha[0] && outbox__link_up(r)) {
+            /* Only the first NOSCRIPT reloads: the calls sent before it
+             * fail too, but their replies all come before the reload's,
+             * while the sha is empty (calls sent meanwhile carry the whole
+             * script). */
+            outbox__pub_idem_load(r, NULL);
+        } else if (noscript) {
             r->redis.idem_sha[0] = '\0';
+        }
         for (i = 0; i < call->n; i++)
             outbox__win_queue_mark(r, call->msgs[i], noscript ? OUT_RELEASE : OUT_RETRY, reply->str, reply->len);
     } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != call->n) {
@@ -113,8 +123,7 @@ void outbox__pub_idem_send(outbox_relay *r, msg **ms, size_t n)
         snprintf(stream, sizeof stream, "%s%s", r->cfg.stream_prefix, ms[i]->topic);
         len = outbox__idem_format(&cmd, r->redis.idem_sha[0] ? r->redis.idem_sha : NULL, r->cfg.stream_prefix, stream,
                                   r->cfg.s.idempotent_retention_ms, r->cfg.s.maxlen, im, cnt);
-        e = len < 0 ? OUTBOX_ENOMEM
-                    : outbox__redis_command_raw(redis_conn(r), cmd, (size_t)len, 0, on_idem_reply, call);
+        e = len < 0 ? OUTBOX_ENOMEM : outbox__link_send(r, ms[i]->topic, cmd, (size_t)len, on_idem_reply, call, NULL);
         free(cmd);
         if (e != 0) {
             for (j = 0; j < cnt; j++)
@@ -141,11 +150,11 @@ static void on_idem_loaded(outbox__redis *conn, int status, redisReply *reply, v
         memcpy(r->redis.idem_sha, reply->str, 41);
 }
 
-void outbox__pub_idem_load(outbox_relay *r)
+void outbox__pub_idem_load(outbox_relay *r, void *node)
 {
     const char *argv[3] = {"SCRIPT", "LOAD", outbox__idem_lua};
     size_t lens[3] = {6, 4, strlen(outbox__idem_lua)};
-    r->redis.idem_sha[0] = '\0';
-    if (redis_conn(r))
-        outbox__redis_command_argv(redis_conn(r), 3, argv, lens, 0, on_idem_loaded, r);
+    if (!r->redis.cluster)
+        r->redis.idem_sha[0] = '\0'; /* until it is loaded, calls carry the script */
+    outbox__link_node_argv(r, node, 3, argv, lens, 0, on_idem_loaded, r);
 }

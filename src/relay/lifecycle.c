@@ -15,23 +15,20 @@
 static void finish_stop(outbox_relay *r);
 static void stop_check(outbox_relay *r);
 
-/* Connected (on_up): claims may go. */
-static void on_redis_up(outbox__rconn *rc, void *data)
+/* Connected (a single node), or a cluster's slot map loaded: claims may go.
+ * A cluster loads the idempotent script on each node as it connects. */
+static void on_redis_up(outbox_relay *r)
 {
-    outbox_relay *r = data;
-    (void)rc;
     r->redis.down_since = 0;
-    if (r->cfg.s.idempotent)
-        outbox__pub_idem_load(r);
+    if (r->cfg.s.idempotent && !r->redis.cluster)
+        outbox__pub_idem_load(r, NULL);
     outbox__sched_schedule(r);
 }
 
-/* The connection was lost: every pending reply callback already ran and
- * released its message; rconn reconnects. */
-static void on_redis_down(outbox__rconn *rc, int status, void *data)
+/* The connection was lost (or no cluster node answers): every pending reply
+ * callback already ran and released its message; the link reconnects. */
+static void on_redis_down(outbox_relay *r, int status)
 {
-    outbox_relay *r = data;
-    (void)rc;
     r->stats.reconnects++;
     r->redis.down_since = uv_now(r->loop);
     LOG(r, OUTBOX_LOG_WARN, "msg=\"in-flight messages released for retry\" err=%s", outbox_err_name(status));
@@ -67,7 +64,7 @@ static void close_redis(outbox_relay *r)
         return;
     r->redis.state = RC_CLOSING;
     r->stop.handles_open++;
-    outbox__rconn_close(&r->redis.rc, on_conn_closed, r);
+    outbox__link_close(r, on_conn_closed, r);
 }
 
 /* Drain mode without an on_drained of the user's: the relay stops. */
@@ -84,8 +81,7 @@ static char *dupstr(const char *s)
 
 static void free_fields(outbox_relay *r)
 {
-    if (r->redis.state == RC_INITIALISED)
-        outbox__rconn_discard(&r->redis.rc); /* initialised by a start that failed */
+    outbox__link_discard(r); /* initialised by a start that failed */
     outbox__relay_db_close(r);
     sqlite3_close_v2(r->ckpt.db);
     if (r->lock.sync_ok) {
@@ -121,7 +117,7 @@ static int tls_config(outbox_relay *r, const outbox_relay_settings *s, char *err
     if (!r->cfg.url.tls) {
         if (given)
             return outbox__errf(err, errlen, OUTBOX_EINVAL,
-                                "%s: given but the Redis URL is not rediss:// or rediss-sentinel:// (TLS is only used with those)",
+                                "%s: given but the Redis URL is not rediss://, rediss-sentinel:// or rediss-cluster:// (TLS is only used with those)",
                                 given);
         return 0;
     }
@@ -230,18 +226,9 @@ int outbox_relay_start(outbox_relay *r)
     /* Binding the metrics port (and memory) are the only things that can
      * fail: first, so a failed start leaves nothing to close. */
     if (r->redis.state == RC_NONE) {
-        outbox__redis_options o;
-        outbox__redis_options_defaults(&o);
-        o.connect_timeout_ms = r->cfg.s.connect_timeout_ms;
-        o.reply_timeout_ms = r->cfg.s.reply_timeout_ms;
-        o.client_name = "outbox-relay";
-        o.tls = r->cfg.tls; /* the rconn takes its own reference */
-        if (outbox__rconn_init(&r->redis.rc, r->loop, &r->cfg.url, &o, &r->cfg.log, "relay") != 0)
+        static const struct link_hooks hooks = {on_redis_up, on_redis_down};
+        if (outbox__link_init(r, &hooks) != 0)
             return OUTBOX_ENOMEM;
-        r->redis.state = RC_INITIALISED;
-        r->redis.rc.on_up = on_redis_up;
-        r->redis.rc.on_down = on_redis_down;
-        r->redis.rc.data = r;
     }
     e = outbox__ops_listen(r, err, sizeof err);
     if (e != 0) {
@@ -259,8 +246,7 @@ int outbox_relay_start(outbox_relay *r)
     r->state = R_RUNNING;
     LOG(r, OUTBOX_LOG_INFO, "msg=started worker=%s db=%s redis=%s batch=%u inflight=%u", r->cfg.worker_id,
         r->cfg.db_path, r->cfg.url_desc, r->cfg.s.batch, r->cfg.s.inflight);
-    r->redis.state = RC_STARTED;
-    outbox__rconn_start(&r->redis.rc);
+    outbox__link_start(r);
     outbox__sched_arm_scan(r, 0);
     return 0;
 }
@@ -323,7 +309,7 @@ static void on_shutdown_timeout(uv_timer_t *t)
         LOG(r, OUTBOX_LOG_WARN, "msg=\"shutdown timeout: handing back messages without a reply\" count=%llu",
             (unsigned long long)r->win.awaiting);
         /* Dropping fails every pending reply: each one releases its row. */
-        outbox__rconn_reset(&r->redis.rc, "shutdown timeout");
+        outbox__link_reset(r, "shutdown timeout");
     }
     stop_check(r);
 }
@@ -341,7 +327,7 @@ int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), 
     outbox__ops_stop(r);
     outbox__wake_stop(r);
     /* No more reconnects; a live connection stays for the replies awaited. */
-    outbox__rconn_hold(&r->redis.rc);
+    outbox__link_hold(r);
     if (r->win.awaiting)
         uv_timer_start(&r->stop.shutdown_timer, on_shutdown_timeout, r->cfg.s.shutdown_timeout_ms, 0);
     outbox__sched_schedule(r);

@@ -197,6 +197,52 @@ static void topic_family(outbox__sbuf *b, const outbox_relay *r, const char *nam
     }
 }
 
+/* Per node figures of a cluster (nothing for a single node). */
+static void cluster_metrics(outbox_relay *r, outbox__sbuf *b)
+{
+    static const struct {
+        const char *name, *help, *type;
+        size_t off;
+    } fam[] = {
+        {"outbox_redis_node_connected", "1 while the relay's connection to this cluster node is up.", "gauge",
+         offsetof(outbox__cluster_node_stats, connected)},
+        {"outbox_redis_node_master", "1 while this cluster node serves slots in the relay's slot map.", "gauge",
+         offsetof(outbox__cluster_node_stats, master)},
+        {"outbox_redis_node_moved_total", "MOVED redirections this cluster node answered.", "counter",
+         offsetof(outbox__cluster_node_stats, moved)},
+        {"outbox_redis_node_ask_total", "ASK redirections this cluster node answered.", "counter",
+         offsetof(outbox__cluster_node_stats, ask)},
+        {"outbox_redis_node_tryagain_total", "TRYAGAIN, CLUSTERDOWN, LOADING or READONLY replies retried.", "counter",
+         offsetof(outbox__cluster_node_stats, tryagain)},
+        {"outbox_redis_node_errors_total", "Connections to this cluster node that failed or were lost.", "counter",
+         offsetof(outbox__cluster_node_stats, errors)},
+    };
+    outbox__cluster_node_stats st[64];
+    uint64_t refreshes, failed;
+    size_t n = outbox__link_nodes(r, st, OUTBOX_ARRAY_LEN(st), &refreshes, &failed);
+    if (!r->redis.cluster)
+        return;
+    if (n > OUTBOX_ARRAY_LEN(st))
+        n = OUTBOX_ARRAY_LEN(st);
+    for (size_t f = 0; f < OUTBOX_ARRAY_LEN(fam); f++) {
+        outbox__sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", fam[f].name, fam[f].help, fam[f].name, fam[f].type);
+        for (size_t i = 0; i < n; i++) {
+            const char *p = (const char *)&st[i] + fam[f].off;
+            unsigned long long v = fam[f].off <= offsetof(outbox__cluster_node_stats, master)
+                                       ? (unsigned long long)*(const int *)p
+                                       : (unsigned long long)*(const uint64_t *)p;
+            outbox__sbuf_printf(b, "%s{node=\"%s\"} %llu\n", fam[f].name, st[i].name, v);
+        }
+    }
+    outbox__sbuf_printf(b,
+                        "# HELP outbox_redis_slot_map_refreshes_total Cluster slot map refreshes that succeeded.\n"
+                        "# TYPE outbox_redis_slot_map_refreshes_total counter\noutbox_redis_slot_map_refreshes_total %llu\n"
+                        "# HELP outbox_redis_slot_map_refresh_failures_total Cluster slot map refreshes that no node answered.\n"
+                        "# TYPE outbox_redis_slot_map_refresh_failures_total counter\n"
+                        "outbox_redis_slot_map_refresh_failures_total %llu\n",
+                        (unsigned long long)refreshes, (unsigned long long)failed);
+}
+
 static void write_metrics(outbox_relay *r, outbox__sbuf *b)
 {
     static const char *const states[OUTBOX_STATE_COUNT] = {"pending", "sending", "published", "dead"};
@@ -245,8 +291,9 @@ static void write_metrics(outbox_relay *r, outbox__sbuf *b)
                         "# TYPE outbox_claims_total counter\noutbox_claims_total %llu\n",
                         (unsigned long long)r->stats.retries_total, (unsigned long long)r->stats.fenced_total,
                         (unsigned long long)r->stats.duplicates_total, (unsigned long long)r->stats.reconnects,
-                        redis_conn(r) != NULL, (unsigned long long)r->stats.retention_deleted,
+                        outbox__link_up(r), (unsigned long long)r->stats.retention_deleted,
                         (unsigned long long)r->stats.claims_total);
+    cluster_metrics(r, b);
     outbox__sbuf_printf(b, "# HELP outbox_publish_latency_seconds From commit (created_at) to Redis accepting it.\n"
                            "# TYPE outbox_publish_latency_seconds histogram\n");
     outbox__prom_hist(b, "outbox_publish_latency_seconds", "", &r->stats.h_latency);
@@ -280,12 +327,14 @@ static void answer(outbox_relay *r, outbox__http_req *req, const char *path)
     /* /healthz */
     {
         /* Room for the longest URL description and database error. */
-        char body[sizeof r->cfg.url_desc + sizeof r->ops.dbstat.err + 64];
+        char body[sizeof r->cfg.url_desc + sizeof r->ops.dbstat.err + sizeof r->redis.misconfig + 64];
         uint64_t down = r->redis.down_since ? uv_now(r->loop) - r->redis.down_since : 0;
         int n;
         if (!r->ops.dbstat.ok)
             n = snprintf(body, sizeof body, "unhealthy: %s\n", r->ops.dbstat.err[0] ? r->ops.dbstat.err : "database not checked");
-        else if (!redis_conn(r) && down >= r->cfg.s.health_redis_down_ms)
+        else if (outbox__link_problem(r))
+            n = snprintf(body, sizeof body, "unhealthy: %s\n", outbox__link_problem(r));
+        else if (!outbox__link_up(r) && down >= r->cfg.s.health_redis_down_ms)
             n = snprintf(body, sizeof body, "unhealthy: redis unreachable for %llu ms (%s)\n",
                          (unsigned long long)down, r->cfg.url_desc);
         else
@@ -416,7 +465,7 @@ int outbox_relay_stats_get(outbox_relay *r, outbox_relay_stats *st)
     st->fenced_total = r->stats.fenced_total;
     st->reconnects = r->stats.reconnects;
     st->inflight = r->win.inflight;
-    st->redis_connected = redis_conn(r) != NULL;
+    st->redis_connected = outbox__link_up(r);
     /* The figures /metrics shows, refreshed off the loop at most once a
      * second: counting a large table here would stall the loop. */
     if (r->state == R_RUNNING && (!r->ops.dbstat_at || uv_now(r->loop) - r->ops.dbstat_at >= 1000))

@@ -1,8 +1,10 @@
 /*
- * publish.c: sending claimed messages with pipelined XADDs on the relay's
- * Redis connection, and WAIT groups (--wait-replicas). Every reply turns its
- * message into a queued mark; a keyed message's successor is sent once it is
- * accepted. Loop thread.
+ * publish.c: sending claimed messages with pipelined XADDs through the
+ * relay's link (link.c: one node, or the node of each stream's slot in a
+ * cluster), and WAIT groups (--wait-replicas): one per node that took
+ * messages of a batch, its WAIT sent to that node behind them. Every reply
+ * turns its message into a queued mark; a keyed message's successor is sent
+ * once it is accepted. Loop thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +22,7 @@ static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, vo
 
     if (status == 0 && reply && reply->type == REDIS_REPLY_INTEGER)
         acked = reply->integer;
-    else if (status == 0 && r && outbox__rconn_redirect_error(&r->redis.rc, conn, reply))
+    else if (status == 0 && r && outbox__link_lost(r, conn, reply))
         status = OUTBOX_ECLOSED; /* released below, like a lost connection */
     if (r && acked < (long long)r->cfg.s.wait_replicas) {
         if (status != 0)
@@ -32,6 +34,13 @@ static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, vo
     }
     for (i = 0; i < g->n; i++) {
         msg *m = g->msgs[i];
+        if (m && m->state == MSG_SENT) {
+            /* Its XADD was redirected to another node and is not answered
+             * yet: this WAIT does not cover it (on_xadd_reply sends one
+             * for it where it lands). */
+            m->group = NULL;
+            continue;
+        }
         if (!m || m->state != MSG_WAITING)
             continue;
         r->win.awaiting--;
@@ -48,7 +57,7 @@ static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, vo
         r->hooks.stop_check(r);
 }
 
-void outbox__pub_flush_group(outbox_relay *r, wait_group *g)
+static void flush_group(outbox_relay *r, wait_group *g)
 {
     char timeout[24], n[16];
     const char *argv[3];
@@ -64,9 +73,8 @@ void outbox__pub_flush_group(outbox_relay *r, wait_group *g)
     argv[2] = timeout;
     for (i = 0; i < 3; i++)
         lens[i] = strlen(argv[i]);
-    if (!redis_conn(r) ||
-        outbox__redis_command_argv(redis_conn(r), 3, argv, lens, r->cfg.s.wait_timeout_ms + r->cfg.s.reply_timeout_ms,
-                                   on_wait_reply, g) != 0) {
+    if (outbox__link_node_argv(r, g->node, 3, argv, lens, r->cfg.s.wait_timeout_ms + r->cfg.s.reply_timeout_ms,
+                               on_wait_reply, g) != 0) {
         /* The connection is gone: the XADD callbacks release their messages;
          * nobody waits for this group. */
         for (i = 0; i < g->n; i++)
@@ -75,6 +83,53 @@ void outbox__pub_flush_group(outbox_relay *r, wait_group *g)
         free(g->msgs);
         free(g);
     }
+}
+
+void outbox__pub_flush_groups(outbox_relay *r, wait_set *ws)
+{
+    for (size_t i = 0; i < ws->n; i++)
+        flush_group(r, ws->g[i]);
+    free(ws->g);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* The group of node in ws, created on demand; NULL without memory. */
+static wait_group *group_for(outbox_relay *r, wait_set *ws, void *node)
+{
+    wait_group *g;
+    for (size_t i = 0; i < ws->n; i++)
+        if (ws->g[i]->node == node)
+            return ws->g[i];
+    if (ws->n == ws->cap) {
+        size_t nc = ws->cap ? ws->cap * 2 : 4;
+        wait_group **ng = realloc(ws->g, nc * sizeof *ng);
+        if (!ng)
+            return NULL;
+        ws->g = ng;
+        ws->cap = nc;
+    }
+    if (!(g = calloc(1, sizeof *g)))
+        return NULL;
+    g->r = r;
+    g->node = node;
+    ws->g[ws->n++] = g;
+    return g;
+}
+
+/* Adds m to g; 0, or -1 without memory (m then has no group). */
+static int group_add(wait_group *g, msg *m)
+{
+    if (g->n == g->cap) {
+        size_t nc = g->cap ? g->cap * 2 : 64;
+        msg **nm = realloc(g->msgs, nc * sizeof *nm);
+        if (!nm)
+            return -1;
+        g->msgs = nm;
+        g->cap = nc;
+    }
+    g->msgs[g->n++] = m;
+    m->group = g;
+    return 0;
 }
 
 /* A message whose outcome is decided without its group's WAIT leaves the
@@ -97,9 +152,9 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
 {
     msg *m = data;
     outbox_relay *r = m->r;
-    wait_group *grp = NULL;
+    wait_set ws = {0};
 
-    if (status != 0 || !reply || outbox__rconn_redirect_error(&r->redis.rc, conn, reply)) {
+    if (status != 0 || !reply || outbox__link_lost(r, conn, reply)) {
         const char *why = status ? outbox_strerror(status) : reply ? reply->str : "no reply";
         r->win.awaiting--;
         /* The outcome is unknown: it may be appended, it may not. Retrying
@@ -109,8 +164,19 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
         leave_group(m);
         outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
     } else if (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS) {
+        void *node = outbox__link_node_of(r, conn);
         free(m->result);
         m->result = outbox__safe_text(reply->str, reply->len);
+        if (m->group && m->group->node != node)
+            leave_group(m); /* redirected: appended on another node than its group's */
+        if (r->cfg.s.wait_replicas && !m->group) {
+            /* A WAIT of its own, on the node that took it. */
+            wait_set own = {0};
+            wait_group *g = group_for(r, &own, node);
+            if (g && group_add(g, m) == 0)
+                m->state = MSG_WAITING;
+            outbox__pub_flush_groups(r, &own);
+        }
         if (m->group) {
             m->state = MSG_WAITING; /* counted in awaiting until WAIT answers */
         } else if (r->cfg.s.wait_replicas) {
@@ -127,9 +193,9 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
         if (m->key_next) {
             msg *n = m->key_next;
             m->key_next = NULL;
-            if (r->state == R_RUNNING && redis_conn(r)) {
-                outbox__pub_send(r, n, &grp);
-                outbox__pub_flush_group(r, grp);
+            if (r->state == R_RUNNING && outbox__link_up(r)) {
+                outbox__pub_send(r, n, &ws);
+                outbox__pub_flush_groups(r, &ws);
             } else {
                 outbox__win_release_chain(r, n, "held back: relay stopping");
                 outbox__win_queue_mark(r, n, OUT_RELEASE, "held back: relay stopping", 25);
@@ -150,9 +216,11 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
     r->hooks.stop_check(r);
 }
 
-void outbox__pub_send(outbox_relay *r, msg *m, wait_group **grp)
+void outbox__pub_send(outbox_relay *r, msg *m, wait_set *ws)
 {
-    int e = outbox__redis_command_raw(redis_conn(r), m->cmd, m->cmdlen, 0, on_xadd_reply, m);
+    void *node = NULL;
+    int e = outbox__link_send(r, m->topic, m->cmd, m->cmdlen, on_xadd_reply, m, &node);
+    wait_group *g;
     if (e != 0) {
         outbox__win_release_chain(r, m, "held back: connection lost");
         outbox__win_queue_mark(r, m, OUT_RELEASE, outbox_strerror(e), strlen(outbox_strerror(e)));
@@ -161,24 +229,7 @@ void outbox__pub_send(outbox_relay *r, msg *m, wait_group **grp)
     m->cmd = NULL;
     m->state = MSG_SENT;
     r->win.awaiting++;
-    if (r->cfg.s.wait_replicas) {
-        wait_group *g = *grp;
-        if (!g) {
-            g = calloc(1, sizeof *g);
-            if (!g)
-                return; /* no group: its reply releases it (on_xadd_reply) */
-            g->r = r;
-            *grp = g;
-        }
-        if (g->n == g->cap) {
-            size_t nc = g->cap ? g->cap * 2 : 64;
-            msg **nm = realloc(g->msgs, nc * sizeof *nm);
-            if (!nm)
-                return; /* likewise */
-            g->msgs = nm;
-            g->cap = nc;
-        }
-        g->msgs[g->n++] = m;
-        m->group = g;
-    }
+    /* Without memory for a group, its reply releases it (on_xadd_reply). */
+    if (r->cfg.s.wait_replicas && (g = group_for(r, ws, node)) != NULL)
+        group_add(g, m);
 }

@@ -33,6 +33,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "cluster.h"
 #include "http.h"
 #include "internal.h"
 #include "metrics.h"
@@ -85,12 +86,20 @@ struct msg {
     char entry[48];        /* a published message's entry id, when it fits (window.c) */
 };
 
-/* The messages of one pipelined batch that wait for one WAIT reply. */
+/* The messages of one pipelined batch that wait for one WAIT reply: those
+ * that one node took (link.c names nodes; NULL for a single node). */
 struct wait_group {
     struct outbox_relay *r;
+    void *node;
     size_t n, cap;
     msg **msgs; /* NULL for a message that left the group */
 };
+
+/* The WAIT groups of one batch, one per node that took messages. */
+typedef struct wait_set {
+    wait_group **g;
+    size_t n, cap;
+} wait_set;
 
 /* The relay's life: created, running (start), stopping (stop), stopped
  * (every handle closed). */
@@ -124,12 +133,26 @@ struct relay_db {
     int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
 };
 
-/* The Redis connection (loop thread). */
+/* What the link (link.c) tells the lifecycle: Redis can be used now; it
+ * cannot any more (every pending reply callback already ran). */
+struct link_hooks {
+    void (*up)(outbox_relay *r);
+    void (*down)(outbox_relay *r, int status);
+};
+
+/* The Redis connection (loop thread): one node (rc) or a cluster, behind
+ * link.c. */
 struct relay_redis {
-    outbox__rconn rc; /* kept connected (rconn.h) */
+    outbox__rconn rc;          /* a single node, kept connected (rconn.h) */
+    outbox__cluster *cluster;  /* a Cluster URL: the cluster layer instead of rc */
+    int cluster_closing;       /* cluster is being closed: no longer to be touched */
+    struct link_hooks hooks;
     enum rc_state state;
     char idem_sha[41];   /* the idempotent publish script's sha, "" until loaded */
     uint64_t down_since; /* loop ms when Redis became unreachable, 0 while up */
+    int info_pending;    /* a single node's INFO cluster check awaits its reply */
+    char misconfig[400]; /* a plain URL names a cluster node: why publishing is held, "" otherwise */
+    uint64_t misconfig_at; /* loop ms of the last check */
 };
 
 /* The window (loop thread; read by the unit's worker while it runs, never
@@ -305,11 +328,6 @@ struct outbox_relay {
 
 #define LOG(r, lvl, ...) outbox__log(&(r)->cfg.log, (lvl), __VA_ARGS__)
 
-/* The Redis connection when it is up, else NULL. */
-static inline outbox__redis *redis_conn(const outbox_relay *r)
-{
-    return r->redis.state == RC_STARTED ? outbox__rconn_get(&r->redis.rc) : NULL;
-}
 
 /* ---- settings.c ---- */
 
@@ -411,18 +429,57 @@ void outbox__mark_account(outbox_relay *r, msg *m);
 int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead,
                   msg **settled, size_t *ndeferred);
 
+/* ---- link.c ---- */
+
+/* Creates the rconn (single node) or the cluster for r->cfg.url; hooks are
+ * copied. 0 or OUTBOX_ENOMEM. */
+int outbox__link_init(outbox_relay *r, const struct link_hooks *hooks);
+/* Starts connecting (and keeps reconnecting). */
+void outbox__link_start(outbox_relay *r);
+/* Frees what an init of a start that failed created. */
+void outbox__link_discard(outbox_relay *r);
+/* 1 while commands can be sent (connected; a cluster with a slot map; not
+ * held for a plain URL naming a cluster node). */
+int outbox__link_up(const outbox_relay *r);
+/* Why publishing is held although Redis answers, or NULL. */
+const char *outbox__link_problem(const outbox_relay *r);
+/* Repeats the held check now and then (called by every unit). */
+void outbox__link_check(outbox_relay *r);
+/* Queues a formatted command about topic's stream (its slot picks the
+ * node); *node (may be NULL) gets the node. 0, or an OUTBOX_E* without a
+ * callback (OUTBOX_ECONNECT: the stream's node is down). */
+int outbox__link_send(outbox_relay *r, const char *topic, const char *cmd, size_t len, outbox__redis_reply_cb cb,
+                      void *data, void **node);
+/* Queues a command for one node (WAIT, SCRIPT LOAD) behind what it took. */
+int outbox__link_node_argv(outbox_relay *r, void *node, int argc, const char **argv, const size_t *lens,
+                           uint64_t timeout_ms, outbox__redis_reply_cb cb, void *data);
+/* The node of the connection that answered. */
+void *outbox__link_node_of(const outbox_relay *r, const outbox__redis *conn);
+/* For reply callbacks: 1 if the error reply means the message's outcome is
+ * the connection's problem, not the message's (release it): a Sentinel
+ * master demoted (rconn.h), or a plain URL answered by a cluster node. */
+int outbox__link_lost(outbox_relay *r, const outbox__redis *conn, const redisReply *reply);
+/* Stop: no more reconnects. Shutdown timeout: drop the connections. Close. */
+void outbox__link_hold(outbox_relay *r);
+void outbox__link_reset(outbox_relay *r, const char *why);
+void outbox__link_close(outbox_relay *r, void (*cb)(void *data), void *data);
+/* A cluster's nodes (up to n in st) and map refreshes, for /metrics. */
+size_t outbox__link_nodes(const outbox_relay *r, outbox__cluster_node_stats *st, size_t n, uint64_t *refreshes,
+                          uint64_t *refresh_failed);
+
 /* ---- publish.c, idem_publish.c ---- */
 
-/* Sends m's XADD; with --wait-replicas it joins *grp (created on demand).
- * On failure its mark is queued (released). */
-void outbox__pub_send(outbox_relay *r, msg *m, wait_group **grp);
-/* Sends the WAIT for a group of messages just sent; NULL is a no-op. */
-void outbox__pub_flush_group(outbox_relay *r, wait_group *g);
+/* Sends m's XADD; with --wait-replicas it joins its node's group in ws
+ * (created on demand). On failure its mark is queued (released). */
+void outbox__pub_send(outbox_relay *r, msg *m, wait_set *ws);
+/* Sends the WAIT of each group of ws, to its node, and empties ws. */
+void outbox__pub_flush_groups(outbox_relay *r, wait_set *ws);
 /* Idempotent mode: sends ms (n of them, in order) as one script call per
  * stream. */
 void outbox__pub_idem_send(outbox_relay *r, msg **ms, size_t n);
-/* Loads the idempotent publish script (after a connect, or NOSCRIPT). */
-void outbox__pub_idem_load(outbox_relay *r);
+/* Loads the idempotent publish script on a node (after it connected, or
+ * NOSCRIPT from it). */
+void outbox__pub_idem_load(outbox_relay *r, void *node);
 
 /* ---- wake.c ---- */
 

@@ -329,7 +329,7 @@ static void unit_done(uv_work_t *w, int status)
     msg *m, **send;
     size_t i, nsend = 0;
     int pages;
-    wait_group *grp = NULL;
+    wait_set ws = {0};
 
     (void)status;
     r->sched.running = 0;
@@ -412,7 +412,7 @@ static void unit_done(uv_work_t *w, int status)
         msg *c = u->claimed[i];
         if (c->state != MSG_HELD || c->behind)
             continue; /* handed back by settle_chain, or chained */
-        if (!redis_conn(r)) {
+        if (!outbox__link_up(r)) {
             outbox__win_release_chain(r, c, "held back: connection lost");
             outbox__win_queue_mark(r, c, OUT_RELEASE, "connection lost", 15);
         } else if (send) {
@@ -426,8 +426,8 @@ static void unit_done(uv_work_t *w, int status)
         outbox__pub_idem_send(r, send, nsend);
     else
         for (i = 0; i < nsend; i++)
-            outbox__pub_send(r, send[i], &grp);
-    outbox__pub_flush_group(r, grp);
+            outbox__pub_send(r, send[i], &ws);
+    outbox__pub_flush_groups(r, &ws);
     free(send);
     free(u->claimed);
     u->claimed = NULL;
@@ -475,7 +475,8 @@ static void do_work(outbox_relay *r)
      * so their room can be claimed now; otherwise a window emptied by one
      * batch of marks would wait for the scan timer. */
     held = r->win.inflight - r->win.marks_len;
-    want_claim = r->state == R_RUNNING && redis_conn(r) && held < r->cfg.s.inflight;
+    outbox__link_check(r);
+    want_claim = r->state == R_RUNNING && outbox__link_up(r) && held < r->cfg.s.inflight;
     if (want_claim) {
         want = r->cfg.s.inflight - (unsigned)held;
         if (want > r->cfg.s.batch)
