@@ -11,21 +11,6 @@
 #include "msgpack_check.h"
 #include "outbox/envelope.h"
 
-typedef struct fixed_buf {
-    char *p;
-    size_t cap, len;
-} fixed_buf;
-
-static int fixed_write(void *data, const char *buf, size_t len)
-{
-    fixed_buf *b = data;
-    if (b->cap - b->len < len)
-        return -1;
-    memcpy(b->p + b->len, buf, len);
-    b->len += len;
-    return 0;
-}
-
 static size_t key_length(const outbox_envelope *e)
 {
     if (!e->key)
@@ -41,55 +26,179 @@ size_t outbox_envelope_max_size(const outbox_envelope *e)
            key_length(e) + e->payload_len + (e->headers ? e->headers_len : 1);
 }
 
-static void pack_key(msgpack_packer *pk, const char *k)
+/*
+ * The encoder writes the bytes by hand, in one pass, exactly as msgpack-c's
+ * packer would (the smallest header of each string, bin and integer; keys
+ * as fixstr): no callback per field, and the size is known beforehand, so
+ * the relay writes the envelope straight into its XADD command.
+ */
+
+/* The seven keys with their fixstr headers, in the order written. */
+#define K_V "\xa1v"
+#define K_ID "\xa2id"
+#define K_TOPIC "\xa5topic"
+#define K_KEY "\xa3key"
+#define K_PAYLOAD "\xa7payload"
+#define K_HEADERS "\xa7headers"
+#define K_CREATED "\xaa" "created_at"
+#define KEYS_LEN (sizeof K_V + sizeof K_ID + sizeof K_TOPIC + sizeof K_KEY + sizeof K_PAYLOAD + sizeof K_HEADERS + \
+                  sizeof K_CREATED - 7)
+
+static size_t str_header_size(size_t n)
 {
-    size_t n = strlen(k);
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, k, n);
+    return n < 32 ? 1 : n < 256 ? 2 : n < 65536 ? 3 : 5;
 }
 
-static void pack_str(msgpack_packer *pk, const char *s, size_t n)
+static size_t bin_header_size(size_t n)
 {
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s, n);
+    return n < 256 ? 2 : n < 65536 ? 3 : 5;
+}
+
+static size_t int_size(int64_t d)
+{
+    if (d < -(1LL << 5))
+        return d < -(1LL << 31) ? 9 : d < -(1LL << 15) ? 5 : d < -(1LL << 7) ? 3 : 2;
+    if (d < (1 << 7))
+        return 1;
+    return d < (1LL << 8) ? 2 : d < (1LL << 16) ? 3 : d < (1LL << 32) ? 5 : 9;
+}
+
+static unsigned char *put_be(unsigned char *p, uint64_t v, int bytes)
+{
+    for (int i = bytes - 1; i >= 0; i--)
+        *p++ = (unsigned char)(v >> (8 * i));
+    return p;
+}
+
+static unsigned char *put_raw(unsigned char *p, const void *s, size_t n)
+{
+    if (n)
+        memcpy(p, s, n);
+    return p + n;
+}
+
+/* A header of a str (base 0xa0 / 0xd9) or a bin (0xc4): the smallest. */
+static unsigned char *put_str_header(unsigned char *p, size_t n)
+{
+    if (n < 32) {
+        *p++ = (unsigned char)(0xa0 | n);
+        return p;
+    }
+    if (n < 256) {
+        *p++ = 0xd9;
+        return put_be(p, n, 1);
+    }
+    if (n < 65536) {
+        *p++ = 0xda;
+        return put_be(p, n, 2);
+    }
+    *p++ = 0xdb;
+    return put_be(p, n, 4);
+}
+
+static unsigned char *put_bin_header(unsigned char *p, size_t n)
+{
+    if (n < 256) {
+        *p++ = 0xc4;
+        return put_be(p, n, 1);
+    }
+    if (n < 65536) {
+        *p++ = 0xc5;
+        return put_be(p, n, 2);
+    }
+    *p++ = 0xc6;
+    return put_be(p, n, 4);
+}
+
+static unsigned char *put_int(unsigned char *p, int64_t d)
+{
+    static const unsigned char neg[] = {0, 0, 0xd0, 0xd1, 0, 0xd2, 0, 0, 0, 0xd3};
+    static const unsigned char pos[] = {0, 0, 0xcc, 0xcd, 0, 0xce, 0, 0, 0, 0xcf};
+    size_t n = int_size(d);
+    if (n == 1) {
+        *p++ = (unsigned char)(d & 0xff); /* positive or negative fixint */
+        return p;
+    }
+    *p++ = d < 0 ? neg[n] : pos[n];
+    return put_be(p, (uint64_t)d, (int)n - 1);
+}
+
+/* The parts of e the size and the writer share. */
+typedef struct env_parts {
+    size_t idl, tl, kl;
+    int64_t version;
+} env_parts;
+
+static void parts_of(const outbox_envelope *e, env_parts *x)
+{
+    x->idl = strlen(e->id);
+    x->tl = strlen(e->topic);
+    x->kl = key_length(e);
+    x->version = e->version ? e->version : OUTBOX_ENVELOPE_VERSION;
+}
+
+static size_t parts_size(const outbox_envelope *e, const env_parts *x)
+{
+    return 1 + KEYS_LEN + int_size(x->version) + str_header_size(x->idl) + x->idl + str_header_size(x->tl) + x->tl +
+           (x->kl ? str_header_size(x->kl) + x->kl : 1) + bin_header_size(e->payload_len) + e->payload_len +
+           (e->headers ? e->headers_len : 1) + int_size(e->created_at);
+}
+
+size_t outbox__envelope_size(const outbox_envelope *e)
+{
+    env_parts x;
+    parts_of(e, &x);
+    return parts_size(e, &x);
+}
+
+static unsigned char *parts_put(const outbox_envelope *e, const env_parts *x, unsigned char *p)
+{
+    *p++ = 0x87; /* fixmap of 7 */
+    p = put_raw(p, K_V, sizeof K_V - 1);
+    p = put_int(p, x->version);
+    p = put_raw(p, K_ID, sizeof K_ID - 1);
+    p = put_str_header(p, x->idl);
+    p = put_raw(p, e->id, x->idl);
+    p = put_raw(p, K_TOPIC, sizeof K_TOPIC - 1);
+    p = put_str_header(p, x->tl);
+    p = put_raw(p, e->topic, x->tl);
+    p = put_raw(p, K_KEY, sizeof K_KEY - 1);
+    if (x->kl) {
+        p = put_str_header(p, x->kl);
+        p = put_raw(p, e->key, x->kl);
+    } else {
+        *p++ = 0xc0;
+    }
+    p = put_raw(p, K_PAYLOAD, sizeof K_PAYLOAD - 1);
+    p = put_bin_header(p, e->payload_len);
+    p = put_raw(p, e->payload, e->payload_len);
+    p = put_raw(p, K_HEADERS, sizeof K_HEADERS - 1);
+    if (e->headers)
+        p = put_raw(p, e->headers, e->headers_len);
+    else
+        *p++ = 0xc0;
+    p = put_raw(p, K_CREATED, sizeof K_CREATED - 1);
+    return put_int(p, e->created_at);
+}
+
+char *outbox__envelope_put(const outbox_envelope *e, char *out)
+{
+    env_parts x;
+    parts_of(e, &x);
+    return (char *)parts_put(e, &x, (unsigned char *)out);
 }
 
 int outbox_envelope_encode(const outbox_envelope *e, void *buf, size_t cap, size_t *len)
 {
-    fixed_buf b = {buf, cap, 0};
-    msgpack_packer pk;
-    size_t klen;
+    env_parts x;
 
     if (!e || !buf || !len || !e->id || !e->topic || (!e->payload && e->payload_len) ||
         (!e->headers && e->headers_len))
         return OUTBOX_EINVAL;
     if (cap < outbox_envelope_max_size(e))
         return OUTBOX_ERANGE;
-    klen = key_length(e);
-    msgpack_packer_init(&pk, &b, fixed_write);
-    msgpack_pack_map(&pk, 7);
-    pack_key(&pk, "v");
-    msgpack_pack_int(&pk, e->version ? e->version : OUTBOX_ENVELOPE_VERSION);
-    pack_key(&pk, "id");
-    pack_str(&pk, e->id, strlen(e->id));
-    pack_key(&pk, "topic");
-    pack_str(&pk, e->topic, strlen(e->topic));
-    pack_key(&pk, "key");
-    if (klen)
-        pack_str(&pk, e->key, klen);
-    else
-        msgpack_pack_nil(&pk);
-    pack_key(&pk, "payload");
-    msgpack_pack_bin(&pk, e->payload_len);
-    msgpack_pack_bin_body(&pk, e->payload_len ? e->payload : "", e->payload_len);
-    pack_key(&pk, "headers");
-    if (e->headers)
-        fixed_write(&b, e->headers, e->headers_len);
-    else
-        msgpack_pack_nil(&pk);
-    pack_key(&pk, "created_at");
-    msgpack_pack_int64(&pk, e->created_at);
-    *len = b.len;
+    parts_of(e, &x);
+    *len = (size_t)(parts_put(e, &x, buf) - (unsigned char *)buf);
     return 0;
 }
 

@@ -54,6 +54,13 @@ size_t outbox__utf8_seq(const unsigned char *s, size_t n, uint32_t *cp);
 /* Copies at most len-1 bytes and NUL-terminates; returns src's length. */
 size_t outbox__strlcpy(char *dst, const char *src, size_t len);
 
+/* The exact size of e's envelope, and the envelope written at out (that many
+ * bytes; returns their end): outbox_envelope_encode without its checks and
+ * bound, for a caller that lays out a buffer of its own (envelope.c). */
+struct outbox_envelope;
+size_t outbox__envelope_size(const struct outbox_envelope *e);
+char *outbox__envelope_put(const struct outbox_envelope *e, char *out);
+
 /* Formats a message into err (when err is not NULL and errlen > 0) and
  * returns code: `return outbox__errf(err, errlen, OUTBOX_EINVAL, ...)`. */
 int outbox__errf(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));

@@ -26,11 +26,15 @@ ok "outbox-bench --quick exits 0 (every scenario ran)" $rc
 [ $rc = 0 ] || sed 's/^/# /' "$tmp/err" "$tmp/out"
 python3 - "$tmp/out" >"$tmp/check" 2>&1 <<'PY'
 import json, sys
-want = ["drain", "drain_tls", "idle", "latency", "writer", "loop", "idempotent", "consume", "memory", "claim"]
+want = ["drain", "drain_tls", "drain_cluster", "idle", "latency", "writer", "loop", "idempotent", "consume", "memory", "claim"]
 fields = {
     "drain": ["msgs_per_s", "ceiling_per_s", "ratio", "sql_budget_us_per_msg", "sql_floor_us_per_msg",
-              "sql_floor_ratio", "sql_floor_bare_us_per_msg", "sql_floor_bare_ratio"],
+              "sql_floor_ratio", "sql_floor_bare_us_per_msg", "sql_floor_bare_ratio", "relay_cpu_us_per_msg",
+              "peer_naive_msgs_per_s", "peer_naive_cpu_us_per_msg", "ratio_peer_naive",
+              "peer_ranged_msgs_per_s", "peer_ranged_cpu_us_per_msg", "ratio_peer_ranged",
+              "peer_norow_msgs_per_s", "peer_norow_cpu_us_per_msg", "ratio_peer_norow", "ratio_peers_min"],
     "drain_tls": ["msgs_per_s", "plain_msgs_per_s", "ratio"],
+    "drain_cluster": ["ceiling_per_s", "single_ceiling_per_s", "ceiling_ratio"],
     "writer": ["ratio", "table_ratio", "txn_ratio"],
     "latency": ["runs"],
     "claim": ["ratio", "sql_ratio"],
@@ -46,7 +50,11 @@ for line in open(sys.argv[1]):
     if "error" in d:
         print("%s: %s" % (s, d["error"]))
         sys.exit(1)
-    for f in fields.get(s, []):
+    need = list(fields.get(s, []))
+    if s == "drain_cluster" and d.get("relay_cluster"):
+        need += ["msgs_per_s", "single_msgs_per_s", "ratio", "relay_cpu_us_per_msg", "single_relay_cpu_us_per_msg",
+                 "cpu_ratio"]
+    for f in need:
         v = d.get(f)
         if v is None or (isinstance(v, (int, float)) and not v > 0):
             print("%s: %s is %r" % (s, f, v))
@@ -59,6 +67,22 @@ if seen != want:
 d = [json.loads(l[6:]) for l in open(sys.argv[1]) if '"drain"' in l][0]
 if not d["sql_floor_us_per_msg"] > 0 or d["msgs_per_s"] > 1.5e6 / d["sql_floor_us_per_msg"]:
     print("drain %s msg/s above its SQL floor of %s us/msg" % (d["msgs_per_s"], d["sql_floor_us_per_msg"]))
+    sys.exit(1)
+# The naive peer writes at least the bare per-row lifecycle's SQL, and none
+# of the peers overlaps it with Redis: none beats its own SQL alone, and the
+# ratios are the relay's rate over theirs.
+if d["peer_naive_msgs_per_s"] > 1.5e6 / d["sql_floor_bare_us_per_msg"]:
+    print("naive peer %s msg/s above the bare SQL floor of %s us/msg" % (d["peer_naive_msgs_per_s"],
+                                                                       d["sql_floor_bare_us_per_msg"]))
+    sys.exit(1)
+for k in ("naive", "ranged", "norow"):
+    want_ratio = d["msgs_per_s"] / d["peer_%s_msgs_per_s" % k]
+    if abs(d["ratio_peer_%s" % k] - want_ratio) > 0.01 * want_ratio + 0.002:
+        print("ratio_peer_%s is %s, msgs_per_s / peer_%s_msgs_per_s is %s" % (k, d["ratio_peer_%s" % k], k,
+                                                                              want_ratio))
+        sys.exit(1)
+if abs(d["ratio_peers_min"] - min(d["ratio_peer_%s" % k] for k in ("naive", "ranged", "norow"))) > 0.002:
+    print("ratio_peers_min is not the smallest peer ratio")
     sys.exit(1)
 PY
 st=$?

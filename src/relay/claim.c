@@ -497,7 +497,7 @@ void outbox__claim_free(outbox_relay *r)
     free(r->cw.defer);
     free(r->cw.slots);
     arena_free(r->cw.arena);
-    free(r->cw.envbuf);
+    outbox__encode_free(r);
     memset(&r->cw, 0, sizeof r->cw);
 }
 

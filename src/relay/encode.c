@@ -4,11 +4,11 @@
  * past the schema's checks, and the XADD command with its envelope. Pure
  * functions of the row and the settings; run on the unit's worker thread.
  */
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <hiredis/hiredis.h>
 
 #include "outbox/envelope.h"
 #include "outbox/writer.h"
@@ -16,18 +16,21 @@
 
 
 /* Copies an error for last_error: short, printable, one line. */
-char *outbox__safe_text(const char *s, size_t len)
+char *outbox__safe_text_into(char *out, const char *s, size_t len)
 {
     size_t n = len > 200 ? 200 : len, i;
-    char *out = malloc(n + 1);
-    if (!out)
-        return NULL;
     for (i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         out[i] = (c < ' ' || c == 0x7f) ? ' ' : (char)c;
     }
     out[n] = '\0';
     return out;
+}
+
+char *outbox__safe_text(const char *s, size_t len)
+{
+    char *out = malloc((len > 200 ? 200 : len) + 1);
+    return out ? outbox__safe_text_into(out, s, len) : NULL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -41,75 +44,181 @@ typedef struct rowview {
     int64_t created_at;
 } rowview;
 
+/*
+ * Messages live in chunks: one malloc for many messages (each with its
+ * strings and its XADD command beside it), freed when the last of them is.
+ * The claim's worker carves messages out of its open chunk; the loop thread
+ * frees them (outbox__msg_release), so the count is atomic. The worker holds
+ * one reference to the open chunk itself until it is full. A message bigger
+ * than a quarter of a chunk gets a chunk of its own.
+ */
+#define CHUNK_BYTES (256u * 1024u)
 
-static int build_command(outbox_relay *r, msg *m, const rowview *c)
+struct msg_chunk {
+    atomic_size_t refs;
+    size_t used, cap;
+    max_align_t data[];
+};
+
+static void chunk_unref(struct msg_chunk *c)
 {
-    outbox_envelope e;
-    size_t need, envlen = 0;
-    char stream[400], maxlen[24];
-    const char *argv[10];
-    size_t lens[10];
-    int argc = 0, len;
+    if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+        free(c);
+}
 
-    memset(&e, 0, sizeof e);
-    e.version = OUTBOX_ENVELOPE_VERSION;
-    e.id = c->id;
-    e.topic = c->topic;
-    e.key = c->key;
-    e.key_len = c->klen;
-    e.payload = c->payload;
-    e.payload_len = c->plen;
-    e.headers = c->headers;
-    e.headers_len = c->hlen;
-    e.created_at = c->created_at;
-    need = outbox_envelope_max_size(&e);
-    if (need > r->cw.envcap) {
-        char *nb = realloc(r->cw.envbuf, need);
-        if (!nb)
-            return OUTBOX_ENOMEM;
-        r->cw.envbuf = nb;
-        r->cw.envcap = need;
+void outbox__msg_release(msg *m)
+{
+    if (!m->chunk) {
+        free(m); /* allocated on its own (tests) */
+        return;
     }
-    if (outbox_envelope_encode(&e, r->cw.envbuf, r->cw.envcap, &envlen) != 0)
-        return OUTBOX_EINVAL;
-    if (r->cfg.s.idempotent) {
-        /* Sent later with the rest of its stream's batch in one script call. */
-        m->env = malloc(envlen ? envlen : 1);
-        if (!m->env)
-            return OUTBOX_ENOMEM;
-        memcpy(m->env, r->cw.envbuf, envlen);
-        m->envlen = envlen;
-        return 0;
+    chunk_unref(m->chunk);
+}
+
+void outbox__encode_free(outbox_relay *r)
+{
+    chunk_unref(r->cw.mchunk);
+    r->cw.mchunk = NULL;
+}
+
+/* A zeroed message with room for extra bytes after it. */
+static msg *msg_alloc(outbox_relay *r, size_t extra)
+{
+    const size_t align = _Alignof(max_align_t);
+    size_t need = (sizeof(msg) + extra + align - 1) & ~(align - 1);
+    struct msg_chunk *c = r->cw.mchunk;
+    msg *m;
+    if (need > CHUNK_BYTES / 4) {
+        c = malloc(sizeof *c + need);
+        if (!c)
+            return NULL;
+        atomic_init(&c->refs, 0);
+        c->used = c->cap = need;
+        m = (msg *)c->data;
+    } else {
+        if (!c || c->cap - c->used < need) {
+            c = malloc(sizeof *c + CHUNK_BYTES);
+            if (!c)
+                return NULL;
+            atomic_init(&c->refs, 1); /* the worker's */
+            c->used = 0;
+            c->cap = CHUNK_BYTES;
+            chunk_unref(r->cw.mchunk);
+            r->cw.mchunk = c;
+        }
+        m = (msg *)((char *)c->data + c->used);
+        c->used += need;
     }
-    snprintf(stream, sizeof stream, "%s%s", r->cfg.stream_prefix, c->topic);
-    argv[argc] = "XADD";
-    lens[argc++] = 4;
-    argv[argc] = stream;
-    lens[argc++] = strlen(stream);
-    if (r->cfg.s.maxlen) {
-        snprintf(maxlen, sizeof maxlen, "%llu", (unsigned long long)r->cfg.s.maxlen);
-        argv[argc] = "MAXLEN";
-        lens[argc++] = 6;
-        argv[argc] = "~";
-        lens[argc++] = 1;
-        argv[argc] = maxlen;
-        lens[argc++] = strlen(maxlen);
+    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+    memset(m, 0, sizeof *m);
+    m->chunk = c;
+    return m;
+}
+
+/* ---- RESP, written by hand: "*argc", then "$len" and the bytes of each ---- */
+
+static size_t dec_len(size_t v)
+{
+    size_t n = 1;
+    while (v >= 10) {
+        v /= 10;
+        n++;
     }
-    argv[argc] = "*";
-    lens[argc++] = 1;
-    argv[argc] = "id";
-    lens[argc++] = 2;
-    argv[argc] = c->id;
-    lens[argc++] = strlen(c->id);
-    argv[argc] = "envelope";
-    lens[argc++] = 8;
-    argv[argc] = r->cw.envbuf;
-    lens[argc++] = envlen;
-    len = redisFormatCommandArgv(&m->cmd, argc, argv, lens);
-    if (len < 0)
-        return OUTBOX_ENOMEM;
-    m->cmdlen = (size_t)len;
-    return 0;
+    return n;
+}
+
+static char *put_dec(char *p, size_t v)
+{
+    size_t n = dec_len(v), i;
+    for (i = n; i > 0; i--) {
+        p[i - 1] = (char)('0' + v % 10);
+        v /= 10;
+    }
+    return p + n;
+}
+
+/* "$len\r\n" */
+static char *put_bulk_header(char *p, size_t len)
+{
+    *p++ = '$';
+    p = put_dec(p, len);
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+static char *put_bulk(char *p, const void *s, size_t len)
+{
+    p = put_bulk_header(p, len);
+    memcpy(p, s, len);
+    p += len;
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+static size_t bulk_size(size_t len)
+{
+    return 1 + dec_len(len) + 2 + len + 2;
+}
+
+static void envelope_of(const rowview *c, outbox_envelope *e)
+{
+    memset(e, 0, sizeof *e);
+    e->version = OUTBOX_ENVELOPE_VERSION;
+    e->id = c->id;
+    e->topic = c->topic;
+    e->key = c->key;
+    e->key_len = c->klen;
+    e->payload = c->payload;
+    e->payload_len = c->plen;
+    e->headers = c->headers;
+    e->headers_len = c->hlen;
+    e->created_at = c->created_at;
+}
+
+/* The size of the command's RESP bytes:
+ * XADD <prefix><topic> [MAXLEN ~ N] * id <id> envelope <envelope>. */
+static size_t command_size(const outbox_relay *r, size_t idl, size_t tl, size_t envlen, const char *maxlen,
+                           size_t mlen)
+{
+    size_t argc = maxlen ? 10 : 7;
+    return 1 + dec_len(argc) + 2 + bulk_size(4) + bulk_size(strlen(r->cfg.stream_prefix) + tl) +
+           (maxlen ? bulk_size(6) + bulk_size(1) + bulk_size(mlen) : 0) + bulk_size(1) + bulk_size(2) +
+           bulk_size(idl) + bulk_size(8) + bulk_size(envlen);
+}
+
+/* Writes the command at p, the envelope straight into its last argument;
+ * returns the end. */
+static char *put_command(const outbox_relay *r, const rowview *c, const outbox_envelope *e, char *p, size_t idl,
+                         size_t tl, size_t envlen, const char *maxlen, size_t mlen)
+{
+    size_t pl = strlen(r->cfg.stream_prefix);
+    *p++ = '*';
+    p = put_dec(p, maxlen ? 10 : 7);
+    *p++ = '\r';
+    *p++ = '\n';
+    p = put_bulk(p, "XADD", 4);
+    p = put_bulk_header(p, pl + tl);
+    memcpy(p, r->cfg.stream_prefix, pl);
+    memcpy(p + pl, c->topic, tl);
+    p += pl + tl;
+    *p++ = '\r';
+    *p++ = '\n';
+    if (maxlen) {
+        p = put_bulk(p, "MAXLEN", 6);
+        p = put_bulk(p, "~", 1);
+        p = put_bulk(p, maxlen, mlen);
+    }
+    p = put_bulk(p, "*", 1);
+    p = put_bulk(p, "id", 2);
+    p = put_bulk(p, c->id, idl);
+    p = put_bulk(p, "envelope", 8);
+    p = put_bulk_header(p, envlen);
+    p = outbox__envelope_put(e, p); /* envlen bytes: outbox__envelope_size said so */
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
 }
 
 /* Checks a row written by plain SQL against what the relay can publish;
@@ -134,11 +243,11 @@ static const char *row_problem(const outbox_relay *r, const rowview *v, char *bu
 int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, msg **out)
 {
     rowview v;
-    size_t idl, tl;
+    outbox_envelope e;
+    size_t idl, tl, envlen = 0, cmdlen = 0, mlen = 0;
     msg *m;
-    char why[256];
-    const char *problem;
-    int e;
+    char why[256], maxlen[24], *p;
+    const char *problem, *ml = NULL;
 
     *out = NULL;
     memset(&v, 0, sizeof v);
@@ -159,7 +268,22 @@ int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, msg **out)
     v.created_at = sqlite3_column_int64(st, 6);
     if (!v.id || !v.topic)
         return OUTBOX_ENOMEM; /* NOT NULL columns: only a failed text conversion is NULL */
-    m = calloc(1, sizeof *m + idl + 1 + tl + 1 + v.klen + 1);
+    /* Never publishable: dead in this same transaction (no command). */
+    problem = row_problem(r, &v, why, sizeof why);
+    if (!problem) {
+        envelope_of(&v, &e);
+        envlen = outbox__envelope_size(&e);
+        if (r->cfg.s.maxlen) {
+            mlen = (size_t)snprintf(maxlen, sizeof maxlen, "%llu", (unsigned long long)r->cfg.s.maxlen);
+            ml = maxlen;
+        }
+        /* Idempotent mode sends the envelope later with the rest of its
+         * stream's batch in one script call. */
+        if (!r->cfg.s.idempotent)
+            cmdlen = command_size(r, idl, tl, envlen, ml, mlen);
+    }
+    /* The message, its id, topic and key (NUL-terminated), its command. */
+    m = msg_alloc(r, idl + 1 + tl + 1 + v.klen + 1 + cmdlen);
     if (!m)
         return OUTBOX_ENOMEM;
     m->r = r;
@@ -179,23 +303,21 @@ int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, msg **out)
     m->klen = v.klen;
     m->state = MSG_HELD;
     *out = m;
-    problem = row_problem(r, &v, why, sizeof why);
-    if (!problem) {
-        e = build_command(r, m, &v);
-        if (e == OUTBOX_ENOMEM)
-            return e;
-        if (e != 0) {
-            /* The row passed every check, so this is the relay's own fault:
-             * visible and replayable as a dead row, never a claim that fails
-             * for good. */
-            snprintf(why, sizeof why, "cannot encode the envelope: %s", outbox_strerror(e));
-            problem = why;
-        }
-    }
     if (problem) {
-        /* Never publishable: dead in this same transaction. */
         m->outcome = OUT_DEAD;
         m->result = outbox__safe_text(problem, strlen(problem));
+        return 0;
     }
+    if (r->cfg.s.idempotent) {
+        m->env = malloc(envlen);
+        if (!m->env)
+            return OUTBOX_ENOMEM;
+        outbox__envelope_put(&e, m->env);
+        m->envlen = envlen;
+        return 0;
+    }
+    p = m->key + v.klen + 1;
+    m->cmd = p;
+    m->cmdlen = (size_t)(put_command(r, &v, &e, p, idl, tl, envlen, ml, mlen) - p);
     return 0;
 }

@@ -226,7 +226,6 @@ void outbox__pub_send(outbox_relay *r, msg *m, wait_set *ws)
         outbox__win_queue_mark(r, m, OUT_RELEASE, outbox_strerror(e), strlen(outbox_strerror(e)));
         return;
     }
-    free(m->cmd);
     m->cmd = NULL;
     m->state = MSG_SENT;
     r->win.awaiting++;

@@ -74,15 +74,17 @@ struct msg {
     msg *chain_after; /* claimed behind this message of an earlier batch (linked after commit) */
     char *env;        /* idempotent mode: the envelope, sent with its stream's batch */
     size_t envlen;
-    char *cmd; /* formatted XADD, until sent */
+    char *cmd; /* formatted XADD, until sent; in chunk, not malloc'd */
     size_t cmdlen;
+    struct msg_chunk *chunk; /* holds this message and its command (encode.c) */
     enum msg_state state;
     enum outcome outcome;
     int behind;            /* held behind an earlier message of its key */
     int took_over;         /* claimed from an expired lease */
     int mark_applied;      /* set by outbox__mark_write: the mark changed the row (not fenced) */
     const char *mark_what; /* set by outbox__mark_write: published, retry, dead or released */
-    char *result;          /* stream entry id (published) or error text (failed); malloc'd */
+    char *result;          /* stream entry id (published) or error text (failed); malloc'd or entry */
+    char entry[48];        /* a published message's entry id, when it fits (window.c) */
 };
 
 /* The messages of one pipelined batch that wait for one WAIT reply: those
@@ -161,6 +163,7 @@ struct relay_redis {
 struct relay_window {
     uint64_t inflight, awaiting;
     msg *marks_head, *marks_tail;
+    uint64_t marks_len; /* how many are queued (a unit takes its own off) */
     /* The newest message held of each key (see outbox__keymap_put). */
     msg **keymap;
     size_t keymap_cap, keymap_len;
@@ -184,8 +187,7 @@ struct relay_claim_ws {
     size_t scap;
     unsigned gen; /* a slot is in use in this claim iff its gen is this */
     chunk *arena;
-    char *envbuf; /* envelope scratch buffer */
-    size_t envcap;
+    struct msg_chunk *mchunk; /* where new messages go (encode.c) */
 };
 
 /* One unit of work: filled by the loop thread (outbox__sched_do_work), run
@@ -364,12 +366,19 @@ int outbox__relay_exec(outbox_relay *r, const char *sql);
 /* A copy for last_error: at most 200 bytes, control bytes made spaces.
  * malloc'd; NULL when out of memory. */
 char *outbox__safe_text(const char *s, size_t len);
+/* The same into out, which has room for len + 1 bytes (s may be out). */
+char *outbox__safe_text_into(char *out, const char *s, size_t len);
 /* Builds *out from the current row of the claim's UPDATE ... RETURNING
  * (columns as OUTBOX__SQL_CLAIM returns them): the row's fields and its XADD
  * command (the envelope alone in idempotent mode). A row the relay cannot
  * publish gets outcome OUT_DEAD and the reason as its result. Returns 0 or
  * OUTBOX_ENOMEM (*out, if set, is the caller's to free either way). */
 int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, msg **out);
+/* Messages and their commands are carved out of shared chunks, each freed
+ * when its last message is: gives m's share back (any thread). */
+void outbox__msg_release(msg *m);
+/* Lets go of the chunk new messages were going in (claim_free). */
+void outbox__encode_free(outbox_relay *r);
 
 /* ---- window.c ---- */
 

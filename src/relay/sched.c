@@ -474,9 +474,7 @@ static void do_work(outbox_relay *r)
     /* The marks written below leave the window in this same transaction,
      * so their room can be claimed now; otherwise a window emptied by one
      * batch of marks would wait for the scan timer. */
-    held = r->win.inflight;
-    for (m = r->win.marks_head; m; m = m->next)
-        held--;
+    held = r->win.inflight - r->win.marks_len;
     outbox__link_check(r);
     want_claim = r->state == R_RUNNING && outbox__link_up(r) && held < r->cfg.s.inflight;
     if (want_claim) {
@@ -501,6 +499,7 @@ static void do_work(outbox_relay *r)
     if (last) {
         r->win.marks_head = last->next;
         last->next = NULL;
+        r->win.marks_len -= u->nmarks;
         if (!r->win.marks_head)
             r->win.marks_tail = NULL;
     } else {
@@ -508,8 +507,7 @@ static void do_work(outbox_relay *r)
     }
     /* Marks left in the queue stay in the window: claim only the room left
      * with them (the worker lowers it again if it writes fewer marks). */
-    for (m = r->win.marks_head; m; m = m->next)
-        u->rest++;
+    u->rest = r->win.marks_len;
     u->held = held;
     if (want_claim) {
         uint64_t occupied = held + u->rest;

@@ -85,15 +85,18 @@ void outbox__msg_free(msg *m)
 {
     if (!m)
         return;
-    free(m->cmd);
     free(m->env);
-    free(m->result);
-    free(m);
+    if (m->result != m->entry)
+        free(m->result);
+    outbox__msg_release(m);
 }
 
 void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char *text, size_t len)
 {
-    char *copy = text ? outbox__safe_text(text, len) : NULL; /* text may be m->result */
+    /* text may be m->result; an entry id goes in the message itself */
+    char *copy = !text ? NULL
+                 : o == OUT_PUBLISHED && len < sizeof m->entry ? outbox__safe_text_into(m->entry, text, len)
+                                                                : outbox__safe_text(text, len);
     if (o == OUT_PUBLISHED) {
         /* Commit (created_at) to Redis accepting it. */
         int64_t lat = outbox_now_ms() - m->created_at;
@@ -101,7 +104,8 @@ void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char 
     }
     m->outcome = o;
     m->state = MSG_DONE;
-    free(m->result);
+    if (m->result != m->entry)
+        free(m->result);
     m->result = copy;
     m->next = NULL;
     if (r->win.marks_tail)
@@ -109,6 +113,7 @@ void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char 
     else
         r->win.marks_head = m;
     r->win.marks_tail = m;
+    r->win.marks_len++;
     r->hooks.schedule(r);
 }
 
@@ -131,8 +136,11 @@ void outbox__win_requeue(outbox_relay *r, msg *first)
     msg *end = first;
     if (!first)
         return;
-    while (end->next)
+    r->win.marks_len++;
+    while (end->next) {
         end = end->next;
+        r->win.marks_len++;
+    }
     end->next = r->win.marks_head;
     if (!r->win.marks_head)
         r->win.marks_tail = end;

@@ -30,6 +30,7 @@ typedef struct scenario {
 static const scenario scenarios[] = {
     {"drain", NULL, sc_drain, "relay daemon draining a backlog vs redis-benchmark pipelined XADD"},
     {"drain_tls", "tls", sc_drain_tls, "the same drain over TLS vs over plaintext TCP, one redis-server"},
+    {"drain_cluster", "cluster", sc_drain_cluster, "the same drain into a 3-master Redis Cluster vs one redis-server"},
     {"idle", NULL, sc_idle, "CPU of a relay daemon with nothing to do, 5 s, vs redis-server's"},
     {"latency", NULL, sc_latency, "commit-to-stream latency at 1k and 10k msg/s, in-process and daemon"},
     {"writer", NULL, sc_writer, "outbox_enqueue vs plain SQLite inserts of the same shape"},

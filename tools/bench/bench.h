@@ -6,7 +6,9 @@
  * env.c       the private redis-server, hiredis helpers, redis-benchmark
  * dataset.c   the message shape and the databases the scenarios start from
  * sqlpath.c   the relay's SQL without Redis (claim scenario, drain's floor)
- * sc_*.c      one file per group of scenarios (sc_tls.c: the TLS drain)
+ * peers.c     the drain's peer loops (plain loops publishing the same backlog)
+ * sc_*.c      one file per group of scenarios (sc_tls.c: the TLS drain,
+ *             sc_cluster.c: the drain into a Redis Cluster)
  *
  * Non-static functions are prefixed bench_; scenario entry points sc_.
  */
@@ -193,6 +195,48 @@ long long bench_streams_len(redisContext *c);
  * requests per second and p50 latency in ms. */
 int bench_redis_benchmark(bench *b, long n, int clients, int pipeline, size_t envelope_len, double *rps,
                           double *p50_ms, char *err, size_t errlen);
+/* Where a redis-benchmark run goes: a Unix socket, or host and port
+ * (cluster: --cluster, routing by key slot); key is the XADD's stream,
+ * with __rand_int__ replaced by one of keyspace numbers when keyspace > 0. */
+typedef struct bench_bm_target {
+    const char *sock, *host;
+    int port, cluster;
+    const char *key;
+    int keyspace;
+} bench_bm_target;
+int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int clients, int pipeline,
+                             size_t envelope_len, double *rps, double *p50_ms, char *err, size_t errlen);
+
+/* A private Redis Cluster of BENCH_CLUSTER_MASTERS masters, no replicas,
+ * on free loopback ports (each also on a Unix socket for its control
+ * connection), created with redis-cli --cluster create; up once every node
+ * says cluster_state:ok. url is its redis-cluster:// seed list. */
+#define BENCH_CLUSTER_MASTERS 3
+typedef struct bench_cluster {
+    pid_t pid[BENCH_CLUSTER_MASTERS];
+    redisContext *rc[BENCH_CLUSTER_MASTERS];
+    int port[BENCH_CLUSTER_MASTERS];
+    char url[256];
+} bench_cluster;
+int bench_cluster_start(bench *b, bench_cluster *c, char *err, size_t errlen);
+void bench_cluster_stop(bench_cluster *c);
+/* FLUSHALL on every master. */
+int bench_cluster_flush(bench_cluster *c);
+/* Sum of XLEN over the 8 bench streams, each asked of the master that
+ * holds it; -1 on error. */
+long long bench_cluster_streams_len(bench_cluster *c);
+
+/* A standalone redis-server on a free loopback port (and a Unix socket for
+ * rc), for comparisons over the same transport as a cluster's. */
+typedef struct bench_tcp_server {
+    pid_t pid;
+    redisContext *rc;
+    int port;
+    char sock[PATH_MAX + 32], url[64];
+} bench_tcp_server;
+int bench_tcp_server_start(bench *b, bench_tcp_server *t, char *err, size_t errlen);
+void bench_tcp_server_stop(bench_tcp_server *t);
+
 /* Memory used by Redis in bytes, -1. */
 long long bench_redis_used_memory(bench *b);
 
@@ -262,10 +306,26 @@ int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t 
 int bench_sql_drain(bench_sql *s, int bare, int batch, long n, double *secs, char *err, size_t errlen);
 
 /* ------------------------------------------------------------------ */
+/* peers.c: plain loops that publish a backlog as references for the relay
+ * (no overlap of their SQLite and Redis work): per-row lease and mark;
+ * a lease row per batch with a ranged mark; a lease row per batch and no
+ * per-row write. */
+
+enum { BENCH_PEER_NAIVE, BENCH_PEER_RANGED, BENCH_PEER_NOROW, BENCH_PEERS };
+extern const char *const bench_peer_names[BENCH_PEERS];
+/* Publishes every row of db (n rows, all new) to the private Redis with
+ * loop kind; its wall time and the CPU it used. Fails when an XADD is not
+ * answered with an entry id, a mark does not change the rows it means, or
+ * fewer than n rows end up published. */
+int bench_peer_drain(bench *b, int kind, const char *db, long n, double *secs, double *cpu_s, char *err,
+                     size_t errlen);
+
+/* ------------------------------------------------------------------ */
 /* scenarios */
 
 int sc_drain(bench *b, bench_report *r);
 int sc_drain_tls(bench *b, bench_report *r);
+int sc_drain_cluster(bench *b, bench_report *r);
 int sc_idle(bench *b, bench_report *r);
 int sc_memory(bench *b, bench_report *r);
 int sc_idempotent(bench *b, bench_report *r);

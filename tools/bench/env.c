@@ -197,6 +197,153 @@ void bench_tls_server_stop(bench_tls_server *t)
     server_stop(&t->pid, &t->rc);
 }
 
+int bench_tcp_server_start(bench *b, bench_tcp_server *t, char *err, size_t errlen)
+{
+    char port[16];
+    memset(t, 0, sizeof t[0]);
+    t->port = free_port();
+    if (t->port < 0) {
+        snprintf(err, errlen, "cannot find a free loopback port");
+        return -1;
+    }
+    snprintf(port, sizeof port, "%d", t->port);
+    snprintf(t->url, sizeof t->url, "redis://127.0.0.1:%d", t->port);
+    bench_path(b, t->sock, sizeof t->sock, "redis-tcp.sock");
+    {
+        const char *extra[] = {"--bind", "127.0.0.1", "--port", port, NULL};
+        return server_start(b, t->sock, "redis-tcp.log", extra, &t->pid, &t->rc, err, errlen);
+    }
+}
+
+void bench_tcp_server_stop(bench_tcp_server *t)
+{
+    server_stop(&t->pid, &t->rc);
+}
+
+/* CLUSTER INFO of one node says the cluster is up and every slot served. */
+static int cluster_node_ok(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "CLUSTER INFO");
+    int ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok") &&
+             strstr(r->str, "cluster_slots_ok:16384") && strstr(r->str, "cluster_known_nodes:3");
+    freeReplyObject(r);
+    return ok;
+}
+
+int bench_cluster_start(bench *b, bench_cluster *c, char *err, size_t errlen)
+{
+    char addr[BENCH_CLUSTER_MASTERS][32], out[PATH_MAX + 32], tail[400], st[32];
+    const char *argv[16];
+    int i, a = 0, status = 0, up = 0;
+    uint64_t deadline;
+    pid_t pid;
+
+    memset(c, 0, sizeof c[0]);
+    for (i = 0; i < BENCH_CLUSTER_MASTERS; i++) {
+        char port[16], sock[PATH_MAX + 32], conf[64], log[64], name[48];
+        int k, tries = 0;
+        /* The cluster bus listens on port + 10000, which must be a port too
+         * (and free: a clash shows as a failed start below). */
+        do {
+            c->port[i] = free_port();
+            for (k = 0; k < i && c->port[k] != c->port[i]; k++)
+                ;
+        } while (++tries < 1000 && (c->port[i] > 55535 || k < i));
+        if (c->port[i] < 0 || c->port[i] > 55535 || k < i) {
+            snprintf(err, errlen, "cannot find a free loopback port below 55536 for a cluster node");
+            return -1;
+        }
+        snprintf(port, sizeof port, "%d", c->port[i]);
+        snprintf(name, sizeof name, "redis-cluster-%d.sock", i);
+        bench_path(b, sock, sizeof sock, name);
+        snprintf(conf, sizeof conf, "cluster-nodes-%d.conf", i);
+        snprintf(log, sizeof log, "redis-cluster-%d.log", i);
+        {
+            const char *extra[] = {"--bind", "127.0.0.1", "--port", port, "--cluster-enabled", "yes",
+                                   "--cluster-config-file", conf, "--cluster-node-timeout", "5000", NULL};
+            if (server_start(b, sock, log, extra, &c->pid[i], &c->rc[i], err, errlen) != 0)
+                return -1;
+        }
+        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%d", c->port[i]);
+    }
+    snprintf(c->url, sizeof c->url, "redis-cluster://%s,%s,%s", addr[0], addr[1], addr[2]);
+    argv[a++] = "redis-cli";
+    argv[a++] = "--cluster";
+    argv[a++] = "create";
+    for (i = 0; i < BENCH_CLUSTER_MASTERS; i++)
+        argv[a++] = addr[i];
+    argv[a++] = "--cluster-replicas";
+    argv[a++] = "0";
+    argv[a++] = "--cluster-yes";
+    argv[a] = NULL;
+    bench_path(b, out, sizeof out, "redis-cli-cluster-create.out");
+    if (bench_spawn(argv, out, out, &pid) != 0) {
+        snprintf(err, errlen, "cannot run redis-cli: %s", strerror(errno));
+        return -1;
+    }
+    if (bench_wait(pid, &status, NULL, 60000) != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        bench_tail_file(out, tail, sizeof tail, 3);
+        snprintf(err, errlen, "redis-cli --cluster create: %s: %s", bench_status_text(status, st, sizeof st), tail);
+        return -1;
+    }
+    deadline = bench_mono_us() + 30000000u;
+    while (bench_mono_us() < deadline) {
+        for (i = 0, up = 0; i < BENCH_CLUSTER_MASTERS; i++)
+            up += cluster_node_ok(c->rc[i]);
+        if (up == BENCH_CLUSTER_MASTERS)
+            return 0;
+        bench_sleep_ms(50);
+    }
+    snprintf(err, errlen, "the cluster was not up within 30 s (%d of %d nodes say cluster_state:ok)", up,
+             BENCH_CLUSTER_MASTERS);
+    return -1;
+}
+
+void bench_cluster_stop(bench_cluster *c)
+{
+    int i;
+    for (i = 0; i < BENCH_CLUSTER_MASTERS; i++)
+        server_stop(&c->pid[i], &c->rc[i]);
+}
+
+int bench_cluster_flush(bench_cluster *c)
+{
+    int i, rc = 0;
+    for (i = 0; i < BENCH_CLUSTER_MASTERS; i++) {
+        redisReply *r = redisCommand(c->rc[i], "FLUSHALL SYNC");
+        if (!r || r->type != REDIS_REPLY_STATUS)
+            rc = -1;
+        freeReplyObject(r);
+    }
+    return rc;
+}
+
+long long bench_cluster_streams_len(bench_cluster *c)
+{
+    long long total = 0;
+    int t, i;
+    for (t = 0; t < BENCH_TOPICS; t++) {
+        int found = 0;
+        /* Every master answers XLEN of a key it does not hold with MOVED. */
+        for (i = 0; i < BENCH_CLUSTER_MASTERS; i++) {
+            redisReply *r = redisCommand(c->rc[i], "XLEN outbox:bench.t%d", t);
+            if (!r)
+                return -1;
+            if (r->type == REDIS_REPLY_INTEGER) {
+                total += r->integer;
+                found++;
+            } else if (r->type != REDIS_REPLY_ERROR || strncmp(r->str, "MOVED ", 6) != 0) {
+                freeReplyObject(r);
+                return -1;
+            }
+            freeReplyObject(r);
+        }
+        if (found != 1)
+            return -1;
+    }
+    return total;
+}
+
 void bench_env_stop(bench *b)
 {
     server_stop(&b->redis_pid, &b->rc);
@@ -267,6 +414,14 @@ long long bench_redis_used_memory(bench *b)
 int bench_redis_benchmark(bench *b, long n, int clients, int pipeline, size_t envelope_len, double *rps,
                           double *p50_ms, char *err, size_t errlen)
 {
+    const bench_bm_target t = {b->sock, NULL, 0, 0, "outbox:bench", 0};
+    return bench_redis_benchmark_to(b, &t, n, clients, pipeline, envelope_len, rps, p50_ms, err, errlen);
+}
+
+int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int clients, int pipeline,
+                             size_t envelope_len, double *rps, double *p50_ms, char *err, size_t errlen)
+{
+    char portbuf[16], rbuf[16];
     char out[PATH_MAX + 32], nbuf[32], cbuf[16], pbuf[16];
     char id[37], *env = NULL, *text = NULL;
     const char *argv[24];
@@ -291,8 +446,23 @@ int bench_redis_benchmark(bench *b, long n, int clients, int pipeline, size_t en
     bench_path(b, out, sizeof out, "redis-benchmark.out");
     unlink(out);
     argv[a++] = "redis-benchmark";
-    argv[a++] = "-s";
-    argv[a++] = b->sock;
+    if (t->sock) {
+        argv[a++] = "-s";
+        argv[a++] = t->sock;
+    } else {
+        snprintf(portbuf, sizeof portbuf, "%d", t->port);
+        argv[a++] = "-h";
+        argv[a++] = t->host;
+        argv[a++] = "-p";
+        argv[a++] = portbuf;
+    }
+    if (t->cluster)
+        argv[a++] = "--cluster";
+    if (t->keyspace) {
+        snprintf(rbuf, sizeof rbuf, "%d", t->keyspace);
+        argv[a++] = "-r";
+        argv[a++] = rbuf;
+    }
     argv[a++] = "-n";
     argv[a++] = nbuf;
     argv[a++] = "-c";
@@ -301,7 +471,7 @@ int bench_redis_benchmark(bench *b, long n, int clients, int pipeline, size_t en
     argv[a++] = pbuf;
     argv[a++] = "-q";
     argv[a++] = "XADD";
-    argv[a++] = "outbox:bench";
+    argv[a++] = t->key;
     argv[a++] = "*";
     argv[a++] = "id";
     argv[a++] = id;
@@ -360,7 +530,8 @@ int bench_redis_benchmark(bench *b, long n, int clients, int pipeline, size_t en
     if (p)
         *p50_ms = strtod(p + 4, NULL);
     free(text);
-    freeReplyObject(bench_redis(b, "DEL outbox:bench"));
+    if (t->sock == b->sock)
+        freeReplyObject(bench_redis(b, "DEL outbox:bench"));
     if (*rps <= 0) {
         snprintf(err, errlen, "could not parse the redis-benchmark rate");
         return -1;

@@ -71,18 +71,14 @@ int bench_relay_drain(bench *b, const char *db, const char *tag, const char *con
  * statements alone on one connection, and by the least a per-row lifecycle
  * writes (bare), no Redis; microseconds per message, the better of two runs
  * of each, alternating (noise only adds time). */
-static int sql_floors(bench *b, long n, double *relay_us, double *bare_us, char *err, size_t errlen)
+static int sql_floors(bench *b, const char *src, long n, double *relay_us, double *bare_us, char *err,
+                      size_t errlen)
 {
-    const bench_shape sh = {BENCH_PAYLOAD, b->keys};
-    char src[PATH_MAX + 32], db[PATH_MAX + 32];
+    char db[PATH_MAX + 32];
     double best[2] = {1e300, 1e300};
     int round, bare, rc = 0;
 
-    bench_path(b, src, sizeof src, "floor-src.db");
     bench_path(b, db, sizeof db, "floor.db");
-    bench_progress(b, "SQL floor: building the backlog");
-    if (bench_dataset_build(src, (uint64_t)n, &sh, 1000, err, errlen) != 0)
-        return -1;
     for (round = 0; round < 2 && rc == 0; round++)
         for (bare = 0; bare < 2 && rc == 0; bare++) {
             bench_sql *s = NULL;
@@ -98,18 +94,56 @@ static int sql_floors(bench *b, long n, double *relay_us, double *bare_us, char 
             if (rc == 0 && secs * 1e6 / (double)n < best[bare])
                 best[bare] = secs * 1e6 / (double)n;
         }
-    bench_unlink_db(src);
     *relay_us = best[0];
     *bare_us = best[1];
     return rc;
 }
 
+/* The peer loops (peers.c), each on its own copy of the backlog src; their
+ * rates and CPU per message. */
+static int peer_runs(bench *b, const char *src, long n, double *rate, double *cpu_us, char *err, size_t errlen)
+{
+    char db[PATH_MAX + 32];
+    int k;
+    bench_path(b, db, sizeof db, "peer.db");
+    for (k = 0; k < BENCH_PEERS; k++) {
+        double secs = 0, cpu = 0;
+        long long seen;
+        bench_progress(b, "peer loop: %s", bench_peer_names[k]);
+        if (bench_copy_db(src, db, err, errlen) != 0 ||
+            bench_peer_drain(b, k, db, n, &secs, &cpu, err, errlen) != 0) {
+            bench_unlink_db(db);
+            return -1;
+        }
+        bench_unlink_db(db);
+        seen = bench_streams_len(b->rc);
+        bench_redis_flush(b);
+        if (seen != n) {
+            snprintf(err, errlen, "%s peer: the streams hold %lld entries, not %ld", bench_peer_names[k], seen, n);
+            return -1;
+        }
+        rate[k] = (double)n / secs;
+        cpu_us[k] = cpu * 1e6 / (double)n;
+    }
+    return 0;
+}
+
+/* What each peer loop is, for the table. */
+static const char *const peer_titles[BENCH_PEERS] = {
+    "peer: naive per-row lease+mark",
+    "peer: batch lease, ranged mark",
+    "peer: batch lease, no per-row write",
+};
+
 int sc_drain(bench *b, bench_report *r)
 {
     bench_shape sh = {BENCH_PAYLOAD, b->keys};
     size_t envlen = bench_shape_envelope_len(&sh);
-    char db[PATH_MAX + 32], wal[PATH_MAX + 40], err[512], n1[32], n2[32], n3[32], n4[32];
+    char src[PATH_MAX + 32], db[PATH_MAX + 32], wal[PATH_MAX + 40], err[512], n1[32], n2[32], n3[32], n4[32],
+        key[64];
     double c50[2], c1[2], p50, secs, rate, ceil50, ceil1, ratio, cpu, floor_relay, floor_bare, budget;
+    double peer_rate[BENCH_PEERS], peer_cpu[BENCH_PEERS], cpu_us, worst_peer = 1e300;
+    int k;
     struct rusage ru;
     bench_rss peak;
     long long seen;
@@ -121,10 +155,15 @@ int sc_drain(bench *b, bench_report *r)
              "%ld messages (%d-byte payloads, %d topics, every second one keyed over %u keys), relay daemon "
              "with default options",
              n, BENCH_PAYLOAD, BENCH_TOPICS, b->keys);
+    /* One backlog: the relay, the SQL floors and the peer loops each drain
+     * a copy of it. */
+    bench_path(b, src, sizeof src, "drain-src.db");
     bench_path(b, db, sizeof db, "drain.db");
     bench_progress(b, "building a %ld-message backlog", n);
-    if (bench_dataset_build(db, (uint64_t)n, &sh, 1000, err, sizeof err) != 0) {
+    if (bench_dataset_build(src, (uint64_t)n, &sh, 1000, err, sizeof err) != 0 ||
+        bench_copy_db(src, db, err, sizeof err) != 0) {
         bench_fail(r, "%s", err);
+        bench_unlink_db(src);
         return -1;
     }
     bench_progress(b, "redis-benchmark XADD (before)");
@@ -149,15 +188,23 @@ int sc_drain(bench *b, bench_report *r)
         bench_fail(r, "%s", err);
         return -1;
     }
-    if (sql_floors(b, n, &floor_relay, &floor_bare, err, sizeof err) != 0) {
-        bench_fail(r, "SQL floor: %s", err);
+    if (peer_runs(b, src, n, peer_rate, peer_cpu, err, sizeof err) != 0) {
+        bench_fail(r, "%s", err);
+        bench_unlink_db(src);
         return -1;
     }
+    if (sql_floors(b, src, n, &floor_relay, &floor_bare, err, sizeof err) != 0) {
+        bench_fail(r, "SQL floor: %s", err);
+        bench_unlink_db(src);
+        return -1;
+    }
+    bench_unlink_db(src);
     rate = (double)n / secs;
     ceil50 = (c50[0] + c50[1]) / 2;
     ceil1 = (c1[0] + c1[1]) / 2;
     ratio = rate / ceil50;
     cpu = bench_ru_cpu_s(&ru);
+    cpu_us = cpu * 1e6 / (double)n;
 
     bench_row_add(r, "relay drain", NULL, V_NONE, "%s msg/s (%.2f s)", bench_thousands(n1, sizeof n1, rate), secs);
     bench_row_add(r, "ceiling: redis-benchmark -c 50 -P 16", NULL, V_NONE, "%s req/s (%s before, %s after)",
@@ -168,8 +215,17 @@ int sc_drain(bench *b, bench_report *r)
                   bench_thousands(n2, sizeof n2, ceil1), bench_thousands(n3, sizeof n3, c1[0]),
                   bench_thousands(n4, sizeof n4, c1[1]));
     bench_row_add(r, "drain / one connection", NULL, V_NONE, "%.2f", rate / ceil1);
-    bench_row_add(r, "relay CPU", NULL, V_NONE, "%.2f s user+sys = %.0f%% of wall, %.1f us/msg", cpu,
-                  100.0 * cpu / secs, cpu * 1e6 / (double)n);
+    bench_row_add(r, "relay CPU", "<= 3.0 us/msg", cpu_us <= 3.0 ? V_PASS : V_FAIL,
+                  "%.2f s user+sys = %.0f%% of wall, %.1f us/msg", cpu, 100.0 * cpu / secs, cpu_us);
+    for (k = 0; k < BENCH_PEERS; k++) {
+        char metric[64];
+        bench_row_add(r, peer_titles[k], NULL, V_NONE, "%s msg/s, %.1f us CPU/msg",
+                      bench_thousands(n2, sizeof n2, peer_rate[k]), peer_cpu[k]);
+        snprintf(metric, sizeof metric, "  drain / %s peer", bench_peer_names[k]);
+        bench_row_add(r, metric, ">= 1.00", rate >= peer_rate[k] ? V_PASS : V_FAIL, "%.2f", rate / peer_rate[k]);
+        if (rate / peer_rate[k] < worst_peer)
+            worst_peer = rate / peer_rate[k];
+    }
     bench_row_add(r, "relay peak RSS / WAL file", NULL, V_NONE, "%.1f MiB / %.0f MiB", (double)peak.hwm_kb / 1024.0,
                   (double)peak.file_bytes / 1048576.0);
     bench_row_add(r, "stream entries", NULL, V_NONE, "%lld (%lld duplicates)", seen, seen - n);
@@ -185,6 +241,14 @@ int sc_drain(bench *b, bench_report *r)
     bench_note(r, "XADD entries: id (36 chars) + envelope of ~%zu bytes; redis-benchmark sends %ld XADDs of the "
                   "same sizes to one stream, before and after the drain.",
                envlen, rbn);
+    bench_note(r, "Peer loops (peers.c): plain loops on their own copy of the backlog, one connection opened like "
+                  "the relay's, hiredis' blocking context, %d rows a batch, one transaction per batch (the marks of "
+                  "the batch before, then the next lease), then its pipelined XADDs; SQLite and Redis never "
+                  "overlap. Naive: UPDATE ... RETURNING leases each row, one UPDATE per row marks it. Ranged: a "
+                  "lease row per batch in a table of its own, one ranged UPDATE marks the batch. No per-row write: "
+                  "the lease row, stamped published, is the record of the range. Each checks every XADD reply and "
+                  "every mark's changes, and the streams' lengths after it.",
+               FLOOR_BATCH);
     bench_note(r, "Drain time is from spawning outbox-relay --drain to its exit (includes start-up and the "
                   "final marks).");
     bench_note(r, "SQL floor: the same backlog drained by SQL alone on one connection opened like the relay's, no "
@@ -214,6 +278,18 @@ int sc_drain(bench *b, bench_report *r)
     bench_json_num(r, "sql_floor_ratio", 1e6 / floor_relay / ceil50, 3);
     bench_json_num(r, "sql_floor_bare_us_per_msg", floor_bare, 2);
     bench_json_num(r, "sql_floor_bare_ratio", 1e6 / floor_bare / ceil50, 3);
+    bench_json_num(r, "relay_cpu_us_per_msg", cpu_us, 2);
+    bench_json_num(r, "target_cpu_us_per_msg", 3.0, 1);
+    for (k = 0; k < BENCH_PEERS; k++) {
+        snprintf(key, sizeof key, "peer_%s_msgs_per_s", bench_peer_names[k]);
+        bench_json_num(r, key, peer_rate[k], 0);
+        snprintf(key, sizeof key, "peer_%s_cpu_us_per_msg", bench_peer_names[k]);
+        bench_json_num(r, key, peer_cpu[k], 2);
+        snprintf(key, sizeof key, "ratio_peer_%s", bench_peer_names[k]);
+        bench_json_num(r, key, rate / peer_rate[k], 3);
+    }
+    bench_json_num(r, "ratio_peers_min", worst_peer, 3);
+    bench_json_num(r, "target_peers", 1.0, 1);
     bench_unlink_db(db);
     return 0;
 }
