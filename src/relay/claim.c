@@ -111,7 +111,7 @@ static void defer(claim_ctx *x, cand *c, bslot *bs, int64_t at)
 {
     if (c->source == S_EXPIRED)
         return;
-    if (c->source == S_NEW && at <= c->created_at)
+    if ((c->source == S_NEW || c->source == S_TAKEN) && at <= c->created_at)
         at = c->created_at + 1;
     if (bs && at > bs->wait_until)
         bs->wait_until = at; /* its later rows wait as long */
@@ -121,6 +121,113 @@ static void defer(claim_ctx *x, cand *c, bslot *bs, int64_t at)
     x->defer[2 * x->ndefer] = c->seq;
     x->defer[2 * x->ndefer + 1] = at;
     x->ndefer++;
+}
+
+/*
+ * The keys of the batch leases this relay does not hold (another relay's,
+ * or expired ones not taken over in this claim): their rows as written are
+ * not in outbox_key (a claim of a batch writes no row), so the lowest seq
+ * of each key there is loaded once per claim, at its first keyed row, from
+ * the leased batches' ranges. A claim of one relay alone reads nothing
+ * here.
+ */
+static int fk_put(claim_ctx *x, uint64_t h, const char *topic, const char *key, size_t klen, int64_t seq)
+{
+    struct fkey *t = x->fk;
+    size_t i;
+    if ((x->fk_len + 1) * 2 > x->fk_cap) {
+        size_t ncap = x->fk_cap ? x->fk_cap * 2 : 256, k;
+        struct fkey *n = calloc(ncap, sizeof *n);
+        if (!n)
+            return OUTBOX_ENOMEM;
+        for (k = 0; k < x->fk_cap; k++)
+            if (t[k].topic) {
+                i = (size_t)t[k].hash & (ncap - 1);
+                while (n[i].topic)
+                    i = (i + 1) & (ncap - 1);
+                n[i] = t[k];
+            }
+        free(t);
+        x->fk = t = n;
+        x->fk_cap = ncap;
+        x->r->cw.fk = n;
+        x->r->cw.fk_cap = ncap;
+    }
+    for (i = (size_t)h & (x->fk_cap - 1); t[i].topic; i = (i + 1) & (x->fk_cap - 1))
+        if (t[i].hash == h && outbox__same_key(t[i].topic, t[i].key, t[i].klen, topic, key, klen)) {
+            if (seq < t[i].seq)
+                t[i].seq = seq;
+            return 0;
+        }
+    t[i].topic = arena_dup(&x->r->cw.arena, topic, strlen(topic));
+    t[i].key = arena_dup(&x->r->cw.arena, key, klen);
+    if (!t[i].topic || !t[i].key) {
+        t[i].topic = NULL;
+        return OUTBOX_ENOMEM;
+    }
+    t[i].hash = h;
+    t[i].klen = klen;
+    t[i].seq = seq;
+    x->fk_len++;
+    return 0;
+}
+
+static int foreign_load(claim_ctx *x)
+{
+    outbox_relay *r = x->r;
+    sqlite3_stmt *b = r->db.q_batch_leased, *k = r->db.q_batch_keys;
+    int sb, sk = SQLITE_DONE, rc = 0;
+    x->fk_loaded = 1;
+    x->fk = r->cw.fk;
+    x->fk_cap = r->cw.fk_cap;
+    x->fk_len = 0;
+    if (x->fk)
+        memset(x->fk, 0, x->fk_cap * sizeof *x->fk);
+    while (rc == 0 && (sb = sqlite3_step(b)) == SQLITE_ROW) {
+        int64_t lo = sqlite3_column_int64(b, 0), hi = sqlite3_column_int64(b, 1);
+        if ((x->taken && lo == x->t_lo) || outbox__batch_ours(r, lo, sqlite3_column_int64(b, 3)))
+            continue;
+        sqlite3_bind_int64(k, 1, lo);
+        sqlite3_bind_int64(k, 2, hi);
+        while (rc == 0 && (sk = sqlite3_step(k)) == SQLITE_ROW) {
+            const char *topic = (const char *)sqlite3_column_text(k, 1);
+            const char *key = (const char *)sqlite3_column_text(k, 2);
+            size_t klen = (size_t)sqlite3_column_bytes(k, 2);
+            if (!topic || !key)
+                rc = OUTBOX_ENOMEM;
+            else
+                rc = fk_put(x, outbox__key_hash(topic, key, klen), topic, key, klen, sqlite3_column_int64(k, 0));
+        }
+        sqlite3_reset(k);
+        if (rc == 0 && sk != SQLITE_DONE)
+            rc = outbox__relay_sqlerr(r, sk);
+    }
+    if (rc == 0 && sb != SQLITE_DONE && sb != SQLITE_ROW)
+        rc = outbox__relay_sqlerr(r, sb);
+    sqlite3_reset(b);
+    return rc;
+}
+
+/* The lowest seq of the key's rows in the other batch leases, or INT64_MAX. */
+static int foreign_min(claim_ctx *x, const cand *c, int64_t *seq)
+{
+    uint64_t h;
+    size_t i;
+    *seq = INT64_MAX;
+    if (!x->fk_loaded) {
+        int rc = foreign_load(x);
+        if (rc != 0)
+            return rc;
+    }
+    if (!x->fk_len)
+        return 0;
+    h = outbox__key_hash(c->topic, c->key, c->klen);
+    for (i = (size_t)h & (x->fk_cap - 1); x->fk[i].topic; i = (i + 1) & (x->fk_cap - 1))
+        if (x->fk[i].hash == h && outbox__same_key(x->fk[i].topic, x->fk[i].key, x->fk[i].klen, c->topic, c->key, c->klen)) {
+            *seq = x->fk[i].seq;
+            break;
+        }
+    return 0;
 }
 
 /* What decide says of a keyed row. */
@@ -156,8 +263,9 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
 {
     outbox_relay *r = x->r;
     sqlite3_stmt *st = r->db.q_key_prev;
-    int64_t pseq, pstate, ptoken, pavail;
-    int mine, lc = bs->last_chosen;
+    int64_t pseq, pstate = 0, ptoken = 0, pavail = 0, fseq;
+    int mine = 0, lc = bs->last_chosen;
+    msg *km;
     enum decision d = D_HELD;
     int step;
 
@@ -174,6 +282,19 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
         return D_HELD;
     if (lc >= 0 && x->cs[lc].seq > c->seq)
         return D_HELD; /* cannot happen: a key's rows are chosen in seq order */
+    /* An earlier row of its key in a batch lease this relay does not hold. */
+    *rc = foreign_min(x, c, &fseq);
+    if (*rc != 0 || fseq < c->seq)
+        return D_HELD;
+    /* This relay's own newest message of the key (a batch's rows are in no
+     * index): a waiting row older than it waits for it to finish. */
+    km = outbox__win_key_get(r, c->topic, c->key, c->klen);
+    if (km && km->seq > c->seq && c->source != S_NEW && c->source != S_TAKEN)
+        return D_HELD_OURS;
+    if (km && km->seq >= c->seq)
+        km = NULL; /* not before it (the same row's last claim, its mark just written) */
+    if (!km && !r->win.keymap_cap && r->win.batches)
+        return D_HELD_OURS; /* no key map (out of memory): our batches' keys are unknown */
     sqlite3_bind_text(st, 1, c->topic, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, c->key, (int)c->klen, SQLITE_STATIC);
     sqlite3_bind_int64(st, 3, c->seq);
@@ -184,19 +305,31 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
             *rc = outbox__relay_sqlerr(r, step);
             return D_HELD;
         }
+        pseq = -1;
+    } else {
+        pseq = sqlite3_column_int64(st, 0);
+        pstate = sqlite3_column_int64(st, 1);
+        mine = sqlite3_column_type(st, 2) == SQLITE_TEXT &&
+               strcmp((const char *)sqlite3_column_text(st, 2), r->cfg.worker_id) == 0;
+        ptoken = sqlite3_column_int64(st, 3);
+        pavail = sqlite3_column_int64(st, 4);
+        sqlite3_reset(st);
+    }
+    if (pseq < 0 && !km) {
         *prev = lc;
         return lc >= 0 ? D_IN_BATCH : D_FREE;
     }
-    pseq = sqlite3_column_int64(st, 0);
-    pstate = sqlite3_column_int64(st, 1);
-    mine = sqlite3_column_type(st, 2) == SQLITE_TEXT &&
-           strcmp((const char *)sqlite3_column_text(st, 2), r->cfg.worker_id) == 0;
-    ptoken = sqlite3_column_int64(st, 3);
-    pavail = sqlite3_column_int64(st, 4);
-    sqlite3_reset(st);
-    if (lc >= 0 && x->cs[lc].seq >= pseq) {
+    if (lc >= 0 && x->cs[lc].seq >= pseq && (!km || x->cs[lc].seq >= km->seq)) {
         *prev = lc;
         return D_IN_BATCH;
+    }
+    if (km && km->seq > pseq) {
+        /* Behind this relay's own message, of a batch or not: chained to
+         * it (settle_chain decides once the claim is back). */
+        if (r->cfg.s.idempotent)
+            return D_HELD_OURS;
+        *after = km;
+        return D_AFTER;
     }
     if (pstate == OUTBOX_STATE_SENDING && mine && outbox__win_seq_has(r, pseq)) {
         msg *m = outbox__win_key_get(r, c->topic, c->key, c->klen);
@@ -248,7 +381,7 @@ static int consider(claim_ctx *x, int idx)
     if (d == D_HELD_OURS || d == D_HELD) {
         if (bs && c->seq < bs->held_min)
             bs->held_min = c->seq;
-        if (c->source == S_NEW && !c->deferred)
+        if ((c->source == S_NEW || c->source == S_TAKEN) && !c->deferred)
             defer(x, c, NULL, 0);
         return 0;
     }
@@ -269,8 +402,10 @@ static int move_cursor(claim_ctx *x)
             return rc;
         to = top + 1;
     }
-    if (to <= x->new_from)
+    if (to <= x->new_from && !x->cursor_missing)
         return 0;
+    if (to < x->new_from)
+        to = x->new_from;
     sqlite3_bind_int64(r->db.q_cursor_set, 1, to);
     return outbox__relay_step_done(r, r->db.q_cursor_set);
 }
@@ -299,6 +434,74 @@ static int scan_expired(claim_ctx *x)
 }
 
 /*
+ * The oldest expired batch lease this relay does not hold, if any: its range,
+ * token and attempts go to x (its rows are walked by scan_taken). *nrows
+ * gets the number of its rows as written (the candidates it adds).
+ */
+static int find_taken(claim_ctx *x, int64_t *nrows)
+{
+    outbox_relay *r = x->r;
+    sqlite3_stmt *st = r->db.q_batch_expired;
+    int step, rc = 0;
+    *nrows = 0;
+    sqlite3_bind_int64(st, 1, x->now);
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        int64_t lo = sqlite3_column_int64(st, 0), token = sqlite3_column_int64(st, 3);
+        if (outbox__batch_ours(r, lo, token))
+            continue; /* still on its way here: not taken over by its own holder */
+        x->taken = 1;
+        x->t_lo = lo;
+        x->t_hi = sqlite3_column_int64(st, 1);
+        x->t_token = token;
+        x->t_attempts = sqlite3_column_int64(st, 4);
+        break;
+    }
+    sqlite3_reset(st);
+    if (step != SQLITE_ROW && step != SQLITE_DONE)
+        return outbox__relay_sqlerr(r, step);
+    if (!x->taken)
+        return 0;
+    st = r->db.q_batch_cands;
+    sqlite3_bind_int64(st, 1, x->t_lo);
+    sqlite3_bind_int64(st, 2, x->t_hi);
+    while ((step = sqlite3_step(st)) == SQLITE_ROW)
+        ++*nrows;
+    sqlite3_reset(st);
+    if (step != SQLITE_DONE)
+        rc = outbox__relay_sqlerr(r, step);
+    return rc;
+}
+
+/* Walks the rows of the expired batch lease find_taken chose, in seq order:
+ * each one is chosen (it stays in the batch, which this claim takes over) or
+ * leaves it as a waiting row (defer), even past `want`: no row of a batch
+ * this relay holds may be one it does not know of. */
+static int scan_taken(claim_ctx *x)
+{
+    sqlite3_stmt *st = x->r->db.q_batch_cands;
+    int step = SQLITE_DONE, e = 0;
+    if (!x->taken)
+        return 0;
+    sqlite3_bind_int64(st, 1, x->t_lo);
+    sqlite3_bind_int64(st, 2, x->t_hi);
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        e = add_cand(x, st, S_TAKEN);
+        if (e == 0) {
+            if (x->nchosen < x->want)
+                e = consider(x, (int)x->n - 1);
+            else
+                defer(x, &x->cs[x->n - 1], NULL, 0);
+        }
+        if (e != 0)
+            break;
+    }
+    sqlite3_reset(st);
+    if (e == 0 && step != SQLITE_ROW && step != SQLITE_DONE)
+        e = outbox__relay_sqlerr(x->r, step);
+    return e;
+}
+
+/*
  * Walks the waiting rows that are due (outbox_due) and the new rows (the
  * table from outbox_cursor.new_from) together, oldest available_at first,
  * and considers each row until the batch is full. Each walk looks further
@@ -315,10 +518,20 @@ static int scan_pending(claim_ctx *x)
     int rw, rn, rc;
 
     rc = outbox__relay_step_done(r, r->db.q_stray);
-    if (rc == 0)
-        rc = outbox__relay_step_int(r, r->db.q_cursor, 0, &x->new_from);
     if (rc != 0)
         return rc;
+    rc = sqlite3_step(r->db.q_cursor);
+    if (rc == SQLITE_ROW) {
+        int64_t after_batches = sqlite3_column_int64(r->db.q_cursor, 1); /* 0 when NULL */
+        x->cursor_missing = sqlite3_column_type(r->db.q_cursor, 0) == SQLITE_NULL;
+        x->new_from = sqlite3_column_int64(r->db.q_cursor, 0);
+        if (after_batches > x->new_from)
+            x->new_from = after_batches;
+    }
+    sqlite3_reset(r->db.q_cursor);
+    if (rc != SQLITE_ROW)
+        return outbox__relay_sqlerr(r, rc);
+    rc = 0;
     sqlite3_bind_int64(w, 1, x->now);
     sqlite3_bind_int64(w, 2, limit);
     sqlite3_bind_int64(n, 1, limit);
@@ -365,7 +578,22 @@ static int write_deferred(claim_ctx *x)
     size_t i;
     int rc;
     for (i = 0; i < x->ndefer; i++) {
-        sqlite3_bind_int64(st, 1, x->defer[2 * i]);
+        int64_t seq = x->defer[2 * i];
+        if (x->taken && seq >= x->t_lo && seq <= x->t_hi) {
+            /* A row leaving the taken-over batch keeps what that batch
+             * counted: claimed before (its token), and its attempts. */
+            sqlite3_stmt *l = x->r->db.q_batch_leave;
+            sqlite3_bind_int64(l, 1, seq);
+            sqlite3_bind_int64(l, 2, x->defer[2 * i + 1]);
+            sqlite3_bind_int64(l, 3, x->t_token);
+            sqlite3_bind_int64(l, 4, x->t_attempts);
+            rc = outbox__relay_step_done(x->r, l);
+            if (rc != 0)
+                return rc;
+            if (sqlite3_changes(x->r->db.conn) > 0)
+                continue;
+        }
+        sqlite3_bind_int64(st, 1, seq);
         sqlite3_bind_int64(st, 2, x->defer[2 * i + 1]);
         rc = outbox__relay_step_done(x->r, st);
         if (rc != 0)
@@ -381,8 +609,10 @@ static int cmp_seq_idx(const void *a, const void *b)
     return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
-/* Turns the current row of q_claim into a message for its candidate. */
-static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index)
+/* Turns the current row of a claim's statement (columns as
+ * OUTBOX__SQL_CLAIM returns them) into a message for its candidate; b: the
+ * batch lease it was claimed in, or NULL. */
+static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index, relay_batch *b)
 {
     int64_t key[2], *hit;
     cand *c;
@@ -392,25 +622,54 @@ static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index)
     key[0] = sqlite3_column_int64(st, 0);
     hit = bsearch(key, index, x->nchosen, 2 * sizeof(int64_t), cmp_seq_idx);
     if (!hit)
-        return 0; /* not asked for: impossible */
+        return OUTBOX_ESQLITE; /* a row not chosen: impossible under the write lock */
     c = &x->cs[hit[1]];
     e = outbox__encode_row(x->r, st, &m);
     if (m) {
-        m->took_over = c->source == S_EXPIRED;
+        m->took_over = c->source == S_EXPIRED || c->source == S_TAKEN;
         c->m = m;
+        if (b)
+            outbox__batch_join(b, m);
     }
     return e;
 }
 
-/* Claims the chosen rows with one UPDATE ... RETURNING. */
-static int claim_chosen(claim_ctx *x)
+/* Reads the rows of batch b (OUTBOX__SQL_BATCH_ROWS) into messages. */
+static int batch_rows(claim_ctx *x, relay_batch *b, const int64_t *index)
+{
+    sqlite3_stmt *st = x->r->db.q_batch_rows;
+    int step, e = 0;
+    sqlite3_bind_int64(st, 1, b->lo);
+    sqlite3_bind_int64(st, 2, b->hi);
+    sqlite3_bind_int64(st, 3, b->token);
+    sqlite3_bind_int64(st, 4, b->attempts);
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        e = take_row(x, st, index, b);
+        if (e != 0)
+            break;
+    }
+    if (e == 0 && step != SQLITE_DONE)
+        e = outbox__relay_sqlerr(x->r, step);
+    sqlite3_reset(st);
+    return e;
+}
+
+/*
+ * Claims the chosen rows: the new rows in one batch lease (one record for
+ * the range from the first to the last of them: every other row of that
+ * range was made to wait or is not new), the rows of a taken-over batch by
+ * taking its record over (token + 1), and the other rows each under a lease
+ * of its own with one UPDATE ... RETURNING. *nb gets the batches (up to 2).
+ */
+static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
 {
     outbox_relay *r = x->r;
-    int64_t *index;
+    int64_t *index, lo = INT64_MAX, hi = 0, until = x->now + (int64_t)r->cfg.s.lease_ms;
     char *list, *p;
-    size_t i;
+    size_t i, nrow = 0, ntaken = 0;
     int step, e = 0;
 
+    *nb = 0;
     index = malloc(x->nchosen * 2 * sizeof *index);
     list = malloc(x->nchosen * 21 + 2);
     if (!index || !list) {
@@ -418,29 +677,81 @@ static int claim_chosen(claim_ctx *x)
         free(list);
         return OUTBOX_ENOMEM;
     }
-    /* The seqs as a JSON array, for json_each() in the statement. */
+    /* The seqs of rows under leases of their own as a JSON array, for
+     * json_each() in the statement. */
     p = list;
     *p++ = '[';
     for (i = 0; i < x->nchosen; i++) {
-        index[2 * i] = x->cs[x->chosen[i]].seq;
+        const cand *c = &x->cs[x->chosen[i]];
+        index[2 * i] = c->seq;
         index[2 * i + 1] = x->chosen[i];
-        p += sprintf(p, "%s%lld", i ? "," : "", (long long)index[2 * i]);
+        if (c->source == S_NEW) {
+            lo = c->seq < lo ? c->seq : lo;
+            hi = c->seq > hi ? c->seq : hi;
+        } else if (c->source == S_TAKEN) {
+            ntaken++;
+        } else {
+            p += sprintf(p, "%s%lld", nrow ? "," : "", (long long)c->seq);
+            nrow++;
+        }
     }
     *p++ = ']';
     qsort(index, x->nchosen, 2 * sizeof *index, cmp_seq_idx);
-    sqlite3_bind_text(r->db.q_claim, 1, r->cfg.worker_id, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(r->db.q_claim, 2, x->now + (int64_t)r->cfg.s.lease_ms);
-    sqlite3_bind_text(r->db.q_claim, 3, list, (int)(p - list), SQLITE_STATIC);
-    sqlite3_bind_int64(r->db.q_claim, 4, x->now);
-    while ((step = sqlite3_step(r->db.q_claim)) == SQLITE_ROW) {
-        e = take_row(x, r->db.q_claim, index);
-        if (e != 0)
-            break;
+    if (x->taken && ntaken) {
+        sqlite3_stmt *t = r->db.q_batch_take;
+        relay_batch *b = outbox__batch_new(x->t_lo, x->t_hi, x->t_token + 1, x->t_attempts + 1);
+        if (!b) {
+            e = OUTBOX_ENOMEM;
+            goto done;
+        }
+        bs[(*nb)++] = b;
+        sqlite3_bind_int64(t, 1, x->t_lo);
+        sqlite3_bind_text(t, 2, r->cfg.worker_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(t, 3, until);
+        sqlite3_bind_int64(t, 4, x->now);
+        sqlite3_bind_int64(t, 5, x->t_token);
+        e = outbox__relay_step_done(r, t);
+        if (e == 0 && sqlite3_changes(r->db.conn) != 1)
+            e = OUTBOX_ESQLITE; /* changed under the write lock: impossible */
+        if (e == 0)
+            e = batch_rows(x, b, index);
+    } else if (x->taken) {
+        /* None of its rows stayed in it: every one has a state of its own. */
+        sqlite3_bind_int64(r->db.q_batch_drop, 1, x->t_lo);
+        e = outbox__relay_step_done(r, r->db.q_batch_drop);
     }
-    if (e == 0 && step != SQLITE_DONE)
-        e = outbox__relay_sqlerr(r, step);
-    sqlite3_reset(r->db.q_claim);
-    sqlite3_clear_bindings(r->db.q_claim);
+    if (e == 0 && hi > 0) {
+        sqlite3_stmt *n = r->db.q_batch_new;
+        relay_batch *b = outbox__batch_new(lo, hi, 1, 1);
+        if (!b) {
+            e = OUTBOX_ENOMEM;
+            goto done;
+        }
+        bs[(*nb)++] = b;
+        sqlite3_bind_int64(n, 1, lo);
+        sqlite3_bind_int64(n, 2, hi);
+        sqlite3_bind_text(n, 3, r->cfg.worker_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(n, 4, until);
+        e = outbox__relay_step_done(r, n);
+        if (e == 0)
+            e = batch_rows(x, b, index);
+    }
+    if (e == 0 && nrow) {
+        sqlite3_bind_text(r->db.q_claim, 1, r->cfg.worker_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(r->db.q_claim, 2, until);
+        sqlite3_bind_text(r->db.q_claim, 3, list, (int)(p - list), SQLITE_STATIC);
+        sqlite3_bind_int64(r->db.q_claim, 4, x->now);
+        while ((step = sqlite3_step(r->db.q_claim)) == SQLITE_ROW) {
+            e = take_row(x, r->db.q_claim, index, NULL);
+            if (e != 0)
+                break;
+        }
+        if (e == 0 && step != SQLITE_DONE)
+            e = outbox__relay_sqlerr(r, step);
+        sqlite3_reset(r->db.q_claim);
+        sqlite3_clear_bindings(r->db.q_claim);
+    }
+done:
     free(list);
     free(index);
     return e;
@@ -496,6 +807,8 @@ void outbox__claim_free(outbox_relay *r)
     free(r->cw.chosen);
     free(r->cw.defer);
     free(r->cw.slots);
+    free(r->cw.fk);
+    outbox__win_free_parked(r);
     arena_free(r->cw.arena);
     free(r->cw.envbuf);
     memset(&r->cw, 0, sizeof r->cw);
@@ -503,6 +816,7 @@ void outbox__claim_free(outbox_relay *r)
 
 int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now)
 {
+    int64_t ntaken;
     int rc;
 
     memset(x, 0, sizeof *x);
@@ -511,7 +825,11 @@ int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t n
     x->want = want;
     /* The strings of the previous claim's candidates go. */
     arena_reset(&r->cw.arena);
-    rc = outbox__claim_arrays(r, (size_t)want * 9 + 1); /* expired (want) + waiting (4 want) + new (4 want) */
+    rc = find_taken(x, &ntaken);
+    if (rc != 0)
+        return rc;
+    /* expired (want) + a taken-over batch + waiting (4 want) + new (4 want) */
+    rc = outbox__claim_arrays(r, (size_t)want * 9 + 1 + (size_t)ntaken);
     if (rc != 0)
         return rc;
     x->cap = r->cw.cap;
@@ -521,8 +839,11 @@ int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t n
     x->slots = r->cw.slots;
     x->scap = r->cw.scap;
     x->gen = r->cw.gen;
-    /* Expired leases first: they are the oldest work. */
-    rc = scan_expired(x);
+    /* Expired leases first: they are the oldest work (the batch's rows are
+     * older than any other claimed row of their keys). */
+    rc = scan_taken(x);
+    if (rc == 0)
+        rc = scan_expired(x);
     if (rc == 0)
         rc = scan_pending(x);
     if (rc == 0)
@@ -535,7 +856,8 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
 {
     claim_ctx x;
     msg **ms = NULL;
-    size_t nm = 0, i;
+    relay_batch *bs[2];
+    size_t nm = 0, i, nb = 0;
     int rc;
 
     *out = NULL;
@@ -547,7 +869,7 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
         *ndeferred = x.ndefer;
     if (rc != 0 || x.nchosen == 0)
         goto done;
-    rc = claim_chosen(&x);
+    rc = claim_chosen(&x, bs, &nb);
     if (rc != 0)
         goto done;
 
@@ -586,6 +908,8 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
                 c->m->result = outbox__safe_text("held back: its predecessor was not claimed", 42);
             }
             rc = outbox__mark_write(r, c->m, now);
+            if (c->m->batch)
+                c->m->batch->n--; /* it left its batch at once */
             if (c->m->outcome == OUT_DEAD)
                 (*ndead)++;
             c->fate = release ? C_RELEASED : C_DEAD;
@@ -606,9 +930,27 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
         }
         ms[nm++] = c->m;
     }
+    /* A batch all of whose rows left it at once names no row: its record
+     * goes. */
+    for (i = 0; i < nb; i++)
+        if (bs[i]->n == 0) {
+            relay_batch *b = bs[i];
+            sqlite3_bind_int64(r->db.q_batch_drop, 1, b->lo);
+            if (b->refs == 0) {
+                bs[i] = bs[--nb]; /* no message took it */
+                i--;
+                free(b);
+            }
+            rc = outbox__relay_step_done(r, r->db.q_batch_drop);
+            if (rc != 0)
+                goto done;
+        }
     rc = 0;
 done:
     if (rc != 0) {
+        for (i = 0; i < nb; i++)
+            if (bs[i]->refs == 0)
+                free(bs[i]); /* no message took it */
         for (i = 0; i < x.nchosen && x.cs; i++)
             outbox__msg_free(x.cs[x.chosen[i]].m);
         free(ms);

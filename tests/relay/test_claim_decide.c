@@ -200,7 +200,7 @@ static int deferred_of(const claim_ctx *x, int64_t seq)
 /* A row's available_at relative to w->now. */
 static int64_t avail_of(world *w, int64_t seq)
 {
-    return th_sql_int(w->db, "SELECT available_at FROM outbox WHERE seq = %lld", (long long)seq) - w->now;
+    return th_sql_int(w->db, "SELECT available_at FROM outbox_messages WHERE seq = %lld", (long long)seq) - w->now;
 }
 
 static int64_t cursor_of(world *w)
@@ -528,21 +528,21 @@ static void test_claim_full(void)
     }
     is_int(nsettled, 2, "claim: both dead rows settled");
     is_int(th_sql_int(w.db,
-                      "SELECT count(*) FROM outbox WHERE state = 1 AND lease_owner = '%s' AND lease_until = %lld "
+                      "SELECT count(*) FROM outbox_messages WHERE state = 1 AND lease_owner = '%s' AND lease_until = %lld "
                       "AND seq IN (%lld, %lld, %lld, %lld)",
                       ME, (long long)(w.now + 30000), (long long)theirs, (long long)a, (long long)b,
                       (long long)k2),
            4, "claim: the claimed rows are sending, under this relay's lease");
-    is_int(th_sql_int(w.db, "SELECT lease_token FROM outbox WHERE seq = %lld", (long long)a), 1,
+    is_int(th_sql_int(w.db, "SELECT lease_token FROM outbox_messages WHERE seq = %lld", (long long)a), 1,
            "claim: a new row's first token is 1");
     is_int(th_sql_int(w.db,
-                      "SELECT count(*) FROM outbox WHERE state = 3 AND lease_owner IS NULL AND seq IN (%lld, %lld)",
+                      "SELECT count(*) FROM outbox_messages WHERE state = 3 AND lease_owner IS NULL AND seq IN (%lld, %lld)",
                       (long long)bad_topic, (long long)big),
            2, "claim: the invalid rows are dead in the same transaction");
-    is_int(th_sql_int(w.db, "SELECT instr(last_error, 'topic') > 0 FROM outbox WHERE seq = %lld",
+    is_int(th_sql_int(w.db, "SELECT instr(last_error, 'topic') > 0 FROM outbox_messages WHERE seq = %lld",
                       (long long)bad_topic),
            1, "claim: the bad topic's last_error names the topic");
-    is_int(th_sql_int(w.db, "SELECT instr(last_error, 'payload') > 0 FROM outbox WHERE seq = %lld",
+    is_int(th_sql_int(w.db, "SELECT instr(last_error, 'payload') > 0 FROM outbox_messages WHERE seq = %lld",
                       (long long)big),
            1, "claim: the big payload's last_error names the payload");
     for (i = 0; i < nout; i++)

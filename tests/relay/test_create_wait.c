@@ -122,7 +122,7 @@ int main(void)
     {
         sqlite3 *db = rt_open(old);
         is_int(th_sql_int(db, "PRAGMA user_version"), OUTBOX_SCHEMA_VERSION, "the schema is current now");
-        is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id = 'w1'"), 1, "and the writer's row is there");
+        is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id = 'w1'"), 1, "and the writer's row is there");
         sqlite3_close_v2(db);
     }
 
