@@ -171,18 +171,12 @@
     "(SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 1 LIMIT ?2)) "                                       \
     "+ (SELECT count(*) FROM (SELECT 1 FROM outbox_batch WHERE state = 1 LIMIT ?2))"
 /* The database figures of /metrics and outbox_relay_stats_get: rows by
- * state as outbox_messages derives it (rows by their own state, moved from
- * pending to their batch's state for rows as written inside a batch's
- * range: two passes, no lookup per row; test_batch checks it against the
- * view), and the available_at of the oldest due pending row by ?1 (the
- * older of the first new row and the first due waiting row: both found
- * through indexes, never a scan of all pending rows). */
-#define OUTBOX__SQL_STATE_COUNTS                                                                                      \
-    "WITH b(state, n) AS (SELECT b.state, count(*) FROM outbox_batch b JOIN outbox o "                              \
-    "ON o.seq BETWEEN b.lo AND b.hi WHERE o.state = 0 AND o.available_at <= o.created_at AND o.lease_token = 0 "    \
-    "GROUP BY b.state) "                                                                                             \
-    "SELECT state, sum(n) FROM (SELECT state, count(*) AS n FROM outbox GROUP BY state "                             \
-    "UNION ALL SELECT state, n FROM b UNION ALL SELECT 0, -n FROM b) GROUP BY state"
+ * state as outbox_messages derives them (one pass over the table, a lookup
+ * of the batch by primary key per row), and the available_at of the oldest
+ * due pending row by ?1 (the older of the first new row and the first due
+ * waiting row: both found through indexes, never a scan of all pending
+ * rows). */
+#define OUTBOX__SQL_STATE_COUNTS "SELECT state, count(*) FROM outbox_messages GROUP BY state"
 #define OUTBOX__SQL_OLDEST_DUE                                                                                        \
     "WITH h(a, b) AS (SELECT (SELECT available_at FROM outbox WHERE seq >= " OUTBOX__SQL_NEW_FROM " AND state = 0 " \
     "AND available_at <= created_at ORDER BY seq LIMIT 1), (SELECT min(available_at) "                               \

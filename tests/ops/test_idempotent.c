@@ -67,9 +67,9 @@ static void check_stream_exact(const char *topic, long want, const char *what)
            0, "%s: every published row's stream_id is an entry of the stream", what);
     is_int(th_sql_int(db,
                   "SELECT count(*) FROM outbox_messages o JOIN seen s ON s.id = o.id WHERE o.topic = %Q AND "
-                  "o.stream_id IS NOT s.eid",
+                  "o.stream_id IS NOT NULL AND o.stream_id IS NOT s.eid",
                   topic),
-           0, "%s: each row's stream_id is the entry that carries its id", what);
+           0, "%s: each row's stream_id, where kept (not in a batch), is the entry that carries its id", what);
     /* Per key, stream order is commit (seq) order. */
     is_int(th_sql_int(db,
                   "SELECT count(*) FROM (SELECT o.seq, lag(o.seq) OVER (PARTITION BY o.key ORDER BY s.rowid) AS prev "
@@ -157,7 +157,18 @@ static void lost_marks(void)
     redisReply *rep;
 
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-    th_sql_exec(db, "CREATE TABLE orig AS SELECT id, stream_id FROM outbox_messages WHERE topic = 'orders' AND seq %% 10 = 3");
+    /* The entry ids of those rows, from the stream (a row published in a
+     * batch keeps none). */
+    {
+        rt_stream s = rt_stream_read(rc, "outbox:orders");
+        size_t i;
+        th_sql_exec(db, "CREATE TABLE orig(id TEXT, stream_id TEXT)");
+        for (i = 0; i < s.n; i++)
+            if (s.e[i].id)
+                th_sql_exec(db, "INSERT INTO orig SELECT id, %Q FROM outbox WHERE id = %Q AND seq %% 10 = 3", s.e[i].eid,
+                            s.e[i].id);
+        rt_stream_free(&s);
+    }
     th_sql_exec(db, "UPDATE outbox SET state = 0, stream_id = NULL, published_at = NULL, available_at = 0 "
                 "WHERE topic = 'orders' AND seq %% 10 = 3");
     reset = th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 0");
