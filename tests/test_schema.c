@@ -402,6 +402,16 @@ static void test_refusals(void)
     sqlite3_close(db);
     free(p);
 
+    /* Version set but the batch records' table was dropped. */
+    p = th_path(dir, "nobatch.db");
+    db = raw_open(p);
+    is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
+    sqlite3_exec(db, "DROP VIEW outbox_messages; DROP TABLE outbox_batch", NULL, NULL, NULL);
+    is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_EFOREIGN, "dropped batch table is reported");
+    ok(strstr(err, "outbox_batch") != NULL && strstr(err, "missing") != NULL, "message: %s", err);
+    sqlite3_close(db);
+    free(p);
+
     /* Apply inside a transaction is refused. */
     p = th_path(dir, "intx.db");
     db = raw_open(p);
