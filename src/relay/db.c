@@ -40,6 +40,7 @@ static const struct {
     STMT(q_batch_published, OUTBOX__SQL_BATCH_PUBLISHED),
     STMT(q_batch_failed, OUTBOX__SQL_BATCH_FAILED),
     STMT(q_batch_release, OUTBOX__SQL_BATCH_RELEASE),
+    STMT(q_batch_row_published, OUTBOX__SQL_BATCH_ROW_PUBLISHED),
     /* Marks (marks.c). */
     STMT(q_published, OUTBOX__SQL_PUBLISHED),
     STMT(q_failed, OUTBOX__SQL_FAILED),

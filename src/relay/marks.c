@@ -53,6 +53,11 @@ static int batch_row_mark(outbox_relay *r, msg *m, int64_t now)
     const char *what, *text = NULL;
 
     switch (m->outcome) {
+    case OUT_PUBLISHED:
+        st = r->db.q_batch_row_published;
+        text = m->result;
+        what = "published";
+        break;
     case OUT_RETRY:
         st = r->db.q_batch_failed;
         if (m->attempts >= (int64_t)r->cfg.s.max_attempts) {
@@ -78,10 +83,15 @@ static int batch_row_mark(outbox_relay *r, msg *m, int64_t now)
         break;
     }
     bind_fence(st, 1, r, m);
-    sqlite3_bind_int(st, 4, state);
-    sqlite3_bind_int64(st, 5, due);
-    if (text)
-        sqlite3_bind_text(st, 6, text, -1, SQLITE_STATIC);
+    if (m->outcome == OUT_PUBLISHED) {
+        sqlite3_bind_int64(st, 4, now);
+        sqlite3_bind_text(st, 5, text, -1, SQLITE_STATIC);
+    } else {
+        sqlite3_bind_int(st, 4, state);
+        sqlite3_bind_int64(st, 5, due);
+        if (text)
+            sqlite3_bind_text(st, 6, text, -1, SQLITE_STATIC);
+    }
     sqlite3_bind_int64(st, 7, attempts);
     sqlite3_bind_int64(st, 8, m->batch->lo);
     rc = sqlite3_step(st);
@@ -101,7 +111,7 @@ int outbox__mark_write(outbox_relay *r, msg *m, int64_t now)
     const char *what;
 
     if (m->batch) {
-        if (m->outcome == OUT_PUBLISHED) {
+        if (m->outcome == OUT_PUBLISHED && !m->own_published) {
             if (m->batch_lead) {
                 rc = batch_published(r, m->batch, now);
                 if (rc != 0)

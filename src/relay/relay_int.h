@@ -73,6 +73,7 @@ struct relay_batch {
     int64_t lo, hi, token, attempts;
     size_t n, ndone, refs; /* messages claimed in it, with an outcome, not yet freed */
     msg *published, *published_tail;
+    uint64_t parked_since; /* loop ms of the first message in `published` */
     relay_batch *next_live, *prev_live; /* r->win.batches, once the claim committed */
     int live;
     int applied; /* set by the lead's mark: the batch record was ours and is now published */
@@ -103,6 +104,7 @@ struct msg {
     char *result;          /* stream entry id (published) or error text (failed); malloc'd */
     relay_batch *batch;    /* the batch lease it was claimed in, or NULL (a lease of its own) */
     int batch_lead;        /* its mark writes its batch's published record (see relay_batch) */
+    int own_published;     /* published, but marked on its own row (its batch was slow to finish) */
 };
 
 /* The messages of one pipelined batch that wait for one WAIT reply. */
@@ -143,7 +145,7 @@ struct relay_db {
         *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention, *q_cursor, *q_cursor_set, *q_top, *q_stray,
         *q_batch_new, *q_batch_rows, *q_batch_cands, *q_batch_expired, *q_batch_take, *q_batch_drop, *q_batch_leased,
         *q_batch_keys, *q_batch_leave, *q_batch_published, *q_batch_failed, *q_batch_release, *q_ret_batches,
-        *q_ret_batch_rows, *q_ret_batch;
+        *q_ret_batch_rows, *q_ret_batch, *q_batch_row_published;
     int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
 };
 
@@ -416,6 +418,11 @@ void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char 
 /* Is m's successor in the queue part of the same batch's published group
  * (see relay_batch)? A unit never ends between them. */
 int outbox__win_group_next(const msg *m);
+/* Queues, as marks of their own rows, the published messages that have
+ * waited at least ms for the rest of their batch (a batch held up by a
+ * chained or slow message): a relay killed meanwhile would leave them to be
+ * published again. */
+void outbox__win_flush_parked(outbox_relay *r, uint64_t ms);
 /* Frees the published messages still waiting for the rest of their batch
  * (destroy after a stop that gave up on replies). */
 void outbox__win_free_parked(outbox_relay *r);

@@ -14,6 +14,10 @@
 
 #include "relay_int.h"
 
+/* Published messages of a batch wait for the rest of it at most this long
+ * (ms) before they are marked on their own rows (outbox__win_flush_parked). */
+#define PARKED_MS 20
+
 /* Marks written per transaction at most (see outbox__sched_do_work). */
 #define MARKS_PER_TXN 512
 
@@ -473,6 +477,7 @@ static void do_work(outbox_relay *r)
     }
     if (uv_is_active((uv_handle_t *)&r->sched.busy_timer) || r->state == R_STOPPED || r->state == R_CREATED)
         return;
+    outbox__win_flush_parked(r, PARKED_MS);
     /* The marks written below leave the window in this same transaction,
      * so their room can be claimed now; otherwise a window emptied by one
      * batch of marks would wait for the scan timer. */

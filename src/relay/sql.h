@@ -108,6 +108,11 @@
 #define OUTBOX__SQL_BATCH_FAILED                                                                                      \
     "UPDATE outbox SET state = ?4, available_at = max(?5, created_at + 1), last_error = ?6, attempts = ?7, "         \
     "lease_token = ?3 WHERE " OUTBOX__SQL_BATCH_FENCE
+/* A row published while its batch waits for others (?1 seq, ?2 owner, ?3
+ * token, ?8 lo): ?4 now, ?5 the stream entry id. It leaves the batch. */
+#define OUTBOX__SQL_BATCH_ROW_PUBLISHED                                                                               \
+    "UPDATE outbox SET state = 2, published_at = ?4, stream_id = ?5, attempts = ?7, lease_token = ?3 "               \
+    "WHERE " OUTBOX__SQL_BATCH_FENCE
 /* A row handed back from a batch (not counted: ?7 the attempts before this
  * claim), due at ?5 (?4 and ?6 are not used). */
 #define OUTBOX__SQL_BATCH_RELEASE                                                                                     \

@@ -177,10 +177,12 @@ void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char 
         b->ndone++;
         if (o == OUT_PUBLISHED) {
             m->next = NULL;
-            if (b->published_tail)
+            if (b->published_tail) {
                 b->published_tail->next = m;
-            else
+            } else {
                 b->published = m;
+                b->parked_since = uv_now(r->loop);
+            }
             b->published_tail = m;
         } else {
             enqueue(r, m);
@@ -207,7 +209,26 @@ void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char 
 int outbox__win_group_next(const msg *m)
 {
     const msg *n = m->next;
-    return n && n->batch && n->batch == m->batch && !n->batch_lead && n->outcome == OUT_PUBLISHED;
+    return n && n->batch && n->batch == m->batch && !n->batch_lead && !n->own_published && n->outcome == OUT_PUBLISHED;
+}
+
+void outbox__win_flush_parked(outbox_relay *r, uint64_t ms)
+{
+    relay_batch *b;
+    uint64_t now = uv_now(r->loop);
+    for (b = r->win.batches; b; b = b->next_live) {
+        msg *p = b->published, *next;
+        if (!p || now - b->parked_since < ms)
+            continue;
+        b->published = b->published_tail = NULL;
+        for (; p; p = next) {
+            next = p->next;
+            p->own_published = 1; /* it leaves the batch */
+            b->n--;
+            b->ndone--;
+            enqueue(r, p);
+        }
+    }
 }
 
 void outbox__win_free_parked(outbox_relay *r)
