@@ -86,6 +86,21 @@ typedef struct claim_ctx {
     size_t fk_cap, fk_len;
 } claim_ctx;
 
+/* ---- claim_batch.c ---- */
+
+/* The claim's arena: strings copied for the length of one claim. */
+const char *outbox__claim_arena_dup(chunk **a, const char *s, size_t len);
+void outbox__claim_arena_free(chunk *a);
+void outbox__claim_arena_reset(chunk **a); /* empties it, keeping its first chunk */
+/* The lowest seq of c's key among the rows of the batch leases this relay
+ * does not hold (loaded at the first call of a claim), INT64_MAX if none.
+ * 0 or OUTBOX_E*. */
+int outbox__claim_foreign_min(claim_ctx *x, const cand *c, int64_t *seq);
+/* The oldest expired batch lease this relay does not hold, if any, into x
+ * (taken, t_lo, t_hi, t_token, t_attempts); *nrows its rows as written.
+ * 0 or OUTBOX_E*. */
+int outbox__claim_find_taken(claim_ctx *x, int64_t *nrows);
+
 /*
  * Chooses up to `want` rows inside the open transaction, without claiming
  * them: walks expired leases, due waiting rows and new rows (outbox_cursor),

@@ -11,7 +11,8 @@
  *   wake.c  publish.c  idem_publish.c
  *                    WAL watch, data_version and checkpoints; XADD and WAIT;
  *                    idempotent publishing
- *   claim.c          choosing and claiming rows
+ *   claim.c  claim_batch.c
+ *                    choosing and claiming rows; batch leases' keys and takeovers
  *   marks.c          writing and accounting marks
  *   encode.c  window.c  db.c  settings.c
  *                    row checks and commands; the in-flight window; the
