@@ -1,4 +1,4 @@
--- The outbox table, schema version 5 (PRAGMA user_version = 5).
+-- The outbox table, schema version 6 (PRAGMA user_version = 6).
 --
 -- This file is the contract for writers in any language and is compiled into
 -- the library verbatim: outbox-relay init (or outbox_schema_apply()) runs it.
@@ -34,7 +34,9 @@ CREATE TABLE outbox (
     available_at  INTEGER NOT NULL
                   DEFAULT (CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)),
 
-    -- Relay-owned from here on.
+    -- Relay-owned from here on. A row claimed in a batch keeps these as the
+    -- INSERT left them (state 0, lease_token 0): its state is its batch's
+    -- (outbox_batch). Read every row's state from outbox_messages.
     -- 0 pending, 1 sending (leased), 2 published, 3 dead.
     state         INTEGER NOT NULL DEFAULT 0 CONSTRAINT state_is_0_to_3 CHECK (state = 0 OR state = 1 OR state = 2 OR state = 3),
     attempts      INTEGER NOT NULL DEFAULT 0,
@@ -83,6 +85,32 @@ CREATE INDEX outbox_published ON outbox(published_at) WHERE state = 2;
 -- Dead rows, for inspection and replay.
 CREATE INDEX outbox_dead ON outbox(seq) WHERE state = 3;
 
+-- Relay-owned: one record per batch of new rows claimed together, the
+-- rows of seqs lo..hi that still have no state of their own (state 0,
+-- available_at not after created_at, lease_token 0: as written). Claims
+-- serialize on the write lock and walk new rows in seq order, so ranges are
+-- disjoint. state 1: leased to owner under token until lease_until; a
+-- takeover of an expired lease writes a new owner and token + 1. state 2:
+-- published (every row of it that has no state of its own) at
+-- published_at. attempts: the claims of the batch. A row that fails, is
+-- handed back, dead-lettered or held back leaves the batch: it gets a state
+-- of its own (and lease_token = the batch's token), written row by row.
+CREATE TABLE outbox_batch (
+    lo           INTEGER PRIMARY KEY,
+    hi           INTEGER NOT NULL CONSTRAINT batch_range CHECK (hi >= lo),
+    state        INTEGER NOT NULL CONSTRAINT batch_state_is_1_or_2 CHECK (state = 1 OR state = 2),
+    owner        TEXT,
+    token        INTEGER NOT NULL CONSTRAINT batch_token_positive CHECK (token > 0),
+    lease_until  INTEGER,
+    attempts     INTEGER NOT NULL DEFAULT 1,
+    published_at INTEGER
+);
+
+-- Leased batches by expiry (takeover, the key order of other relays'
+-- batches, drain); published batches by age (retention).
+CREATE INDEX outbox_batch_leased ON outbox_batch(lease_until) WHERE state = 1;
+CREATE INDEX outbox_batch_published ON outbox_batch(published_at) WHERE state = 2;
+
 -- Relay-owned: where the claims' walk of new rows starts. No new row has a
 -- seq below new_from: a claim moves it past every new row it saw (each one
 -- claimed or made to wait) and no row becomes new again. A new row's seq is
@@ -94,19 +122,50 @@ CREATE TABLE outbox_cursor (
 );
 INSERT INTO outbox_cursor(one, new_from) VALUES (1, 1);
 
+-- Batch records above the new end of the table go too (and a range that
+-- reached past it ends there): the seqs they named come back for new rows.
 CREATE TRIGGER outbox_cursor_after_delete AFTER DELETE ON outbox
 WHEN old.seq >= (SELECT new_from FROM outbox_cursor) - 1
 BEGIN
     UPDATE outbox_cursor SET new_from = (SELECT coalesce(max(seq), 0) + 1 FROM outbox)
     WHERE new_from > (SELECT coalesce(max(seq), 0) + 1 FROM outbox);
+    DELETE FROM outbox_batch WHERE lo > (SELECT coalesce(max(seq), 0) FROM outbox);
+    UPDATE outbox_batch SET hi = (SELECT coalesce(max(seq), 0) FROM outbox)
+    WHERE hi > (SELECT coalesce(max(seq), 0) FROM outbox);
 END;
 
 -- A waiting row whose available_at is moved back to or before its
--- created_at (a delayed message sent at once by an UPDATE) is new again,
--- maybe below the cursor: the cursor goes back to it. The relay's own
--- updates of available_at always set it after created_at.
+-- created_at by an UPDATE (a delayed message sent at once) must be sent at
+-- once: it becomes a waiting row due now (available_at just after
+-- created_at) instead of a new row again, whose seq the cursor (and maybe a
+-- batch's range) has passed. The relay's own updates of available_at always
+-- set it after created_at.
 CREATE TRIGGER outbox_cursor_after_update AFTER UPDATE OF available_at, created_at ON outbox
 WHEN new.state = 0 AND new.available_at <= new.created_at AND new.seq < (SELECT new_from FROM outbox_cursor)
 BEGIN
-    UPDATE outbox_cursor SET new_from = new.seq WHERE new_from > new.seq;
+    UPDATE outbox SET available_at = new.created_at + 1 WHERE seq = new.seq;
 END;
+
+-- Every row's state as derived from the table and the batch records: a
+-- row's own state when it has one (state, available_at or lease_token moved
+-- from what the INSERT wrote), else its batch's (leased: 1 sending,
+-- published: 2), else pending. batch names the batch record (its lo) of a
+-- row whose state is its batch's. stream_id is kept for rows published on
+-- their own; a row published in a batch has its batch's published_at and no
+-- stream_id. The batch is found through its primary key (the greatest lo
+-- not above seq), never by a scan of the batches.
+CREATE VIEW outbox_messages AS
+SELECT o.seq AS seq, o.id AS id, o.topic AS topic, o.key AS key, o.payload AS payload, o.headers AS headers,
+       o.created_at AS created_at, o.available_at AS available_at,
+       CASE WHEN b.lo IS NULL THEN o.state ELSE b.state END AS state,
+       o.attempts + coalesce(b.attempts, 0) AS attempts,
+       CASE WHEN b.lo IS NULL THEN o.lease_owner WHEN b.state = 1 THEN b.owner END AS lease_owner,
+       CASE WHEN b.lo IS NULL THEN o.lease_token ELSE b.token END AS lease_token,
+       CASE WHEN b.lo IS NULL THEN o.lease_until WHEN b.state = 1 THEN b.lease_until END AS lease_until,
+       o.last_error AS last_error,
+       CASE WHEN b.lo IS NULL THEN o.published_at ELSE b.published_at END AS published_at,
+       o.stream_id AS stream_id, o.replay_count AS replay_count, o.replayed_at AS replayed_at,
+       o.replay_reason AS replay_reason, b.lo AS batch
+FROM outbox o LEFT JOIN outbox_batch b
+  ON o.state = 0 AND o.available_at <= o.created_at AND o.lease_token = 0
+ AND b.lo = (SELECT max(x.lo) FROM outbox_batch x WHERE x.lo <= o.seq) AND b.hi >= o.seq;

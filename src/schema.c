@@ -320,6 +320,63 @@ static const char migrate_4_to_5[] =
     "UPDATE outbox_cursor SET new_from = new.seq WHERE new_from > new.seq; "
     "END;";
 
+/*
+ * Schema 5 -> 6: batch leases. A claim of new rows writes one record per
+ * batch (outbox_batch: a seq range, owner, token, expiry) instead of a lease
+ * per row, and a batch published is one write to it; rows are written one by
+ * one only for exceptions. Rows of a version 5 database keep their own state
+ * (a leased row stays leased on its own, and so on): no row is rewritten.
+ * The view outbox_messages derives each row's state. The update trigger no
+ * longer moves the cursor back (a row made new again below it becomes a
+ * waiting row due at once), and the delete trigger drops batch records past
+ * the end of the table.
+ */
+static const char migrate_5_to_6[] =
+    "CREATE TABLE outbox_batch ( "
+    "lo           INTEGER PRIMARY KEY, "
+    "hi           INTEGER NOT NULL CONSTRAINT batch_range CHECK (hi >= lo), "
+    "state        INTEGER NOT NULL CONSTRAINT batch_state_is_1_or_2 CHECK (state = 1 OR state = 2), "
+    "owner        TEXT, "
+    "token        INTEGER NOT NULL CONSTRAINT batch_token_positive CHECK (token > 0), "
+    "lease_until  INTEGER, "
+    "attempts     INTEGER NOT NULL DEFAULT 1, "
+    "published_at INTEGER "
+    "); "
+    "CREATE INDEX outbox_batch_leased ON outbox_batch(lease_until) WHERE state = 1; "
+    "CREATE INDEX outbox_batch_published ON outbox_batch(published_at) WHERE state = 2; "
+    "DROP TRIGGER IF EXISTS outbox_cursor_after_delete;"
+    "CREATE TRIGGER outbox_cursor_after_delete AFTER DELETE ON outbox "
+    "WHEN old.seq >= (SELECT new_from FROM outbox_cursor) - 1 "
+    "BEGIN "
+    "UPDATE outbox_cursor SET new_from = (SELECT coalesce(max(seq), 0) + 1 FROM outbox) "
+    "WHERE new_from > (SELECT coalesce(max(seq), 0) + 1 FROM outbox); "
+    "DELETE FROM outbox_batch WHERE lo > (SELECT coalesce(max(seq), 0) FROM outbox); "
+    "UPDATE outbox_batch SET hi = (SELECT coalesce(max(seq), 0) FROM outbox) "
+    "WHERE hi > (SELECT coalesce(max(seq), 0) FROM outbox); "
+    "END; "
+    "DROP TRIGGER IF EXISTS outbox_cursor_after_update;"
+    "CREATE TRIGGER outbox_cursor_after_update AFTER UPDATE OF available_at, created_at ON outbox "
+    "WHEN new.state = 0 AND new.available_at <= new.created_at AND new.seq < (SELECT new_from FROM outbox_cursor) "
+    "BEGIN "
+    "UPDATE outbox SET available_at = new.created_at + 1 WHERE seq = new.seq; "
+    "END; "
+    "DROP VIEW IF EXISTS outbox_messages;"
+    "CREATE VIEW outbox_messages AS "
+    "SELECT o.seq AS seq, o.id AS id, o.topic AS topic, o.key AS key, o.payload AS payload, o.headers AS headers, "
+    "o.created_at AS created_at, o.available_at AS available_at, "
+    "CASE WHEN b.lo IS NULL THEN o.state ELSE b.state END AS state, "
+    "o.attempts + coalesce(b.attempts, 0) AS attempts, "
+    "CASE WHEN b.lo IS NULL THEN o.lease_owner WHEN b.state = 1 THEN b.owner END AS lease_owner, "
+    "CASE WHEN b.lo IS NULL THEN o.lease_token ELSE b.token END AS lease_token, "
+    "CASE WHEN b.lo IS NULL THEN o.lease_until WHEN b.state = 1 THEN b.lease_until END AS lease_until, "
+    "o.last_error AS last_error, "
+    "CASE WHEN b.lo IS NULL THEN o.published_at ELSE b.published_at END AS published_at, "
+    "o.stream_id AS stream_id, o.replay_count AS replay_count, o.replayed_at AS replayed_at, "
+    "o.replay_reason AS replay_reason, b.lo AS batch "
+    "FROM outbox o LEFT JOIN outbox_batch b "
+    "ON o.state = 0 AND o.available_at <= o.created_at AND o.lease_token = 0 "
+    "AND b.lo = (SELECT max(x.lo) FROM outbox_batch x WHERE x.lo <= o.seq) AND b.hi >= o.seq; ";
+
 /* migrations[v] takes a database from version v to v + 1 (as far as the
  * next steps need: they all run, in one transaction): SQL, or a function
  * for what SQL alone cannot say. */
@@ -330,7 +387,8 @@ static const struct {
                   {migrate_1_to_2, NULL},
                   {migrate_2_to_3, NULL},
                   {NULL, migrate_3_to_4},
-                  {migrate_4_to_5, NULL}};
+                  {migrate_4_to_5, NULL},
+                  {migrate_5_to_6, NULL}};
 _Static_assert(sizeof migrations / sizeof migrations[0] == OUTBOX_SCHEMA_VERSION, "a migration per version");
 
 /* Reads user_version and the table; shared by apply and check. */
@@ -363,13 +421,18 @@ static int examine(sqlite3 *db, int64_t *version, int *exists, char *err, size_t
         return OUTBOX_EFOREIGN;
     }
     if (*version >= 5) {
-        int64_t cursor = 0;
-        e = outbox__sqlite_int(db, "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'outbox_cursor'",
-                               &cursor);
-        if (e != 0 || cursor == 0) {
-            set_err(err, errlen, "schema version is %lld but table 'outbox_cursor' is missing (dropped by hand?)",
-                    (long long)*version);
-            return e != 0 ? e : OUTBOX_EFOREIGN;
+        static const char *const tables[] = {"outbox_cursor", "outbox_batch"};
+        size_t i;
+        for (i = 0; i < (*version >= 6 ? 2u : 1u); i++) {
+            int64_t n = 0;
+            char q[128];
+            snprintf(q, sizeof q, "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '%s'", tables[i]);
+            e = outbox__sqlite_int(db, q, &n);
+            if (e != 0 || n == 0) {
+                set_err(err, errlen, "schema version is %lld but table '%s' is missing (dropped by hand?)",
+                        (long long)*version, tables[i]);
+                return e != 0 ? e : OUTBOX_EFOREIGN;
+            }
         }
     }
     return 0;

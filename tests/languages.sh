@@ -126,7 +126,7 @@ def lines(path):
 def rows(db):
     c = sqlite3.connect(db)
     return {r[0]: r[1:] for r in c.execute(
-        "SELECT id, topic, key, payload, headers, created_at, state FROM outbox")}
+        "SELECT id, topic, key, payload, headers, created_at, state FROM outbox_messages")}
 
 def fail(problems):
     for p in problems[:30]:

@@ -49,7 +49,7 @@ for f in "$tmp"/example*.c; do
 done
 
 check "writer example commits an order and its message" "$tmp/example1" "$tmp/shop.db"
-check "the message row is there" bash -c "[ \"\$(sqlite3 '$tmp/shop.db' 'SELECT count(*) FROM outbox JOIN orders ON orders.id = 42')\" = 1 ]"
+check "the message row is there" bash -c "[ \"\$(sqlite3 '$tmp/shop.db' 'SELECT count(*) FROM outbox_messages JOIN orders ON orders.id = 42')\" = 1 ]"
 
 redis-server --port 0 --unixsocket "$tmp/redis.sock" --save "" --appendonly no --dir "$tmp" >"$tmp/redis.log" 2>&1 &
 redis_pid=$!

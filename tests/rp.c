@@ -118,7 +118,7 @@ uint64_t rp_table_sum(const char *path)
     sqlite3 *db = rp_open_plain(path);
     sqlite3_stmt *st;
     uint64_t h = 14695981039346656037ULL;
-    if (sqlite3_prepare_v2(db, "SELECT * FROM outbox ORDER BY seq", -1, &st, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(db, "SELECT * FROM outbox_messages ORDER BY seq", -1, &st, NULL) != SQLITE_OK)
         bail("checksum: %s", sqlite3_errmsg(db));
     while (sqlite3_step(st) == SQLITE_ROW) {
         for (int i = 0; i < sqlite3_column_count(st); i++) {

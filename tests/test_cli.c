@@ -108,7 +108,7 @@ static void test_init(void)
     sqlite3_open(db, &h);
     {
         sqlite3_stmt *st;
-        sqlite3_prepare_v2(h, "SELECT count(*) FROM outbox WHERE state = 0", -1, &st, NULL);
+        sqlite3_prepare_v2(h, "SELECT count(*) FROM outbox_messages WHERE state = 0", -1, &st, NULL);
         sqlite3_step(st);
         ok(sqlite3_column_int(st, 0) >= 0, "outbox table readable");
         sqlite3_finalize(st);

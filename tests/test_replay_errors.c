@@ -177,7 +177,7 @@ static void test_locking(void)
     is_int(th_wait(pid, 0), -2, "requeue waits for the write lock");
     sqlite3_exec(h, "COMMIT", NULL, NULL, NULL);
     is_int(th_wait(pid, 10000), 0, "and completes once it is released");
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox WHERE replay_reason = 'after the lock'"), 3,
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages WHERE replay_reason = 'after the lock'"), 3,
            "3 dead rows requeued");
 
     before = rp_table_sum(db);

@@ -247,7 +247,7 @@ static void test_time_filters(void)
     r = RUN("requeue", "--db", db, "--since", "2026-11-29T10:00:00Z", "--until", "1795996800000", "--reason", "t");
     is_int(r.code, 0, "requeue by a time window, ISO and unix ms mixed (%s)", rp_oneline(r.err));
     {
-        char *ids = rp_q_str(db, "SELECT group_concat(id) FROM outbox WHERE state = 0");
+        char *ids = rp_q_str(db, "SELECT group_concat(id) FROM outbox_messages WHERE state = 0");
         is_str(ids, "t-mid", "only the row inside the window was requeued");
         free(ids);
     }

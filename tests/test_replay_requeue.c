@@ -17,26 +17,26 @@ static void test_requeue_dead(void)
     uint64_t d3_before = 0;
     rp_res r;
 
-    d3_before = (uint64_t)rp_q_int(db, "SELECT replay_count + 10 * state FROM outbox WHERE id = 'd3'");
+    d3_before = (uint64_t)rp_q_int(db, "SELECT replay_count + 10 * state FROM outbox_messages WHERE id = 'd3'");
     r = RUN("requeue", "--db", db, "--state", "dead", "--topic", "orders", "--reason", "destination fixed");
     t1 = rp_q_int(db, "SELECT " NOW_SQL);
     is_int(r.code, 0, "requeue dead of topic orders: exit 0 (%s)", rp_oneline(r.err));
     ok(strstr(r.out, "requeued 2 messages") != NULL, "reports 2 requeued: %s", rp_oneline(r.out));
     rp_res_free(&r);
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox WHERE id IN ('d1','d2') AND state = 0 AND attempts = 0 AND "
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages WHERE id IN ('d1','d2') AND state = 0 AND attempts = 0 AND "
                      "last_error IS NULL AND lease_owner IS NULL AND lease_until IS NULL AND replay_count = 1 AND "
                      "replay_reason = 'destination fixed'"),
            2, "d1, d2: pending, attempts 0, error and lease cleared, replay_count 1, reason recorded");
-    ok(rp_q_int(db, "SELECT min(replayed_at) FROM outbox WHERE id IN ('d1','d2')") >= t0 &&
-           rp_q_int(db, "SELECT max(replayed_at) FROM outbox WHERE id IN ('d1','d2')") <= t1,
+    ok(rp_q_int(db, "SELECT min(replayed_at) FROM outbox_messages WHERE id IN ('d1','d2')") >= t0 &&
+           rp_q_int(db, "SELECT max(replayed_at) FROM outbox_messages WHERE id IN ('d1','d2')") <= t1,
        "replayed_at is the time of the run");
-    ok(rp_q_int(db, "SELECT min(available_at) FROM outbox WHERE id IN ('d1','d2')") >= t0 &&
-           rp_q_int(db, "SELECT max(available_at) FROM outbox WHERE id IN ('d1','d2')") <= t1,
+    ok(rp_q_int(db, "SELECT min(available_at) FROM outbox_messages WHERE id IN ('d1','d2')") >= t0 &&
+           rp_q_int(db, "SELECT max(available_at) FROM outbox_messages WHERE id IN ('d1','d2')") <= t1,
        "available_at is now: due at once");
-    is_int(rp_q_int(db, "SELECT replay_count + 10 * state FROM outbox WHERE id = 'd3'"), (long long)d3_before,
+    is_int(rp_q_int(db, "SELECT replay_count + 10 * state FROM outbox_messages WHERE id = 'd3'"), (long long)d3_before,
            "d3 (other topic) untouched");
-    is_int(rp_q_int(db, "SELECT state FROM outbox WHERE id = 'p1'"), 2, "published p1 untouched");
-    is_int(rp_q_int(db, "SELECT lease_token FROM outbox WHERE id = 's-live'"), 7, "s-live untouched");
+    is_int(rp_q_int(db, "SELECT state FROM outbox_messages WHERE id = 'p1'"), 2, "published p1 untouched");
+    is_int(rp_q_int(db, "SELECT lease_token FROM outbox_messages WHERE id = 's-live'"), 7, "s-live untouched");
 
     /* The history shows in show. */
     r = RUN("show", "d1", "--db", db);
@@ -55,7 +55,7 @@ static void test_requeue_published(void)
     r = RUN("requeue", "--db", db, "--id", "p1", "--reason", "consumer lost data");
     is_int(r.code, 0, "requeue published p1 by id (%s)", rp_oneline(r.err));
     rp_res_free(&r);
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox WHERE id = 'p1' AND state = 0 AND attempts = 0 AND "
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages WHERE id = 'p1' AND state = 0 AND attempts = 0 AND "
                      "replay_count = 1 AND replayed_at IS NOT NULL AND replay_reason = 'consumer lost data'"),
            1, "p1 pending, attempts 0, replay_count 1, replayed_at and reason set");
 
@@ -69,9 +69,9 @@ static void test_requeue_published(void)
     r = RUN("requeue", "--db", db, "--id", "p1", "--state", "published", "--reason", "lost twice");
     is_int(r.code, 0, "second requeue of p1");
     rp_res_free(&r);
-    is_int(rp_q_int(db, "SELECT replay_count FROM outbox WHERE id = 'p1'"), 2, "replay_count 2");
+    is_int(rp_q_int(db, "SELECT replay_count FROM outbox_messages WHERE id = 'p1'"), 2, "replay_count 2");
     {
-        char *reason = rp_q_str(db, "SELECT replay_reason FROM outbox WHERE id = 'p1'");
+        char *reason = rp_q_str(db, "SELECT replay_reason FROM outbox_messages WHERE id = 'p1'");
         is_str(reason, "lost twice", "latest reason recorded");
         free(reason);
     }
@@ -81,7 +81,7 @@ static void test_requeue_published(void)
     r = RUN("requeue", "--db", db, "--id", "q1", "--state", "pending", "--reason", "retry now");
     is_int(r.code, 0, "requeue --state pending of a backing-off row");
     rp_res_free(&r);
-    ok(rp_q_int(db, "SELECT attempts = 0 AND available_at <= " NOW_SQL " AND replay_count = 1 FROM outbox WHERE id = "
+    ok(rp_q_int(db, "SELECT attempts = 0 AND available_at <= " NOW_SQL " AND replay_count = 1 FROM outbox_messages WHERE id = "
                  "'q1'") == 1,
        "q1 due now, attempts 0, audited");
     free(db);
@@ -142,7 +142,7 @@ static void test_threshold_and_batches(void)
     ok(strstr(r.out, "requeued 101 messages") && strstr(r.out, "in 15 transactions"),
        "101 rows in 15 transactions of at most 7: %s", rp_oneline(r.out));
     rp_res_free(&r);
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox WHERE state = 0 AND replay_count = 1 AND attempts = 0"), 101,
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 0 AND replay_count = 1 AND attempts = 0"), 101,
            "every row requeued once");
 
     rp_exec_sql(db, "UPDATE outbox SET state = 3");
@@ -151,7 +151,7 @@ static void test_threshold_and_batches(void)
     ok(strstr(r.out, "\"deleted\":101") && strstr(r.out, "\"transactions\":3"), "purged 101 in 3: %s",
        rp_oneline(r.out));
     rp_res_free(&r);
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox"), 0, "table empty");
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages"), 0, "table empty");
     free(db);
 }
 
@@ -172,9 +172,9 @@ static void test_live_lease(void)
     ok(strstr(r.out, "requeued 1 message") && strstr(r.out, "skipped 1"),
        "expired one requeued, live one skipped and counted: %s", rp_oneline(r.out));
     rp_res_free(&r);
-    is_int(rp_q_int(db, "SELECT state * 1000 + lease_token FROM outbox WHERE id = 's-live'"), 1007,
+    is_int(rp_q_int(db, "SELECT state * 1000 + lease_token FROM outbox_messages WHERE id = 's-live'"), 1007,
            "s-live still sending with token 7");
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox WHERE id = 's-exp' AND state = 0 AND lease_token = 4 AND "
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages WHERE id = 's-exp' AND state = 0 AND lease_token = 4 AND "
                      "lease_owner IS NULL AND lease_until IS NULL AND replay_count = 1"),
            1, "s-exp (expired lease) taken without --force, token 3 -> 4");
 
@@ -182,7 +182,7 @@ static void test_live_lease(void)
     is_int(r.code, 0, "--force takes the live lease (%s)", rp_oneline(r.err));
     ok(strstr(r.out, "\"took_live_lease\":1") != NULL, "and says so: %s", rp_oneline(r.out));
     rp_res_free(&r);
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox WHERE id = 's-live' AND state = 0 AND lease_token = 8 AND "
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages WHERE id = 's-live' AND state = 0 AND lease_token = 8 AND "
                      "lease_owner IS NULL AND lease_until IS NULL AND attempts = 0 AND replay_count = 1"),
            1, "s-live: pending, lease cleared, lease_token 7 -> 8");
 
@@ -195,7 +195,7 @@ static void test_live_lease(void)
                  NULL, NULL, NULL);
     is_int(sqlite3_changes(h), 0, "old holder's late mark (owner w1, token 7) is refused");
     sqlite3_close_v2(h);
-    is_int(rp_q_int(db, "SELECT state FROM outbox WHERE id = 's-live'"), 0, "row stays pending");
+    is_int(rp_q_int(db, "SELECT state FROM outbox_messages WHERE id = 's-live'"), 0, "row stays pending");
     free(db);
 }
 
@@ -223,14 +223,14 @@ static void test_purge(void)
     is_int(r.code, 0, "purge dead of topic billing (%s)", rp_oneline(r.err));
     ok(strstr(r.out, "purged 1 dead message") != NULL, "%s", rp_oneline(r.out));
     rp_res_free(&r);
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox WHERE id = 'd3'"), 0, "d3 deleted");
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox"), 6, "every other row kept");
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages WHERE id = 'd3'"), 0, "d3 deleted");
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages"), 6, "every other row kept");
 
     r = RUN("purge", "--db", db, "--id-prefix", "d", "--state", "dead");
     is_int(r.code, 0, "purge --id-prefix d");
     rp_res_free(&r);
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox WHERE state = 3"), 0, "d1, d2 deleted");
-    is_int(rp_q_int(db, "SELECT count(*) FROM outbox"), 4, "published, pending and sending rows all kept");
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 3"), 0, "d1, d2 deleted");
+    is_int(rp_q_int(db, "SELECT count(*) FROM outbox_messages"), 4, "published, pending and sending rows all kept");
     free(db);
 }
 

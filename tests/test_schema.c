@@ -70,6 +70,19 @@ static int state_write_builds_table(sqlite3 *db)
     return found;
 }
 
+/* Turns a current database back into schema 5: no batch records, no view,
+ * schema 5's triggers. */
+static const char to_v5[] =
+    "DROP VIEW outbox_messages; DROP TABLE outbox_batch;"
+    "DROP TRIGGER outbox_cursor_after_delete; DROP TRIGGER outbox_cursor_after_update;"
+    "CREATE TRIGGER outbox_cursor_after_delete AFTER DELETE ON outbox "
+    "WHEN old.seq >= (SELECT new_from FROM outbox_cursor) - 1 "
+    "BEGIN UPDATE outbox_cursor SET new_from = (SELECT coalesce(max(seq), 0) + 1 FROM outbox) "
+    "WHERE new_from > (SELECT coalesce(max(seq), 0) + 1 FROM outbox); END;"
+    "CREATE TRIGGER outbox_cursor_after_update AFTER UPDATE OF available_at, created_at ON outbox "
+    "WHEN new.state = 0 AND new.available_at <= new.created_at AND new.seq < (SELECT new_from FROM outbox_cursor) "
+    "BEGIN UPDATE outbox_cursor SET new_from = new.seq WHERE new_from > new.seq; END;";
+
 /* Drops the cursor and its triggers (schema 5). */
 static const char drop_cursor[] = "DROP TRIGGER outbox_cursor_after_delete; DROP TRIGGER outbox_cursor_after_update;"
                                   "DROP TABLE outbox_cursor;";
@@ -133,9 +146,9 @@ static void test_create_and_idempotent(void)
     ok(sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('m1', 'orders', x'0102')", NULL, NULL,
                     NULL) == SQLITE_OK,
        "plain INSERT of id, topic, payload works");
-    is_int(one_int(db, "SELECT state FROM outbox WHERE id='m1'"), 0, "it is pending");
-    ok(one_int(db, "SELECT created_at FROM outbox WHERE id='m1'") > 1600000000000LL, "created_at defaults to unix ms");
-    ok(llabs((long long)(one_int(db, "SELECT available_at FROM outbox WHERE id='m1'") - outbox_now_ms())) < 60000,
+    is_int(one_int(db, "SELECT state FROM outbox_messages WHERE id='m1'"), 0, "it is pending");
+    ok(one_int(db, "SELECT created_at FROM outbox_messages WHERE id='m1'") > 1600000000000LL, "created_at defaults to unix ms");
+    ok(llabs((long long)(one_int(db, "SELECT available_at FROM outbox_messages WHERE id='m1'") - outbox_now_ms())) < 60000,
        "available_at defaults to now");
     ok(sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('bad id', 'orders', x'00')", NULL, NULL,
                     NULL) != SQLITE_OK,
@@ -240,8 +253,10 @@ static void test_refusals(void)
     sqlite3_close(db);
     free(p);
 
-    /* Schemas 1 to 4 are migrated to the current one in place: the same
-     * table, indexes, cursor and triggers as a new database, rows kept, a
+    /* Schemas 1 to 5 are migrated to the current one in place: the same
+     * table, indexes, cursor, batch records, view and triggers as a new
+     * database, rows kept (schema 5's leased and published rows keep their
+     * own state), a
      * row claimed before that went back to pending in the millisecond of its
      * creation moves to the waiting rows, and the cursor starts at the first
      * new row. The migrating connection uses the new state CHECK at once,
@@ -253,21 +268,26 @@ static void test_refusals(void)
         is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
         want = one_text(db, index_sql);
         ok(want && !strstr(want, "outbox_new") && strstr(want, "outbox_key") && strstr(want, "outbox_cursor:") &&
-               strstr(want, "outbox_cursor_after_delete:") && strstr(want, "outbox_cursor_after_update:"),
-           "a new database: indexes, cursor and triggers");
+               strstr(want, "outbox_cursor_after_delete:") && strstr(want, "outbox_cursor_after_update:") &&
+               strstr(want, "outbox_batch:") && strstr(want, "outbox_batch_leased:") &&
+               strstr(want, "outbox_batch_published:") && strstr(want, "outbox_messages:"),
+           "a new database: indexes, cursor, batch records, view and triggers");
         want_table = one_text(db, table_sql);
         is_int(state_write_builds_table(db), 0, "a new database: writing state builds no ephemeral table");
         sqlite3_close(db);
         free(p);
-        for (int from = 1; from <= 4; from++) {
+        for (int from = 1; from <= 5; from++) {
             char name[32];
             sqlite3 *other;
             snprintf(name, sizeof name, "v%d.db", from);
             p = th_path(dir, name);
             db = raw_open(p);
             is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
-            is_int(sqlite3_exec(db, drop_cursor, NULL, NULL, NULL), SQLITE_OK, "without the cursor");
-            is_int(sqlite3_exec(db, v4_indexes, NULL, NULL, NULL), SQLITE_OK, "back to schema 4's indexes");
+            is_int(sqlite3_exec(db, to_v5, NULL, NULL, NULL), SQLITE_OK, "back to schema 5");
+            if (from <= 4) {
+                is_int(sqlite3_exec(db, drop_cursor, NULL, NULL, NULL), SQLITE_OK, "without the cursor");
+                is_int(sqlite3_exec(db, v4_indexes, NULL, NULL, NULL), SQLITE_OK, "back to schema 4's indexes");
+            }
             if (from <= 3) {
                 is_int(sqlite3_exec(db, v3_table, NULL, NULL, NULL), SQLITE_OK, "back to schema 3's table");
                 sqlite3_close(db);
@@ -284,6 +304,14 @@ static void test_refusals(void)
                          "INSERT INTO outbox(id, topic, key, payload, created_at, available_at, lease_token) "
                          "VALUES ('m3', 't', 'k', x'03', 1000, 1000, 2);",
                          NULL, NULL, NULL);
+            if (from == 5) /* a cursor past the rows of schema 5's relay: one leased, one published */
+                sqlite3_exec(db,
+                             "INSERT INTO outbox(id, topic, payload, state, lease_owner, lease_token, lease_until, "
+                             "attempts, created_at, available_at) VALUES ('m4', 't', x'04', 1, 'old', 1, 5000, 1, "
+                             "1000, 1001);"
+                             "INSERT INTO outbox(id, topic, payload, state, lease_token, attempts, published_at, "
+                             "stream_id) VALUES ('m5', 't', x'05', 2, 1, 1, 7000, '7-0');",
+                             NULL, NULL, NULL);
             snprintf(name, sizeof name, "PRAGMA user_version=%d", from);
             sqlite3_exec(db, name, NULL, NULL, NULL);
             is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_ENOSCHEMA,
@@ -319,11 +347,20 @@ static void test_refusals(void)
             is_int(one_int(other, "SELECT count(*) FROM pragma_integrity_check WHERE integrity_check <> 'ok'"), 0,
                    "from %d: integrity_check ok", from);
             sqlite3_close(other);
-            is_int(one_int(db, "SELECT count(*) FROM outbox"), 3, "rows kept");
+            is_int(one_int(db, "SELECT count(*) FROM outbox_messages"), from == 5 ? 5 : 3, "rows kept");
+            if (from == 5) {
+                is_int(one_int(db, "SELECT state FROM outbox_messages WHERE id = 'm4' AND lease_owner = 'old' "
+                                   "AND lease_token = 1 AND batch IS NULL"),
+                       1, "from 5: a leased row stays leased on its own");
+                is_int(one_int(db, "SELECT state FROM outbox_messages WHERE id = 'm5' AND published_at = 7000 "
+                                   "AND stream_id = '7-0'"),
+                       2, "from 5: a published row keeps its state, time and entry id");
+                is_int(one_int(db, "SELECT count(*) FROM outbox_batch"), 0, "from 5: no batch record");
+            }
             if (from <= 2) { /* schema 3 had these rows right already */
-                is_int(one_int(db, "SELECT count(*) FROM outbox WHERE state = 0 AND available_at <= created_at"), 2,
+                is_int(one_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 0 AND available_at <= created_at"), 2,
                        "new rows stay new");
-                is_int(one_int(db, "SELECT available_at - created_at FROM outbox WHERE id = 'm3'"), 1,
+                is_int(one_int(db, "SELECT available_at - created_at FROM outbox_messages WHERE id = 'm3'"), 1,
                        "a row claimed before is a waiting row");
             }
             is_int(outbox_schema_check(db, err, sizeof err), 0, "check passes");
@@ -365,6 +402,16 @@ static void test_refusals(void)
     sqlite3_close(db);
     free(p);
 
+    /* Version set but the batch records' table was dropped. */
+    p = th_path(dir, "nobatch.db");
+    db = raw_open(p);
+    is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
+    sqlite3_exec(db, "DROP VIEW outbox_messages; DROP TABLE outbox_batch", NULL, NULL, NULL);
+    is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_EFOREIGN, "dropped batch table is reported");
+    ok(strstr(err, "outbox_batch") != NULL && strstr(err, "missing") != NULL, "message: %s", err);
+    sqlite3_close(db);
+    free(p);
+
     /* Apply inside a transaction is refused. */
     p = th_path(dir, "intx.db");
     db = raw_open(p);
@@ -399,7 +446,7 @@ static void test_cursor_trigger(void)
     is_int(sqlite3_exec(db, "DELETE FROM outbox WHERE seq = 10", NULL, NULL, NULL), SQLITE_OK, "delete the last row");
     is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 10, "the cursor follows the end of the table back");
     sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('n1', 't', x'00')", NULL, NULL, NULL);
-    is_int(one_int(db, "SELECT seq FROM outbox WHERE id = 'n1'"), 10, "a new row takes the freed seq");
+    is_int(one_int(db, "SELECT seq FROM outbox_messages WHERE id = 'n1'"), 10, "a new row takes the freed seq");
     is_int(sqlite3_exec(db, "DELETE FROM outbox WHERE state = 2", NULL, NULL, NULL), SQLITE_OK,
            "delete every published row");
     is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 10, "the new row keeps the cursor where it is");
@@ -415,9 +462,28 @@ static void test_cursor_trigger(void)
     sqlite3_exec(db, "UPDATE outbox SET available_at = 5000 WHERE id = 'd2'", NULL, NULL, NULL);
     is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 4, "a later available_at leaves the cursor");
     sqlite3_exec(db, "UPDATE outbox SET available_at = 1000 WHERE id = 'd2'", NULL, NULL, NULL);
-    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 2, "available_at back to created_at: the cursor at it");
+    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 4, "available_at back to created_at: the cursor stays");
+    is_int(one_int(db, "SELECT available_at FROM outbox WHERE id = 'd2'"), 1001,
+           "the row below the cursor is a waiting row due at once");
     sqlite3_exec(db, "UPDATE outbox SET available_at = 0 WHERE id = 'd3'", NULL, NULL, NULL);
-    is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 2, "a later such row leaves the cursor before it");
+    is_int(one_int(db, "SELECT available_at FROM outbox WHERE id = 'd3'"), 1001, "so is a later one");
+    /* Batch records past the end of the table go with it (their seqs come
+     * back for new rows); a range reaching past it ends there. */
+    sqlite3_exec(db,
+                 "DELETE FROM outbox; INSERT INTO outbox(id, topic, payload) VALUES ('b1', 't', x'00'), "
+                 "('b2', 't', x'00'), ('b3', 't', x'00'), ('b4', 't', x'00');"
+                 "UPDATE outbox_cursor SET new_from = 5;"
+                 "INSERT INTO outbox_batch(lo, hi, state, owner, token, published_at) VALUES (1, 2, 2, 'r', 1, 1), "
+                 "(3, 4, 2, 'r', 1, 1);",
+                 NULL, NULL, NULL);
+    is_int(one_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2 AND batch IS NOT NULL"), 4,
+           "four rows published in two batches");
+    sqlite3_exec(db, "DELETE FROM outbox WHERE seq = 4", NULL, NULL, NULL);
+    is_int(one_int(db, "SELECT hi FROM outbox_batch WHERE lo = 3"), 3, "deleting the last row ends its range before it");
+    sqlite3_exec(db, "DELETE FROM outbox WHERE seq = 3", NULL, NULL, NULL);
+    is_int(one_int(db, "SELECT count(*) FROM outbox_batch"), 1, "a range past the end goes");
+    sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('b5', 't', x'00')", NULL, NULL, NULL);
+    is_int(one_int(db, "SELECT state FROM outbox_messages WHERE id = 'b5'"), 0, "a new row on a freed seq is pending");
     sqlite3_close(db);
     free(p);
 }

@@ -72,11 +72,11 @@ static void test_transactions(void)
     m.key = "customer-1";
     is_int(outbox_enqueue(w, &m, id), 0, "enqueue inside the transaction");
     is_int(strlen(id), 36, "a generated UUID is handed back: %s", id);
-    is_int(one_int(other, "SELECT count(*) FROM outbox"), 0, "another connection sees no message before COMMIT");
+    is_int(one_int(other, "SELECT count(*) FROM outbox_messages"), 0, "another connection sees no message before COMMIT");
     is_int(one_int(other, "SELECT count(*) FROM orders"), 0, "nor the order");
     ok(!sqlite3_get_autocommit(db), "the writer did not end the caller's transaction");
     sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-    is_int(one_int(other, "SELECT count(*) FROM outbox"), 1, "after COMMIT the message is visible");
+    is_int(one_int(other, "SELECT count(*) FROM outbox_messages"), 1, "after COMMIT the message is visible");
     is_int(one_int(other, "SELECT count(*) FROM orders"), 1, "together with the order");
 
     /* An error between the two inserts, then ROLLBACK: neither stays. */
@@ -87,7 +87,7 @@ static void test_transactions(void)
     ok(sqlite3_exec(db, "INSERT INTO no_such_table VALUES (1)", NULL, NULL, NULL) != SQLITE_OK,
        "a business error after the enqueue");
     sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-    is_int(one_int(other, "SELECT count(*) FROM outbox WHERE id='order-2'"), 0, "rolled back: no message");
+    is_int(one_int(other, "SELECT count(*) FROM outbox_messages WHERE id='order-2'"), 0, "rolled back: no message");
     is_int(one_int(other, "SELECT count(*) FROM orders"), 1, "rolled back: no order");
 
     /* A duplicate id fails only its own statement. */
@@ -101,7 +101,7 @@ static void test_transactions(void)
     is_int(outbox_enqueue(w, &m, NULL), 0, "the transaction goes on: dup-2");
     sqlite3_exec(db, "INSERT INTO orders(what) VALUES ('pen')", NULL, NULL, NULL);
     is_int(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK, "and commits");
-    is_int(one_int(other, "SELECT count(*) FROM outbox WHERE id IN ('dup-1','dup-2')"), 2, "both unique rows kept");
+    is_int(one_int(other, "SELECT count(*) FROM outbox_messages WHERE id IN ('dup-1','dup-2')"), 2, "both unique rows kept");
     is_int(one_int(other, "SELECT count(*) FROM orders"), 2, "and the business row");
 
     /* Outside a transaction: an autocommit insert. */
@@ -109,14 +109,14 @@ static void test_transactions(void)
     m.available_at = outbox_now_ms() + 60000;
     is_int(outbox_enqueue(w, &m, id), 0, "autocommit enqueue");
     is_str(id, "auto-1", "the given id is handed back");
-    is_int(one_int(other, "SELECT count(*) FROM outbox WHERE id='auto-1'"), 1, "visible at once");
-    ok(one_int(other, "SELECT available_at - created_at FROM outbox WHERE id='auto-1'") >= 59000,
+    is_int(one_int(other, "SELECT count(*) FROM outbox_messages WHERE id='auto-1'"), 1, "visible at once");
+    ok(one_int(other, "SELECT available_at - created_at FROM outbox_messages WHERE id='auto-1'") >= 59000,
        "available_at is stored");
 
     /* Stored columns. */
     {
         sqlite3_stmt *st;
-        sqlite3_prepare_v2(other, "SELECT topic, key, payload, headers, state FROM outbox WHERE seq=1", -1, &st, NULL);
+        sqlite3_prepare_v2(other, "SELECT topic, key, payload, headers, state FROM outbox_messages WHERE seq=1", -1, &st, NULL);
         ok(sqlite3_step(st) == SQLITE_ROW, "first row read back");
         is_str((const char *)sqlite3_column_text(st, 0), "orders", "topic");
         is_str((const char *)sqlite3_column_text(st, 1), "customer-1", "key");
@@ -130,8 +130,8 @@ static void test_transactions(void)
     m = msg("empty-1", "orders", NULL);
     m.key = "";
     is_int(outbox_enqueue(w, &m, NULL), 0, "empty payload and empty key are accepted");
-    is_int(one_int(other, "SELECT length(payload) FROM outbox WHERE id='empty-1'"), 0, "zero-length payload");
-    is_int(one_int(other, "SELECT key IS NULL FROM outbox WHERE id='empty-1'"), 1, "empty key stored as NULL");
+    is_int(one_int(other, "SELECT length(payload) FROM outbox_messages WHERE id='empty-1'"), 0, "zero-length payload");
+    is_int(one_int(other, "SELECT key IS NULL FROM outbox_messages WHERE id='empty-1'"), 1, "empty key stored as NULL");
 
     sqlite3_close(other);
     outbox_writer_destroy(w);
@@ -254,7 +254,7 @@ static void test_validation(void)
     m.headers_len = 0;
     EXPECT(OUTBOX_EHEADERS, "empty headers");
 
-    is_int(one_int(db, "SELECT count(*) FROM outbox"), 5, "only the 5 valid messages were written");
+    is_int(one_int(db, "SELECT count(*) FROM outbox_messages"), 5, "only the 5 valid messages were written");
     is_int(outbox_enqueue(NULL, &m, NULL), OUTBOX_EINVAL, "NULL writer");
     is_int(outbox_enqueue(w, NULL, NULL), OUTBOX_EINVAL, "NULL message");
 

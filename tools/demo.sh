@@ -26,11 +26,11 @@ echo "== creating $db and writing $orders orders (every 10th rolled back)"
 build/tools/relay/outbox-relay init --db "$db"
 build/tools/demo/outbox-demo --db "$db" --orders "$orders" --fail-every 10
 echo "== outbox before the relay runs"
-sqlite3 "$db" "SELECT CASE state WHEN 0 THEN 'pending' WHEN 1 THEN 'sending' WHEN 2 THEN 'published' ELSE 'dead' END AS state, count(*) FROM outbox GROUP BY state;"
+sqlite3 "$db" "SELECT CASE state WHEN 0 THEN 'pending' WHEN 1 THEN 'sending' WHEN 2 THEN 'published' ELSE 'dead' END AS state, count(*) FROM outbox_messages GROUP BY state;"
 echo "== running the relay until the outbox is drained"
 build/tools/relay/outbox-relay --db "$db" --redis "unix://$sock" --drain
 echo "== outbox after"
-sqlite3 "$db" "SELECT CASE state WHEN 0 THEN 'pending' WHEN 1 THEN 'sending' WHEN 2 THEN 'published' ELSE 'dead' END AS state, count(*) FROM outbox GROUP BY state;"
+sqlite3 "$db" "SELECT CASE state WHEN 0 THEN 'pending' WHEN 1 THEN 'sending' WHEN 2 THEN 'published' ELSE 'dead' END AS state, count(*) FROM outbox_messages GROUP BY state;"
 echo "== stream outbox:orders: $(redis-cli -s "$sock" XLEN outbox:orders) entries; the first one:"
 redis-cli -s "$sock" --no-raw XRANGE outbox:orders - + COUNT 1
 echo "== the embedded mode: the relay on the application's own loop, woken by each commit"

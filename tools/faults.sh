@@ -214,7 +214,7 @@ xlen_wt=$(rcli XLEN outbox:orders)
 # for the one before them, and requeued dead rows may overtake the rest).
 wt_values=$(seq -s, -f "('wrongtype-%g', '$wt_topic', NULL, CAST('{}' AS BLOB))" "$wt_rows")
 sql "PRAGMA synchronous=FULL; INSERT INTO outbox(id, topic, key, payload) VALUES $wt_values" || exit 1
-wt_dead_q="SELECT count(*) FROM outbox WHERE topic = '$wt_topic' AND state = 3"
+wt_dead_q="SELECT count(*) FROM outbox_messages WHERE topic = '$wt_topic' AND state = 3"
 wait_for 60 '[ "$(sql "$wt_dead_q")" = "$wt_rows" ]'
 wrongtype_dead=$(sql "$wt_dead_q")
 wt_failed=0
@@ -233,7 +233,7 @@ fi
 rcli DEL "outbox:$wt_topic" >/dev/null
 "$replay_bin" requeue --db "$db" --topic "$wt_topic" --state dead \
     --reason "faults: the wrong-type key was deleted" --yes >>"$work/replay.log" 2>&1 || wt_failed=1
-wt_pub_q="SELECT count(*) FROM outbox WHERE topic = '$wt_topic' AND state = 2"
+wt_pub_q="SELECT count(*) FROM outbox_messages WHERE topic = '$wt_topic' AND state = 2"
 wait_for 30 '[ "$(sql "$wt_pub_q")" = "$wt_rows" ]'
 
 touch "$work/stop"
@@ -254,7 +254,7 @@ fi
 
 # Rows that were backing off when the drain found nothing due: drain again.
 for _ in 1 2 3 4 5; do
-    [ "$(sqlite3 "$db" "SELECT count(*) FROM outbox WHERE state < 2")" = 0 ] && break
+    [ "$(sqlite3 "$db" "SELECT count(*) FROM outbox_messages WHERE state < 2")" = 0 ] && break
     sleep 0.3
     timeout "${DRAIN_TIMEOUT:-60}" "${wrapper[@]}" "$relay_bin" "${relay_args[@]}" --worker-id final --drain \
         >>"$work/relay-final.log" 2>&1
@@ -264,11 +264,11 @@ done
 # Every stream's ids (the `id` field is the entry's first field).
 lua="local r = {} for _, e in ipairs(redis.call('XRANGE', KEYS[1], '-', '+')) do r[#r + 1] = e[2][2] end return r"
 : >"$work/stream-ids"
-for topic in $(sqlite3 "$db" "SELECT DISTINCT topic FROM outbox"); do
+for topic in $(sqlite3 "$db" "SELECT DISTINCT topic FROM outbox_messages"); do
     redis-cli -s "$sock" --raw EVAL "$lua" 1 "outbox:$topic" >>"$work/stream-ids"
 done
 # id, state, seq, topic and key (ids, topics and the demo's keys have no spaces).
-sqlite3 "$db" "SELECT id || ' ' || state || ' ' || seq || ' ' || topic || ' ' || ifnull(key, '-') FROM outbox" >"$work/rows"
+sqlite3 "$db" "SELECT id || ' ' || state || ' ' || seq || ' ' || topic || ' ' || ifnull(key, '-') FROM outbox_messages" >"$work/rows"
 wrongtype_published=$(sql "$wt_pub_q")
 # What valgrind (RELAY_WRAPPER) said, before the work directory goes.
 [ "$wrapper_failed" -gt 0 ] && grep -h '^==[0-9]*==' "$work"/relay-*.log | head -100 >&2

@@ -1,53 +1,15 @@
 /*
  * claim.c: choosing rows and claiming them under a lease, inside a unit's
  * transaction (the unit's worker thread). Cost depends on the batch, not on
- * the backlog: the walks read indexes in order and stop at a bound.
+ * the backlog: the walks read indexes in order and stop at a bound. The
+ * parts that only batch leases need (another relay's batch keys, finding an
+ * expired batch to take over) and the claim's arena are in claim_batch.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "claim.h"
-
-static const char *arena_dup(chunk **a, const char *s, size_t len)
-{
-    char *p;
-    if (!*a || (*a)->cap - (*a)->used < len + 1) {
-        size_t cap = len + 1 > 16384 ? len + 1 : 16384;
-        chunk *c = malloc(sizeof *c + cap);
-        if (!c)
-            return NULL;
-        c->next = *a;
-        c->used = 0;
-        c->cap = cap;
-        *a = c;
-    }
-    p = (*a)->data + (*a)->used;
-    memcpy(p, s, len);
-    p[len] = '\0';
-    (*a)->used += len + 1;
-    return p;
-}
-
-static void arena_free(chunk *a)
-{
-    while (a) {
-        chunk *n = a->next;
-        free(a);
-        a = n;
-    }
-}
-
-/* Empties an arena for the next claim, keeping its first chunk. */
-static void arena_reset(chunk **a)
-{
-    if (*a) {
-        arena_free((*a)->next);
-        (*a)->next = NULL;
-        (*a)->used = 0;
-    }
-}
-
 
 static bslot *bslot_find(claim_ctx *x, const char *topic, const char *key, size_t klen)
 {
@@ -74,8 +36,8 @@ static int add_cand(claim_ctx *x, sqlite3_stmt *st, enum cand_source source)
     c = &x->cs[x->n];
     memset(c, 0, sizeof *c);
     c->seq = sqlite3_column_int64(st, 0);
-    c->topic = arena_dup(&x->r->cw.arena, topic, strlen(topic));
-    c->key = key ? arena_dup(&x->r->cw.arena, key, klen) : NULL;
+    c->topic = outbox__claim_arena_dup(&x->r->cw.arena, topic, strlen(topic));
+    c->key = key ? outbox__claim_arena_dup(&x->r->cw.arena, key, klen) : NULL;
     c->klen = klen;
     c->token = sqlite3_column_int64(st, 3);
     c->available_at = sqlite3_column_int64(st, 4);
@@ -111,7 +73,7 @@ static void defer(claim_ctx *x, cand *c, bslot *bs, int64_t at)
 {
     if (c->source == S_EXPIRED)
         return;
-    if (c->source == S_NEW && at <= c->created_at)
+    if ((c->source == S_NEW || c->source == S_TAKEN) && at <= c->created_at)
         at = c->created_at + 1;
     if (bs && at > bs->wait_until)
         bs->wait_until = at; /* its later rows wait as long */
@@ -156,8 +118,9 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
 {
     outbox_relay *r = x->r;
     sqlite3_stmt *st = r->db.q_key_prev;
-    int64_t pseq, pstate, ptoken, pavail;
-    int mine, lc = bs->last_chosen;
+    int64_t pseq, pstate = 0, ptoken = 0, pavail = 0, fseq;
+    int mine = 0, lc = bs->last_chosen;
+    msg *km;
     enum decision d = D_HELD;
     int step;
 
@@ -174,6 +137,19 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
         return D_HELD;
     if (lc >= 0 && x->cs[lc].seq > c->seq)
         return D_HELD; /* cannot happen: a key's rows are chosen in seq order */
+    /* An earlier row of its key in a batch lease this relay does not hold. */
+    *rc = outbox__claim_foreign_min(x, c, &fseq);
+    if (*rc != 0 || fseq < c->seq)
+        return D_HELD;
+    /* This relay's own newest message of the key (a batch's rows are in no
+     * index): a waiting row older than it waits for it to finish. */
+    km = outbox__win_key_get(r, c->topic, c->key, c->klen);
+    if (km && km->seq > c->seq && c->source != S_NEW && c->source != S_TAKEN)
+        return D_HELD_OURS;
+    if (km && km->seq >= c->seq)
+        km = NULL; /* not before it (the same row's last claim, its mark just written) */
+    if (!km && !r->win.keymap_cap && r->win.batches)
+        return D_HELD_OURS; /* no key map (out of memory): our batches' keys are unknown */
     sqlite3_bind_text(st, 1, c->topic, -1, SQLITE_STATIC);
     sqlite3_bind_text(st, 2, c->key, (int)c->klen, SQLITE_STATIC);
     sqlite3_bind_int64(st, 3, c->seq);
@@ -184,19 +160,31 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
             *rc = outbox__relay_sqlerr(r, step);
             return D_HELD;
         }
+        pseq = -1;
+    } else {
+        pseq = sqlite3_column_int64(st, 0);
+        pstate = sqlite3_column_int64(st, 1);
+        mine = sqlite3_column_type(st, 2) == SQLITE_TEXT &&
+               strcmp((const char *)sqlite3_column_text(st, 2), r->cfg.worker_id) == 0;
+        ptoken = sqlite3_column_int64(st, 3);
+        pavail = sqlite3_column_int64(st, 4);
+        sqlite3_reset(st);
+    }
+    if (pseq < 0 && !km) {
         *prev = lc;
         return lc >= 0 ? D_IN_BATCH : D_FREE;
     }
-    pseq = sqlite3_column_int64(st, 0);
-    pstate = sqlite3_column_int64(st, 1);
-    mine = sqlite3_column_type(st, 2) == SQLITE_TEXT &&
-           strcmp((const char *)sqlite3_column_text(st, 2), r->cfg.worker_id) == 0;
-    ptoken = sqlite3_column_int64(st, 3);
-    pavail = sqlite3_column_int64(st, 4);
-    sqlite3_reset(st);
-    if (lc >= 0 && x->cs[lc].seq >= pseq) {
+    if (lc >= 0 && x->cs[lc].seq >= pseq && (!km || x->cs[lc].seq >= km->seq)) {
         *prev = lc;
         return D_IN_BATCH;
+    }
+    if (km && km->seq > pseq) {
+        /* Behind this relay's own message, of a batch or not: chained to
+         * it (settle_chain decides once the claim is back). */
+        if (r->cfg.s.idempotent)
+            return D_HELD_OURS;
+        *after = km;
+        return D_AFTER;
     }
     if (pstate == OUTBOX_STATE_SENDING && mine && outbox__win_seq_has(r, pseq)) {
         msg *m = outbox__win_key_get(r, c->topic, c->key, c->klen);
@@ -248,7 +236,7 @@ static int consider(claim_ctx *x, int idx)
     if (d == D_HELD_OURS || d == D_HELD) {
         if (bs && c->seq < bs->held_min)
             bs->held_min = c->seq;
-        if (c->source == S_NEW && !c->deferred)
+        if ((c->source == S_NEW || c->source == S_TAKEN) && !c->deferred)
             defer(x, c, NULL, 0);
         return 0;
     }
@@ -269,8 +257,10 @@ static int move_cursor(claim_ctx *x)
             return rc;
         to = top + 1;
     }
-    if (to <= x->new_from)
+    if (to <= x->new_from && !x->cursor_missing)
         return 0;
+    if (to < x->new_from)
+        to = x->new_from;
     sqlite3_bind_int64(r->db.q_cursor_set, 1, to);
     return outbox__relay_step_done(r, r->db.q_cursor_set);
 }
@@ -298,6 +288,35 @@ static int scan_expired(claim_ctx *x)
     return e;
 }
 
+/* Walks the rows of the expired batch lease find_taken chose, in seq order:
+ * each one is chosen (it stays in the batch, which this claim takes over) or
+ * leaves it as a waiting row (defer), even past `want`: no row of a batch
+ * this relay holds may be one it does not know of. */
+static int scan_taken(claim_ctx *x)
+{
+    sqlite3_stmt *st = x->r->db.q_batch_cands;
+    int step = SQLITE_DONE, e = 0;
+    if (!x->taken)
+        return 0;
+    sqlite3_bind_int64(st, 1, x->t_lo);
+    sqlite3_bind_int64(st, 2, x->t_hi);
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        e = add_cand(x, st, S_TAKEN);
+        if (e == 0) {
+            if (x->nchosen < x->want)
+                e = consider(x, (int)x->n - 1);
+            else
+                defer(x, &x->cs[x->n - 1], NULL, 0);
+        }
+        if (e != 0)
+            break;
+    }
+    sqlite3_reset(st);
+    if (e == 0 && step != SQLITE_ROW && step != SQLITE_DONE)
+        e = outbox__relay_sqlerr(x->r, step);
+    return e;
+}
+
 /*
  * Walks the waiting rows that are due (outbox_due) and the new rows (the
  * table from outbox_cursor.new_from) together, oldest available_at first,
@@ -315,10 +334,20 @@ static int scan_pending(claim_ctx *x)
     int rw, rn, rc;
 
     rc = outbox__relay_step_done(r, r->db.q_stray);
-    if (rc == 0)
-        rc = outbox__relay_step_int(r, r->db.q_cursor, 0, &x->new_from);
     if (rc != 0)
         return rc;
+    rc = sqlite3_step(r->db.q_cursor);
+    if (rc == SQLITE_ROW) {
+        int64_t after_batches = sqlite3_column_int64(r->db.q_cursor, 1); /* 0 when NULL */
+        x->cursor_missing = sqlite3_column_type(r->db.q_cursor, 0) == SQLITE_NULL;
+        x->new_from = sqlite3_column_int64(r->db.q_cursor, 0);
+        if (after_batches > x->new_from)
+            x->new_from = after_batches;
+    }
+    sqlite3_reset(r->db.q_cursor);
+    if (rc != SQLITE_ROW)
+        return outbox__relay_sqlerr(r, rc);
+    rc = 0;
     sqlite3_bind_int64(w, 1, x->now);
     sqlite3_bind_int64(w, 2, limit);
     sqlite3_bind_int64(n, 1, limit);
@@ -365,7 +394,22 @@ static int write_deferred(claim_ctx *x)
     size_t i;
     int rc;
     for (i = 0; i < x->ndefer; i++) {
-        sqlite3_bind_int64(st, 1, x->defer[2 * i]);
+        int64_t seq = x->defer[2 * i];
+        if (x->taken && seq >= x->t_lo && seq <= x->t_hi) {
+            /* A row leaving the taken-over batch keeps what that batch
+             * counted: claimed before (its token), and its attempts. */
+            sqlite3_stmt *l = x->r->db.q_batch_leave;
+            sqlite3_bind_int64(l, 1, seq);
+            sqlite3_bind_int64(l, 2, x->defer[2 * i + 1]);
+            sqlite3_bind_int64(l, 3, x->t_token);
+            sqlite3_bind_int64(l, 4, x->t_attempts);
+            rc = outbox__relay_step_done(x->r, l);
+            if (rc != 0)
+                return rc;
+            if (sqlite3_changes(x->r->db.conn) > 0)
+                continue;
+        }
+        sqlite3_bind_int64(st, 1, seq);
         sqlite3_bind_int64(st, 2, x->defer[2 * i + 1]);
         rc = outbox__relay_step_done(x->r, st);
         if (rc != 0)
@@ -381,8 +425,10 @@ static int cmp_seq_idx(const void *a, const void *b)
     return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
-/* Turns the current row of q_claim into a message for its candidate. */
-static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index)
+/* Turns the current row of a claim's statement (columns as
+ * OUTBOX__SQL_CLAIM returns them) into a message for its candidate; b: the
+ * batch lease it was claimed in, or NULL. */
+static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index, relay_batch *b)
 {
     int64_t key[2], *hit;
     cand *c;
@@ -392,25 +438,54 @@ static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index)
     key[0] = sqlite3_column_int64(st, 0);
     hit = bsearch(key, index, x->nchosen, 2 * sizeof(int64_t), cmp_seq_idx);
     if (!hit)
-        return 0; /* not asked for: impossible */
+        return OUTBOX_ESQLITE; /* a row not chosen: impossible under the write lock */
     c = &x->cs[hit[1]];
     e = outbox__encode_row(x->r, st, &m);
     if (m) {
-        m->took_over = c->source == S_EXPIRED;
+        m->took_over = c->source == S_EXPIRED || c->source == S_TAKEN;
         c->m = m;
+        if (b)
+            outbox__batch_join(b, m);
     }
     return e;
 }
 
-/* Claims the chosen rows with one UPDATE ... RETURNING. */
-static int claim_chosen(claim_ctx *x)
+/* Reads the rows of batch b (OUTBOX__SQL_BATCH_ROWS) into messages. */
+static int batch_rows(claim_ctx *x, relay_batch *b, const int64_t *index)
+{
+    sqlite3_stmt *st = x->r->db.q_batch_rows;
+    int step, e = 0;
+    sqlite3_bind_int64(st, 1, b->lo);
+    sqlite3_bind_int64(st, 2, b->hi);
+    sqlite3_bind_int64(st, 3, b->token);
+    sqlite3_bind_int64(st, 4, b->attempts);
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        e = take_row(x, st, index, b);
+        if (e != 0)
+            break;
+    }
+    if (e == 0 && step != SQLITE_DONE)
+        e = outbox__relay_sqlerr(x->r, step);
+    sqlite3_reset(st);
+    return e;
+}
+
+/*
+ * Claims the chosen rows: the new rows in one batch lease (one record for
+ * the range from the first to the last of them: every other row of that
+ * range was made to wait or is not new), the rows of a taken-over batch by
+ * taking its record over (token + 1), and the other rows each under a lease
+ * of its own with one UPDATE ... RETURNING. *nb gets the batches (up to 2).
+ */
+static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
 {
     outbox_relay *r = x->r;
-    int64_t *index;
+    int64_t *index, lo = INT64_MAX, hi = 0, until = x->now + (int64_t)r->cfg.s.lease_ms;
     char *list, *p;
-    size_t i;
+    size_t i, nrow = 0, ntaken = 0;
     int step, e = 0;
 
+    *nb = 0;
     index = malloc(x->nchosen * 2 * sizeof *index);
     list = malloc(x->nchosen * 21 + 2);
     if (!index || !list) {
@@ -418,29 +493,81 @@ static int claim_chosen(claim_ctx *x)
         free(list);
         return OUTBOX_ENOMEM;
     }
-    /* The seqs as a JSON array, for json_each() in the statement. */
+    /* The seqs of rows under leases of their own as a JSON array, for
+     * json_each() in the statement. */
     p = list;
     *p++ = '[';
     for (i = 0; i < x->nchosen; i++) {
-        index[2 * i] = x->cs[x->chosen[i]].seq;
+        const cand *c = &x->cs[x->chosen[i]];
+        index[2 * i] = c->seq;
         index[2 * i + 1] = x->chosen[i];
-        p += sprintf(p, "%s%lld", i ? "," : "", (long long)index[2 * i]);
+        if (c->source == S_NEW) {
+            lo = c->seq < lo ? c->seq : lo;
+            hi = c->seq > hi ? c->seq : hi;
+        } else if (c->source == S_TAKEN) {
+            ntaken++;
+        } else {
+            p += sprintf(p, "%s%lld", nrow ? "," : "", (long long)c->seq);
+            nrow++;
+        }
     }
     *p++ = ']';
     qsort(index, x->nchosen, 2 * sizeof *index, cmp_seq_idx);
-    sqlite3_bind_text(r->db.q_claim, 1, r->cfg.worker_id, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(r->db.q_claim, 2, x->now + (int64_t)r->cfg.s.lease_ms);
-    sqlite3_bind_text(r->db.q_claim, 3, list, (int)(p - list), SQLITE_STATIC);
-    sqlite3_bind_int64(r->db.q_claim, 4, x->now);
-    while ((step = sqlite3_step(r->db.q_claim)) == SQLITE_ROW) {
-        e = take_row(x, r->db.q_claim, index);
-        if (e != 0)
-            break;
+    if (x->taken && ntaken) {
+        sqlite3_stmt *t = r->db.q_batch_take;
+        relay_batch *b = outbox__batch_new(x->t_lo, x->t_hi, x->t_token + 1, x->t_attempts + 1);
+        if (!b) {
+            e = OUTBOX_ENOMEM;
+            goto done;
+        }
+        bs[(*nb)++] = b;
+        sqlite3_bind_int64(t, 1, x->t_lo);
+        sqlite3_bind_text(t, 2, r->cfg.worker_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(t, 3, until);
+        sqlite3_bind_int64(t, 4, x->now);
+        sqlite3_bind_int64(t, 5, x->t_token);
+        e = outbox__relay_step_done(r, t);
+        if (e == 0 && sqlite3_changes(r->db.conn) != 1)
+            e = OUTBOX_ESQLITE; /* changed under the write lock: impossible */
+        if (e == 0)
+            e = batch_rows(x, b, index);
+    } else if (x->taken) {
+        /* None of its rows stayed in it: every one has a state of its own. */
+        sqlite3_bind_int64(r->db.q_batch_drop, 1, x->t_lo);
+        e = outbox__relay_step_done(r, r->db.q_batch_drop);
     }
-    if (e == 0 && step != SQLITE_DONE)
-        e = outbox__relay_sqlerr(r, step);
-    sqlite3_reset(r->db.q_claim);
-    sqlite3_clear_bindings(r->db.q_claim);
+    if (e == 0 && hi > 0) {
+        sqlite3_stmt *n = r->db.q_batch_new;
+        relay_batch *b = outbox__batch_new(lo, hi, 1, 1);
+        if (!b) {
+            e = OUTBOX_ENOMEM;
+            goto done;
+        }
+        bs[(*nb)++] = b;
+        sqlite3_bind_int64(n, 1, lo);
+        sqlite3_bind_int64(n, 2, hi);
+        sqlite3_bind_text(n, 3, r->cfg.worker_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(n, 4, until);
+        e = outbox__relay_step_done(r, n);
+        if (e == 0)
+            e = batch_rows(x, b, index);
+    }
+    if (e == 0 && nrow) {
+        sqlite3_bind_text(r->db.q_claim, 1, r->cfg.worker_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(r->db.q_claim, 2, until);
+        sqlite3_bind_text(r->db.q_claim, 3, list, (int)(p - list), SQLITE_STATIC);
+        sqlite3_bind_int64(r->db.q_claim, 4, x->now);
+        while ((step = sqlite3_step(r->db.q_claim)) == SQLITE_ROW) {
+            e = take_row(x, r->db.q_claim, index, NULL);
+            if (e != 0)
+                break;
+        }
+        if (e == 0 && step != SQLITE_DONE)
+            e = outbox__relay_sqlerr(r, step);
+        sqlite3_reset(r->db.q_claim);
+        sqlite3_clear_bindings(r->db.q_claim);
+    }
+done:
     free(list);
     free(index);
     return e;
@@ -496,13 +623,16 @@ void outbox__claim_free(outbox_relay *r)
     free(r->cw.chosen);
     free(r->cw.defer);
     free(r->cw.slots);
-    arena_free(r->cw.arena);
+    free(r->cw.fk);
+    outbox__win_free_parked(r);
+    outbox__claim_arena_free(r->cw.arena);
     outbox__encode_free(r);
     memset(&r->cw, 0, sizeof r->cw);
 }
 
 int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now)
 {
+    int64_t ntaken;
     int rc;
 
     memset(x, 0, sizeof *x);
@@ -510,8 +640,12 @@ int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t n
     x->now = now;
     x->want = want;
     /* The strings of the previous claim's candidates go. */
-    arena_reset(&r->cw.arena);
-    rc = outbox__claim_arrays(r, (size_t)want * 9 + 1); /* expired (want) + waiting (4 want) + new (4 want) */
+    outbox__claim_arena_reset(&r->cw.arena);
+    rc = outbox__claim_find_taken(x, &ntaken);
+    if (rc != 0)
+        return rc;
+    /* expired (want) + a taken-over batch + waiting (4 want) + new (4 want) */
+    rc = outbox__claim_arrays(r, (size_t)want * 9 + 1 + (size_t)ntaken);
     if (rc != 0)
         return rc;
     x->cap = r->cw.cap;
@@ -521,8 +655,11 @@ int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t n
     x->slots = r->cw.slots;
     x->scap = r->cw.scap;
     x->gen = r->cw.gen;
-    /* Expired leases first: they are the oldest work. */
-    rc = scan_expired(x);
+    /* Expired leases first: they are the oldest work (the batch's rows are
+     * older than any other claimed row of their keys). */
+    rc = scan_taken(x);
+    if (rc == 0)
+        rc = scan_expired(x);
     if (rc == 0)
         rc = scan_pending(x);
     if (rc == 0)
@@ -535,7 +672,8 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
 {
     claim_ctx x;
     msg **ms = NULL;
-    size_t nm = 0, i;
+    relay_batch *bs[2];
+    size_t nm = 0, i, nb = 0;
     int rc;
 
     *out = NULL;
@@ -547,7 +685,7 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
         *ndeferred = x.ndefer;
     if (rc != 0 || x.nchosen == 0)
         goto done;
-    rc = claim_chosen(&x);
+    rc = claim_chosen(&x, bs, &nb);
     if (rc != 0)
         goto done;
 
@@ -586,6 +724,8 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
                 c->m->result = outbox__safe_text("held back: its predecessor was not claimed", 42);
             }
             rc = outbox__mark_write(r, c->m, now);
+            if (c->m->batch)
+                c->m->batch->n--; /* it left its batch at once */
             if (c->m->outcome == OUT_DEAD)
                 (*ndead)++;
             c->fate = release ? C_RELEASED : C_DEAD;
@@ -606,9 +746,27 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
         }
         ms[nm++] = c->m;
     }
+    /* A batch all of whose rows left it at once names no row: its record
+     * goes. */
+    for (i = 0; i < nb; i++)
+        if (bs[i]->n == 0) {
+            relay_batch *b = bs[i];
+            sqlite3_bind_int64(r->db.q_batch_drop, 1, b->lo);
+            if (b->refs == 0) {
+                bs[i] = bs[--nb]; /* no message took it */
+                i--;
+                free(b);
+            }
+            rc = outbox__relay_step_done(r, r->db.q_batch_drop);
+            if (rc != 0)
+                goto done;
+        }
     rc = 0;
 done:
     if (rc != 0) {
+        for (i = 0; i < nb; i++)
+            if (bs[i]->refs == 0)
+                free(bs[i]); /* no message took it */
         for (i = 0; i < x.nchosen && x.cs; i++)
             outbox__msg_free(x.cs[x.chosen[i]].m);
         free(ms);

@@ -7,9 +7,12 @@
 
 #include "relay_int.h"
 
-/* Where a candidate came from: an expired lease (outbox_leased), a due
- * waiting row (outbox_due) or the walk of new rows from the cursor. */
-enum cand_source { S_EXPIRED, S_WAITING, S_NEW };
+/* Where a candidate came from: an expired lease of its own (outbox_leased),
+ * a row of an expired batch lease taken over (outbox_batch_leased), a due
+ * waiting row (outbox_due) or the walk of new rows from the cursor. Rows of
+ * the walk and of a taken-over batch are claimed in a batch lease; the
+ * others each under a lease of their own. */
+enum cand_source { S_EXPIRED, S_TAKEN, S_WAITING, S_NEW };
 /* What the claim did with it: only looked, chose it, dead-lettered it
  * (invalid row), or handed it back (its predecessor was not claimed). */
 enum cand_fate { C_SEEN, C_CHOSEN, C_DEAD, C_RELEASED };
@@ -38,6 +41,15 @@ struct chunk {
     char data[];
 };
 
+/* A key of another relay's batch lease (or one nobody holds any more): the
+ * lowest seq of its rows there (see foreign_keys in claim.c). */
+struct fkey {
+    uint64_t hash;
+    const char *topic, *key; /* in the claim's arena */
+    size_t klen;
+    int64_t seq;
+};
+
 /* Per key, in one claim: its newest row chosen and its held rows. */
 struct bslot {
     unsigned gen;     /* the claim that uses it (claim_ctx.gen); any other: an empty slot */
@@ -56,13 +68,38 @@ typedef struct claim_ctx {
     int *chosen;
     size_t nchosen;
     int64_t new_from; /* outbox_cursor: no new row before this seq */
+    int cursor_missing; /* its row was deleted (by hand): written again */
     int64_t new_pos;  /* every new row before this seq was seen (INT64_MAX: all of them) */
     int64_t *defer;   /* (seq, available_at) pairs: rows to make due later (see defer) */
     size_t ndefer;
     bslot *slots;
     size_t scap;
     unsigned gen;
+    /* The expired batch lease this claim takes over (taken: its rows were
+     * walked), its range, the token and attempts it had. */
+    int taken;
+    int64_t t_lo, t_hi, t_token, t_attempts;
+    /* Keys of the other leased batches, loaded at the first keyed row
+     * (fk_loaded), in an open-addressing table of fk_cap slots. */
+    int fk_loaded;
+    struct fkey *fk;
+    size_t fk_cap, fk_len;
 } claim_ctx;
+
+/* ---- claim_batch.c ---- */
+
+/* The claim's arena: strings copied for the length of one claim. */
+const char *outbox__claim_arena_dup(chunk **a, const char *s, size_t len);
+void outbox__claim_arena_free(chunk *a);
+void outbox__claim_arena_reset(chunk **a); /* empties it, keeping its first chunk */
+/* The lowest seq of c's key among the rows of the batch leases this relay
+ * does not hold (loaded at the first call of a claim), INT64_MAX if none.
+ * 0 or OUTBOX_E*. */
+int outbox__claim_foreign_min(claim_ctx *x, const cand *c, int64_t *seq);
+/* The oldest expired batch lease this relay does not hold, if any, into x
+ * (taken, t_lo, t_hi, t_token, t_attempts); *nrows its rows as written.
+ * 0 or OUTBOX_E*. */
+int outbox__claim_find_taken(claim_ctx *x, int64_t *nrows);
 
 /*
  * Chooses up to `want` rows inside the open transaction, without claiming

@@ -293,6 +293,7 @@ static void stop_check(outbox_relay *r)
             outbox__win_retire(r, m);
         }
         r->win.marks_tail = NULL;
+        r->win.marks_len = 0;
     }
     r->stop.closing = 1;
     close_redis(r);

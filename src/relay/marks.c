@@ -2,7 +2,11 @@
  * marks.c: writing a message's mark inside a unit's transaction (worker
  * thread) and accounting for it once the transaction committed (loop
  * thread). Every mark is fenced: it names the owner and the lease token it
- * claimed with, and changes nothing if either changed since.
+ * claimed with, and changes nothing if either changed since. A message of a
+ * batch lease (m->batch) is fenced by its batch record; its failure, hand
+ * back or dead-letter is written to its row (which leaves the batch), its
+ * publication only by the one write of its batch's published record (the
+ * batch's lead message, see relay_batch).
  */
 #include <string.h>
 
@@ -23,12 +27,105 @@ static void bind_fence(sqlite3_stmt *st, int first, const outbox_relay *r, const
     sqlite3_bind_int64(st, first + 2, m->token);
 }
 
+/* The batch's published record, written by its lead message's mark. */
+static int batch_published(outbox_relay *r, relay_batch *b, int64_t now)
+{
+    sqlite3_stmt *st = r->db.q_batch_published;
+    int rc;
+    sqlite3_bind_int64(st, 1, b->lo);
+    sqlite3_bind_text(st, 2, r->cfg.worker_id, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, b->token);
+    sqlite3_bind_int64(st, 4, now);
+    rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE)
+        return outbox__relay_sqlerr(r, rc);
+    b->applied = sqlite3_changes(r->db.conn) > 0;
+    return 0;
+}
+
+/* A batch message's own mark: its row leaves the batch. */
+static int batch_row_mark(outbox_relay *r, msg *m, int64_t now)
+{
+    sqlite3_stmt *st;
+    int64_t due = now, attempts = m->attempts;
+    int state = OUTBOX_STATE_PENDING, rc;
+    const char *what, *text = NULL;
+
+    switch (m->outcome) {
+    case OUT_PUBLISHED:
+        st = r->db.q_batch_row_published;
+        text = m->result;
+        what = "published";
+        break;
+    case OUT_RETRY:
+        st = r->db.q_batch_failed;
+        if (m->attempts >= (int64_t)r->cfg.s.max_attempts) {
+            state = OUTBOX_STATE_DEAD;
+            what = "dead";
+        } else {
+            what = "retry";
+        }
+        due = now + (int64_t)retry_delay_ms(r, m->attempts);
+        text = m->result ? m->result : "unknown error";
+        break;
+    case OUT_DEAD:
+        st = r->db.q_batch_failed;
+        state = OUTBOX_STATE_DEAD;
+        text = m->result ? m->result : "invalid row";
+        what = "dead";
+        break;
+    case OUT_RELEASE:
+    default:
+        st = r->db.q_batch_release;
+        attempts = m->attempts > 0 ? m->attempts - 1 : 0;
+        what = "released";
+        break;
+    }
+    bind_fence(st, 1, r, m);
+    if (m->outcome == OUT_PUBLISHED) {
+        sqlite3_bind_int64(st, 4, now);
+        sqlite3_bind_text(st, 5, text, -1, SQLITE_STATIC);
+    } else {
+        sqlite3_bind_int(st, 4, state);
+        sqlite3_bind_int64(st, 5, due);
+        if (text)
+            sqlite3_bind_text(st, 6, text, -1, SQLITE_STATIC);
+    }
+    sqlite3_bind_int64(st, 7, attempts);
+    sqlite3_bind_int64(st, 8, m->batch->lo);
+    rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (rc != SQLITE_DONE)
+        return outbox__relay_sqlerr(r, rc);
+    m->mark_what = what;
+    m->mark_applied = sqlite3_changes(r->db.conn) > 0;
+    return 0;
+}
+
 int outbox__mark_write(outbox_relay *r, msg *m, int64_t now)
 {
     sqlite3_stmt *st;
     int rc;
     const char *what;
 
+    if (m->batch) {
+        if (m->outcome == OUT_PUBLISHED && !m->own_published) {
+            if (m->batch_lead) {
+                rc = batch_published(r, m->batch, now);
+                if (rc != 0)
+                    return rc;
+            }
+            m->mark_what = "published";
+            m->mark_applied = m->batch->applied;
+            return 0;
+        }
+        rc = batch_row_mark(r, m, now);
+        if (rc == 0 && m->batch_lead)
+            rc = batch_published(r, m->batch, now);
+        return rc;
+    }
     switch (m->outcome) {
     case OUT_PUBLISHED:
         st = r->db.q_published;

@@ -56,35 +56,90 @@ static void on_stall_prepare(uv_prepare_t *h)
     outbox__hist_observe(&r->stats.h_stall, (double)d / 1e9);
 }
 
+/*
+ * One retention step, in one transaction of at most retention_batch rows
+ * (and at least one batch): rows published on their own, then whole
+ * published batches, oldest first, each with its rows that have no state of
+ * their own (a dead or waiting row in a batch's range stays). Returns the
+ * rows deleted, or -1 (rc: the SQLite code).
+ */
+static int64_t retention_step(outbox_relay *r, int64_t cutoff, int64_t limit, int *rc)
+{
+    sqlite3_stmt *b = r->db.q_ret_batches;
+    int64_t n = 0;
+    int step;
+
+    *rc = sqlite3_exec(r->db.conn, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (*rc != SQLITE_OK)
+        return -1;
+    sqlite3_bind_int64(r->db.q_retention, 1, cutoff);
+    sqlite3_bind_int64(r->db.q_retention, 2, limit);
+    *rc = sqlite3_step(r->db.q_retention);
+    sqlite3_reset(r->db.q_retention);
+    if (*rc != SQLITE_DONE)
+        goto fail;
+    n = sqlite3_changes(r->db.conn);
+    while (n < limit) {
+        int64_t lo, hi;
+        sqlite3_bind_int64(b, 1, cutoff);
+        sqlite3_bind_int64(b, 2, 1);
+        step = sqlite3_step(b);
+        lo = step == SQLITE_ROW ? sqlite3_column_int64(b, 0) : 0;
+        hi = step == SQLITE_ROW ? sqlite3_column_int64(b, 1) : 0;
+        sqlite3_reset(b);
+        if (step == SQLITE_DONE)
+            break;
+        if (step != SQLITE_ROW) {
+            *rc = step;
+            goto fail;
+        }
+        sqlite3_bind_int64(r->db.q_ret_batch_rows, 1, lo);
+        sqlite3_bind_int64(r->db.q_ret_batch_rows, 2, hi);
+        *rc = sqlite3_step(r->db.q_ret_batch_rows);
+        sqlite3_reset(r->db.q_ret_batch_rows);
+        if (*rc != SQLITE_DONE)
+            goto fail;
+        n += sqlite3_changes(r->db.conn);
+        sqlite3_bind_int64(r->db.q_ret_batch, 1, lo);
+        *rc = sqlite3_step(r->db.q_ret_batch);
+        sqlite3_reset(r->db.q_ret_batch);
+        if (*rc != SQLITE_DONE)
+            goto fail;
+    }
+    *rc = sqlite3_exec(r->db.conn, "COMMIT", NULL, NULL, NULL);
+    if (*rc == SQLITE_OK)
+        return n;
+fail:
+    sqlite3_exec(r->db.conn, "ROLLBACK", NULL, NULL, NULL);
+    return -1;
+}
+
 static void on_retention(uv_timer_t *t)
 {
     outbox_relay *r = t->data;
-    int rc, n = 0, pages;
+    int rc, pages;
+    int64_t n;
     if (r->state != R_RUNNING || !r->db.q_retention)
         return;
     if (r->sched.running) {
         uv_timer_start(&r->ops.retention_timer, on_retention, 5, 0); /* the connection is the unit's */
         return;
     }
-    sqlite3_bind_int64(r->db.q_retention, 1, outbox_now_ms() - (int64_t)r->cfg.s.retention_ms);
-    sqlite3_bind_int64(r->db.q_retention, 2, r->cfg.s.retention_batch);
-    rc = sqlite3_step(r->db.q_retention);
-    sqlite3_reset(r->db.q_retention);
-    if (rc == SQLITE_DONE) {
-        n = sqlite3_changes(r->db.conn);
+    n = retention_step(r, outbox_now_ms() - (int64_t)r->cfg.s.retention_ms, (int64_t)r->cfg.s.retention_batch, &rc);
+    if (n >= 0) {
         r->stats.retention_deleted += (uint64_t)n;
         if (n)
-            LOG(r, OUTBOX_LOG_DEBUG, "msg=\"retention deleted published rows\" count=%d", n);
+            LOG(r, OUTBOX_LOG_DEBUG, "msg=\"retention deleted published rows\" count=%lld", (long long)n);
     } else if ((rc & 0xff) != SQLITE_BUSY) {
-        LOG(r, OUTBOX_LOG_WARN, "msg=\"retention delete failed\" error=\"%s\"", sqlite3_errmsg(r->db.conn));
+        LOG(r, OUTBOX_LOG_WARN, "msg=\"retention delete failed\" error=\"%s\"", sqlite3_errstr(rc));
     }
     pages = r->ckpt.own_pages;
     r->ckpt.own_pages = 0;
     if (pages)
         outbox__wake_checkpoint(r, pages);
-    /* A full batch means more are due: continue soon, in small steps, so the
+    /* A full step means more are due: continue soon, in small steps, so the
      * application's writers are never held up for long. */
-    uv_timer_start(&r->ops.retention_timer, on_retention, n == (int)r->cfg.s.retention_batch ? 20 : 10000, 0);
+    uv_timer_start(&r->ops.retention_timer, on_retention, n >= (int64_t)r->cfg.s.retention_batch ? 20 : 10000, 0);
 }
 
 /* Runs on a libuv worker thread with its own read-only connection: a count

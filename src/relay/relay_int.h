@@ -12,7 +12,8 @@
  *                    WAL watch, data_version and checkpoints; XADD and WAIT;
  *                    idempotent publishing
  *   link.c           the relay's Redis: one node or a cluster, one interface
- *   claim.c          choosing and claiming rows
+ *   claim.c  claim_batch.c
+ *                    choosing and claiming rows; batch leases' keys and takeovers
  *   marks.c          writing and accounting marks
  *   encode.c  window.c  db.c  settings.c
  *                    row checks and commands; the in-flight window; the
@@ -59,6 +60,27 @@ enum msg_state { MSG_HELD, MSG_SENT, MSG_WAITING, MSG_DONE };
 
 typedef struct wait_group wait_group;
 typedef struct msg msg;
+typedef struct relay_batch relay_batch;
+
+/*
+ * A batch lease this relay holds (outbox_batch, proto/schema.md): the new
+ * rows of one claim, or the rows of an expired batch it took over. Its
+ * messages point at it; it is freed with the last of them. A message that
+ * fails, is handed back or is dead-lettered leaves the batch by its own
+ * row's mark; the published ones wait in `published` until every message
+ * has an outcome, then go to the mark queue together, the first one
+ * (`batch_lead`) writing the batch's one published record after the rows'
+ * own marks before it (window.c).
+ */
+struct relay_batch {
+    int64_t lo, hi, token, attempts;
+    size_t n, ndone, refs; /* messages claimed in it, with an outcome, not yet freed */
+    msg *published, *published_tail;
+    uint64_t parked_since; /* loop ms of the first message in `published` */
+    relay_batch *next_live, *prev_live; /* r->win.batches, once the claim committed */
+    int live;
+    int applied; /* set by the lead's mark: the batch record was ours and is now published */
+};
 
 /* One claimed message, from its claim until its mark is written. */
 struct msg {
@@ -85,6 +107,9 @@ struct msg {
     const char *mark_what; /* set by outbox__mark_write: published, retry, dead or released */
     char *result;          /* stream entry id (published) or error text (failed); malloc'd or entry */
     char entry[48];        /* a published message's entry id, when it fits (window.c) */
+    relay_batch *batch;    /* the batch lease it was claimed in, or NULL (a lease of its own) */
+    int batch_lead;        /* its mark writes its batch's published record (see relay_batch) */
+    int own_published;     /* published, but marked on its own row (its batch was slow to finish) */
 };
 
 /* The messages of one pipelined batch that wait for one WAIT reply: those
@@ -130,7 +155,10 @@ struct relay_config {
 struct relay_db {
     sqlite3 *conn;
     sqlite3_stmt *q_new, *q_due, *q_expired, *q_key_prev, *q_defer, *q_claim, *q_published, *q_failed, *q_release,
-        *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention, *q_cursor, *q_cursor_set, *q_top, *q_stray;
+        *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention, *q_cursor, *q_cursor_set, *q_top, *q_stray,
+        *q_batch_new, *q_batch_rows, *q_batch_cands, *q_batch_expired, *q_batch_take, *q_batch_drop, *q_batch_leased,
+        *q_batch_keys, *q_batch_leave, *q_batch_published, *q_batch_failed, *q_batch_release, *q_ret_batches,
+        *q_ret_batch_rows, *q_ret_batch, *q_batch_row_published;
     int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
 };
 
@@ -170,6 +198,8 @@ struct relay_window {
     /* In-flight seqs, to tell our own leases from expired ones. */
     int64_t *seqset;
     size_t seqset_cap, seqset_len, seqset_tombs;
+    /* The batch leases this relay holds (claimed and committed). */
+    relay_batch *batches;
 };
 
 typedef struct cand cand;
@@ -188,6 +218,8 @@ struct relay_claim_ws {
     unsigned gen; /* a slot is in use in this claim iff its gen is this */
     chunk *arena;
     struct msg_chunk *mchunk; /* where new messages go (encode.c) */
+    struct fkey *fk; /* other relays' batch keys (claim.c) */
+    size_t fk_cap;
 };
 
 /* One unit of work: filled by the loop thread (outbox__sched_do_work), run
@@ -398,13 +430,32 @@ msg *outbox__win_key_get(outbox_relay *r, const char *topic, const char *key, si
 /* Makes m its key's newest message. Without memory for the table it is left
  * out: its successors then wait for its mark, which is slower, not wrong. */
 void outbox__win_key_put(outbox_relay *r, msg *m);
-/* Frees a message; NULL is a no-op. */
+/* Frees a message; NULL is a no-op. Its batch goes with its last message. */
 void outbox__msg_free(msg *m);
+/* A new batch lease of the claim (worker thread): m joins it. */
+relay_batch *outbox__batch_new(int64_t lo, int64_t hi, int64_t token, int64_t attempts);
+void outbox__batch_join(relay_batch *b, msg *m);
+/* The claim committed: b is one of this relay's batches (r->win.batches). */
+void outbox__batch_live(outbox_relay *r, relay_batch *b);
+/* Is the batch lease (lo, token) one of this relay's? (worker thread, while
+ * the loop does not change the list) */
+int outbox__batch_ours(const outbox_relay *r, int64_t lo, int64_t token);
 /* Frees a message that leaves the window (out of the key map and seq set). */
 void outbox__win_retire(outbox_relay *r, msg *m);
 /* Decides m's outcome (text, copied, becomes its result) and queues its
  * mark; schedules a unit. */
 void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char *text, size_t len);
+/* Is m's successor in the queue part of the same batch's published group
+ * (see relay_batch)? A unit never ends between them. */
+int outbox__win_group_next(const msg *m);
+/* Queues, as marks of their own rows, the published messages that have
+ * waited at least ms for the rest of their batch (a batch held up by a
+ * chained or slow message): a relay killed meanwhile would leave them to be
+ * published again. */
+void outbox__win_flush_parked(outbox_relay *r, uint64_t ms);
+/* Frees the published messages still waiting for the rest of their batch
+ * (destroy after a stop that gave up on replies). */
+void outbox__win_free_parked(outbox_relay *r);
 /* Hands back m's held-back successors (they were never sent). */
 void outbox__win_release_chain(outbox_relay *r, msg *m, const char *why);
 /* Puts a detached list of marks back at the head of the queue. */

@@ -14,6 +14,10 @@
 
 #include "relay_int.h"
 
+/* Published messages of a batch wait for the rest of it at most this long
+ * (ms) before they are marked on their own rows (outbox__win_flush_parked). */
+#define PARKED_MS 20
+
 /* Marks written per transaction at most (see outbox__sched_do_work). */
 #define MARKS_PER_TXN 512
 
@@ -232,7 +236,7 @@ static void unit_txn(outbox_relay *r)
         /* Half the budget for marks when a claim follows, so that XADDs
          * keep flowing while marks pile up; the rest go back to the queue
          * (unit_done). */
-        if (i + 1 < u->nmarks && !u->stopping && (i & 15) == 15 &&
+        if (i + 1 < u->nmarks && !u->stopping && (i & 15) == 15 && !outbox__win_group_next(m) &&
             uv_hrtime() - u->t0 > (should_yield(r) ? YIELD_AFTER_NS
                                                      : u->want_claim ? TXN_BUDGET_NS / 2 : TXN_BUDGET_NS)) {
             u->nwritten = i + 1;
@@ -381,6 +385,8 @@ static void unit_done(uv_work_t *w, int status)
     send = malloc((u->nclaimed ? u->nclaimed : 1) * sizeof *send);
     for (i = 0; i < u->nclaimed; i++) {
         msg *c = u->claimed[i];
+        if (c->batch)
+            outbox__batch_live(r, c->batch);
         outbox__win_seq_add(r, c->seq);
         r->win.inflight++;
         if (c->took_over)
@@ -471,6 +477,7 @@ static void do_work(outbox_relay *r)
     }
     if (uv_is_active((uv_handle_t *)&r->sched.busy_timer) || r->state == R_STOPPED || r->state == R_CREATED)
         return;
+    outbox__win_flush_parked(r, PARKED_MS);
     /* The marks written below leave the window in this same transaction,
      * so their room can be claimed now; otherwise a window emptied by one
      * batch of marks would wait for the scan timer. */
@@ -492,7 +499,10 @@ static void do_work(outbox_relay *r)
      * short; the rest go in the next one. They are detached: replies keep
      * queueing marks while the unit runs. */
     u->marks = r->win.marks_head;
-    for (m = r->win.marks_head; m && u->nmarks < MARKS_PER_TXN; m = m->next) {
+    /* A batch's published group is never split (its lead writes the
+     * batch's record for all of them). */
+    for (m = r->win.marks_head; m && (u->nmarks < MARKS_PER_TXN || (last && outbox__win_group_next(last)));
+         m = m->next) {
         last = m;
         u->nmarks++;
     }

@@ -13,7 +13,13 @@
 #define OUTBOX__SQL_NEW                                                                                               \
     "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "                                     \
     "WHERE seq >= ?2 AND state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1"
-#define OUTBOX__SQL_CURSOR "SELECT new_from FROM outbox_cursor"
+/* Where the walk starts: the cursor, and never before the end of the last
+ * batch's range (whose rows as written are not new). The cursor's row, NULL
+ * when it was deleted by hand, is written again by the claim. */
+#define OUTBOX__SQL_LAST_HI "(SELECT hi + 1 FROM outbox_batch ORDER BY lo DESC LIMIT 1)"
+#define OUTBOX__SQL_NEW_FROM                                                                                          \
+    "max(coalesce((SELECT new_from FROM outbox_cursor), 0), coalesce(" OUTBOX__SQL_LAST_HI ", 0))"
+#define OUTBOX__SQL_CURSOR "SELECT (SELECT new_from FROM outbox_cursor), " OUTBOX__SQL_LAST_HI
 /* An upsert: a cursor row deleted by hand comes back (the walk that follows
  * its loss starts at the first row). */
 #define OUTBOX__SQL_CURSOR_SET                                                                                        \
@@ -49,6 +55,70 @@
     "lease_until = NULL, last_error = NULL "                                                                         \
     "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"
 
+/*
+ * Batch leases (outbox_batch). A row "as written" (state 0, available_at not
+ * after created_at, lease_token 0) inside a batch's range has its batch's
+ * state; every other row has its own (proto/schema.md, "Batch leases").
+ */
+#define OUTBOX__SQL_BARE "state = 0 AND available_at <= created_at AND lease_token = 0"
+/* A new batch: ?1 lo, ?2 hi, ?3 owner, ?4 lease expiry. */
+#define OUTBOX__SQL_BATCH_NEW                                                                                         \
+    "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) VALUES (?1, ?2, 1, ?3, 1, ?4, 1)"
+/* A batch's rows, as OUTBOX__SQL_CLAIM returns them: ?1 lo, ?2 hi, ?3 its
+ * token, ?4 its attempts. */
+#define OUTBOX__SQL_BATCH_ROWS                                                                                        \
+    "SELECT seq, id, topic, key, payload, headers, created_at, ?3, attempts + ?4, replay_count FROM outbox "        \
+    "WHERE seq BETWEEN ?1 AND ?2 AND " OUTBOX__SQL_BARE " ORDER BY seq"
+/* A batch's rows as candidates (add_cand): ?1 lo, ?2 hi. */
+#define OUTBOX__SQL_BATCH_CANDS                                                                                       \
+    "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "                                     \
+    "WHERE seq BETWEEN ?1 AND ?2 AND " OUTBOX__SQL_BARE " ORDER BY seq"
+/* Expired batch leases by ?1, oldest range first (outbox_batch_leased). */
+#define OUTBOX__SQL_BATCH_EXPIRED                                                                                     \
+    "SELECT lo, hi, owner, token, attempts FROM outbox_batch WHERE state = 1 AND lease_until <= ?1 ORDER BY lo LIMIT 1"
+/* Takeover of an expired batch lease: ?1 lo, ?2 owner, ?3 expiry, ?4 now,
+ * ?5 the token it was seen with. */
+#define OUTBOX__SQL_BATCH_TAKE                                                                                        \
+    "UPDATE outbox_batch SET owner = ?2, token = token + 1, lease_until = ?3, attempts = attempts + 1 "              \
+    "WHERE lo = ?1 AND state = 1 AND lease_until <= ?4 AND token = ?5"
+/* A taken-over batch none of whose rows stayed in it. */
+#define OUTBOX__SQL_BATCH_DROP "DELETE FROM outbox_batch WHERE lo = ?1 AND state = 1"
+/* Leased batches (another relay's keys, see claim.c), and their keyed rows. */
+#define OUTBOX__SQL_BATCH_LEASED "SELECT lo, hi, owner, token FROM outbox_batch WHERE state = 1"
+#define OUTBOX__SQL_BATCH_KEYS                                                                                        \
+    "SELECT seq, topic, key FROM outbox WHERE seq BETWEEN ?1 AND ?2 AND key IS NOT NULL AND " OUTBOX__SQL_BARE
+/* A row leaves a taken-over batch, made to wait until ?2: ?1 seq, ?3 the
+ * batch's old token, ?4 its attempts (the row's attempts so far). */
+#define OUTBOX__SQL_BATCH_LEAVE                                                                                       \
+    "UPDATE outbox SET available_at = max(?2, created_at + 1), lease_token = ?3, attempts = attempts + ?4 "          \
+    "WHERE seq = ?1 AND " OUTBOX__SQL_BARE
+/* The fenced published mark of a batch: ?1 lo, ?2 owner, ?3 token, ?4 now.
+ * Its rows without a state of their own are published. */
+#define OUTBOX__SQL_BATCH_PUBLISHED                                                                                   \
+    "UPDATE outbox_batch SET state = 2, published_at = ?4, lease_until = NULL "                                     \
+    "WHERE lo = ?1 AND state = 1 AND owner = ?2 AND token = ?3"
+/* The fence of a row's mark inside a batch: the row has no state of its own
+ * and its batch (?8 lo) is leased to ?2 under ?3. */
+#define OUTBOX__SQL_BATCH_FENCE                                                                                       \
+    "seq = ?1 AND " OUTBOX__SQL_BARE " AND EXISTS (SELECT 1 FROM outbox_batch WHERE lo = ?8 AND state = 1 "           \
+    "AND owner = ?2 AND token = ?3)"
+/* A row's failure inside a batch (?1 seq, ?2 owner, ?3 token, ?8 lo): ?4
+ * state (pending or dead), due at ?5, ?6 last_error, ?7 attempts. It leaves
+ * the batch: a state of its own, lease_token the batch's. */
+#define OUTBOX__SQL_BATCH_FAILED                                                                                      \
+    "UPDATE outbox SET state = ?4, available_at = max(?5, created_at + 1), last_error = ?6, attempts = ?7, "         \
+    "lease_token = ?3 WHERE " OUTBOX__SQL_BATCH_FENCE
+/* A row published while its batch waits for others (?1 seq, ?2 owner, ?3
+ * token, ?8 lo): ?4 now, ?5 the stream entry id. It leaves the batch. */
+#define OUTBOX__SQL_BATCH_ROW_PUBLISHED                                                                               \
+    "UPDATE outbox SET state = 2, published_at = ?4, stream_id = ?5, attempts = ?7, lease_token = ?3 "               \
+    "WHERE " OUTBOX__SQL_BATCH_FENCE
+/* A row handed back from a batch (not counted: ?7 the attempts before this
+ * claim), due at ?5 (?4 and ?6 are not used). */
+#define OUTBOX__SQL_BATCH_RELEASE                                                                                     \
+    "UPDATE outbox SET available_at = max(?5, created_at + 1), attempts = ?7, lease_token = ?3 "                     \
+    "WHERE " OUTBOX__SQL_BATCH_FENCE
+
 /* Expired leases by ?1, ?2 at most (outbox_leased). */
 #define OUTBOX__SQL_EXPIRED                                                                                           \
     "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "                                     \
@@ -67,26 +137,35 @@
     "UPDATE outbox SET state = 0, available_at = max(?4, created_at + 1), attempts = max(attempts - 1, 0), "         \
     "lease_owner = NULL, lease_until = NULL "                                                                        \
     "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"
-/* Retention: published rows older than ?1, ?2 at most, oldest first. */
+/* Retention: rows published on their own older than ?1, ?2 at most, oldest
+ * first; batches published before ?1 (?2 at most, oldest first), each
+ * deleted with its rows that have no state of their own (?1 lo, ?2 hi). */
 #define OUTBOX__SQL_RETENTION                                                                                         \
     "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 2 "                                       \
     "AND published_at < ?1 ORDER BY published_at LIMIT ?2)"
+#define OUTBOX__SQL_RETENTION_BATCHES                                                                                 \
+    "SELECT lo, hi FROM outbox_batch WHERE state = 2 AND published_at < ?1 ORDER BY published_at LIMIT ?2"
+#define OUTBOX__SQL_RETENTION_BATCH_ROWS "DELETE FROM outbox WHERE seq BETWEEN ?1 AND ?2 AND " OUTBOX__SQL_BARE
+#define OUTBOX__SQL_RETENTION_BATCH "DELETE FROM outbox_batch WHERE lo = ?1 AND state = 2"
 /* When the next waiting row becomes due after ?1, and the next foreign lease
  * expires. */
 #define OUTBOX__SQL_NEXT_DUE                                                                                          \
     "SELECT min(available_at) FROM outbox WHERE state = 0 AND available_at > created_at AND available_at > ?1"
-#define OUTBOX__SQL_NEXT_LEASE "SELECT min(lease_until) FROM outbox WHERE state = 1 AND lease_until > ?1"
+#define OUTBOX__SQL_NEXT_LEASE                                                                                        \
+    "SELECT min(coalesce((SELECT min(lease_until) FROM outbox WHERE state = 1 AND lease_until > ?1), "               \
+    "9223372036854775807), coalesce((SELECT min(lease_until) FROM outbox_batch WHERE state = 1 "                    \
+    "AND lease_until > ?1), 9223372036854775807))"
 /* Drain mode: what is left to do by ?1, each count stopping at ?2 rows (-1:
  * no limit): rows due (new rows, stray rows, due waiting rows), rows waiting
  * for a retry (claimed before: lease_token > 0, pending, not due yet), and
- * leased rows. A waiting row never claimed (lease_token 0) was written with
+ * leased rows and batches. A waiting row never claimed (lease_token 0) was written with
  * a later available_at, or was held back behind an earlier row of its key
  * (then due no later than that row's retry, which is counted): delayed
  * messages do not hold a drain. Each part repeats the WHERE of its partial
  * index (outbox_stray, outbox_due, outbox_leased). */
 #define OUTBOX__SQL_DRAIN                                                                                             \
-    "SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE seq >= "                                               \
-    "coalesce((SELECT new_from FROM outbox_cursor), 0) AND state = 0 AND available_at <= created_at "                \
+    "SELECT (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE seq >= " OUTBOX__SQL_NEW_FROM                         \
+    " AND state = 0 AND available_at <= created_at "                                                                 \
     "AND lease_token = 0 LIMIT ?2)) "                                                                                \
     "+ (SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 0 AND available_at <= created_at "                  \
     "AND lease_token > 0 LIMIT ?2)) "                                                                                \
@@ -94,15 +173,17 @@
     "AND available_at <= ?1 LIMIT ?2)), "                                                                            \
     "(SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 0 AND available_at > created_at "                     \
     "AND available_at > ?1 AND lease_token > 0 LIMIT ?2)), "                                                         \
-    "(SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 1 LIMIT ?2))"
+    "(SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 1 LIMIT ?2)) "                                       \
+    "+ (SELECT count(*) FROM (SELECT 1 FROM outbox_batch WHERE state = 1 LIMIT ?2))"
 /* The database figures of /metrics and outbox_relay_stats_get: rows by
- * state, and the available_at of the oldest due pending row by ?1 (the
- * older of the first new row and the first due waiting row: both found
- * through indexes, never a scan of all pending rows). */
-#define OUTBOX__SQL_STATE_COUNTS "SELECT state, count(*) FROM outbox GROUP BY state"
+ * state as outbox_messages derives them (one pass over the table, a lookup
+ * of the batch by primary key per row), and the available_at of the oldest
+ * due pending row by ?1 (the older of the first new row and the first due
+ * waiting row: both found through indexes, never a scan of all pending
+ * rows). */
+#define OUTBOX__SQL_STATE_COUNTS "SELECT state, count(*) FROM outbox_messages GROUP BY state"
 #define OUTBOX__SQL_OLDEST_DUE                                                                                        \
-    "WITH h(a, b) AS (SELECT (SELECT available_at FROM outbox WHERE seq >= "                                         \
-    "coalesce((SELECT new_from FROM outbox_cursor), 0) AND state = 0 "                                               \
+    "WITH h(a, b) AS (SELECT (SELECT available_at FROM outbox WHERE seq >= " OUTBOX__SQL_NEW_FROM " AND state = 0 " \
     "AND available_at <= created_at ORDER BY seq LIMIT 1), (SELECT min(available_at) "                               \
     "FROM outbox WHERE state = 0 AND available_at > created_at AND available_at <= ?1)) "                            \
     "SELECT min(coalesce(a, b), coalesce(b, a)) FROM h"

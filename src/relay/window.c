@@ -81,14 +81,82 @@ void outbox__win_seq_del(outbox_relay *r, int64_t seq)
         }
 }
 
+relay_batch *outbox__batch_new(int64_t lo, int64_t hi, int64_t token, int64_t attempts)
+{
+    relay_batch *b = calloc(1, sizeof *b);
+    if (b) {
+        b->lo = lo;
+        b->hi = hi;
+        b->token = token;
+        b->attempts = attempts;
+    }
+    return b;
+}
+
+void outbox__batch_join(relay_batch *b, msg *m)
+{
+    m->batch = b;
+    b->refs++;
+    b->n++;
+}
+
+void outbox__batch_live(outbox_relay *r, relay_batch *b)
+{
+    if (b->live)
+        return;
+    b->live = 1;
+    b->prev_live = NULL;
+    b->next_live = r->win.batches;
+    if (r->win.batches)
+        r->win.batches->prev_live = b;
+    r->win.batches = b;
+}
+
+int outbox__batch_ours(const outbox_relay *r, int64_t lo, int64_t token)
+{
+    const relay_batch *b;
+    for (b = r->win.batches; b; b = b->next_live)
+        if (b->lo == lo)
+            return b->token == token;
+    return 0;
+}
+
+static void batch_unref(outbox_relay *r, relay_batch *b)
+{
+    if (--b->refs > 0)
+        return;
+    if (b->live) {
+        if (b->prev_live)
+            b->prev_live->next_live = b->next_live;
+        else
+            r->win.batches = b->next_live;
+        if (b->next_live)
+            b->next_live->prev_live = b->prev_live;
+    }
+    free(b);
+}
+
 void outbox__msg_free(msg *m)
 {
     if (!m)
         return;
+    if (m->batch)
+        batch_unref(m->r, m->batch);
     free(m->env);
     if (m->result != m->entry)
         free(m->result);
     outbox__msg_release(m);
+}
+
+static void enqueue(outbox_relay *r, msg *m)
+{
+    m->next = NULL;
+    if (r->win.marks_tail)
+        r->win.marks_tail->next = m;
+    else
+        r->win.marks_head = m;
+    r->win.marks_tail = m;
+    r->win.marks_len++;
 }
 
 void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char *text, size_t len)
@@ -107,14 +175,84 @@ void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char 
     if (m->result != m->entry)
         free(m->result);
     m->result = copy;
-    m->next = NULL;
-    if (r->win.marks_tail)
-        r->win.marks_tail->next = m;
-    else
-        r->win.marks_head = m;
-    r->win.marks_tail = m;
-    r->win.marks_len++;
+    if (m->batch) {
+        /* Published messages of a batch wait for the rest of it: the batch
+         * is marked published once, after the rows that left it. */
+        relay_batch *b = m->batch;
+        b->ndone++;
+        if (o == OUT_PUBLISHED) {
+            m->next = NULL;
+            if (b->published_tail) {
+                b->published_tail->next = m;
+            } else {
+                b->published = m;
+                b->parked_since = uv_now(r->loop);
+            }
+            b->published_tail = m;
+        } else {
+            enqueue(r, m);
+        }
+        if (b->ndone == b->n) {
+            if (b->published) {
+                msg *p = b->published, *next;
+                b->published = b->published_tail = NULL;
+                p->batch_lead = 1;
+                for (; p; p = next) {
+                    next = p->next;
+                    enqueue(r, p);
+                }
+            } else {
+                m->batch_lead = 1;
+            }
+        }
+    } else {
+        enqueue(r, m);
+    }
     r->hooks.schedule(r);
+}
+
+int outbox__win_group_next(const msg *m)
+{
+    const msg *n = m->next;
+    return n && n->batch && n->batch == m->batch && !n->batch_lead && !n->own_published && n->outcome == OUT_PUBLISHED;
+}
+
+void outbox__win_flush_parked(outbox_relay *r, uint64_t ms)
+{
+    relay_batch *b;
+    uint64_t now = uv_now(r->loop);
+    for (b = r->win.batches; b; b = b->next_live) {
+        msg *p = b->published, *next;
+        if (!p || now - b->parked_since < ms)
+            continue;
+        b->published = b->published_tail = NULL;
+        for (; p; p = next) {
+            next = p->next;
+            p->own_published = 1; /* it leaves the batch */
+            b->n--;
+            b->ndone--;
+            enqueue(r, p);
+        }
+    }
+}
+
+void outbox__win_free_parked(outbox_relay *r)
+{
+    relay_batch *b = r->win.batches;
+    while (b) {
+        relay_batch *next = b->next_live;
+        msg *p = b->published;
+        b->published = b->published_tail = NULL;
+        while (p) {
+            msg *pn = p->next;
+            size_t refs = b->refs;
+            outbox__win_retire(r, p);
+            p = pn;
+            if (refs == 1)
+                break; /* b went with it */
+        }
+        b = next;
+    }
 }
 
 /* Releases m's held-back successors: they were never sent. */

@@ -82,7 +82,7 @@ int main(void)
     if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK)
         bail("open %s", db);
     table_ids = calloc(ORDERS + 1, sizeof *table_ids);
-    if (!table_ids || sqlite3_prepare_v2(h, "SELECT id FROM outbox ORDER BY id", -1, &st, NULL) != SQLITE_OK)
+    if (!table_ids || sqlite3_prepare_v2(h, "SELECT id FROM outbox_messages ORDER BY id", -1, &st, NULL) != SQLITE_OK)
         bail("select ids");
     while (sqlite3_step(st) == SQLITE_ROW && ntable < ORDERS + 1)
         table_ids[ntable++] = strdup((const char *)sqlite3_column_text(st, 0));

@@ -91,7 +91,7 @@ static long published_not_in_stream(sqlite3 *db, redisContext *c, const char *st
     for (i = 0; i < st.n; i++)
         if (st.e[i].id)
             rt_map_add(m, st.e[i].id, 0);
-    if (sqlite3_prepare_v2(db, "SELECT id FROM outbox WHERE state = 2", -1, &q, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(db, "SELECT id FROM outbox_messages WHERE state = 2", -1, &q, NULL) != SQLITE_OK)
         bail("prepare: %s", sqlite3_errmsg(db));
     while (sqlite3_step(q) == SQLITE_ROW) {
         const char *id = (const char *)sqlite3_column_text(q, 0);
@@ -298,10 +298,10 @@ static void part1(th_redis *srv, redisContext *c, const char *dir)
     is_int(published_not_in_stream(chk, c, "outbox:faults"), 0,
            "no row is marked published whose id is not in the stream");
     diag("after the faulty run: %lld pending, %lld sending, %lld published, %lld dead",
-         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox WHERE state = 0"),
-         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox WHERE state = 1"),
-         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox WHERE state = 2"),
-         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox WHERE state = 3"));
+         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox_messages WHERE state = 0"),
+         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox_messages WHERE state = 1"),
+         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox_messages WHERE state = 2"),
+         (long long)th_sql_int(chk, "SELECT count(*) FROM outbox_messages WHERE state = 3"));
     {
         sqlite3_stmt *q = NULL;
         const char *res = "";
@@ -317,7 +317,7 @@ static void part1(th_redis *srv, redisContext *c, const char *dir)
     is_int(a.missing, 0, "every row has an entry in its stream");
     is_int(a.foreign, 0, "no entry without a row");
     is_int(a.unpublished, 0, "every row is marked published");
-    is_int(th_sql_int(chk, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "no row stuck in state 1");
+    is_int(th_sql_int(chk, "SELECT count(*) FROM outbox_messages WHERE state = 1"), 0, "no row stuck in state 1");
     is_int(a.dead, 0, "no row dead-lettered by database faults");
     is_int(a.order_violations, 0, "per key in commit order");
     diag("entries %ld, duplicates %ld", a.entries, a.dups);
@@ -438,7 +438,7 @@ static void part2(th_redis *srv, redisContext *c, const char *dir)
     {
         sqlite3 *peek = rt_open(db);
         diag("when the lock was taken: %lld of %d published",
-             (long long)th_sql_int(peek, "SELECT count(*) FROM outbox WHERE state = 2"), INITIAL_ROWS);
+             (long long)th_sql_int(peek, "SELECT count(*) FROM outbox_messages WHERE state = 2"), INITIAL_ROWS);
         sqlite3_close_v2(peek);
     }
     uv_run(&loop, UV_RUN_DEFAULT);

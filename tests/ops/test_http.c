@@ -286,9 +286,9 @@ int main(void)
     close(silent_fd);
 
     deadline = th_now_ms() + 10000;
-    while (th_now_ms() < deadline && th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2") < written)
+    while (th_now_ms() < deadline && th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2") < written)
         th_sleep_ms(10);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2"), 2000,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2"), 2000,
            "the 2,000 rows written meanwhile are all published");
     {
         redisContext *c = th_redis_client(&redis);

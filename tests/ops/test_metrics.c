@@ -99,7 +99,7 @@ static int scrape(const char *path, char **body)
 
 static int published_rows(void)
 {
-    return (int)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
+    return (int)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2");
 }
 
 static pid_t metrics_while_draining(void)
@@ -227,9 +227,9 @@ static void topic_labels(void)
     th_sql_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('odd-1', 'x\"y\\z' || char(10) || 'w', x'00')");
     th_sql_exec(db, "PRAGMA ignore_check_constraints = OFF");
     start = th_now_ms();
-    while (th_now_ms() - start < 5000 && th_sql_int(db, "SELECT state FROM outbox WHERE id = 'odd-1'") != 3)
+    while (th_now_ms() - start < 5000 && th_sql_int(db, "SELECT state FROM outbox_messages WHERE id = 'odd-1'") != 3)
         th_sleep_ms(5);
-    is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'odd-1'"), 3, "a row with an invalid topic is dead");
+    is_int(th_sql_int(db, "SELECT state FROM outbox_messages WHERE id = 'odd-1'"), 3, "a row with an invalid topic is dead");
 
     th_sql_exec(db, "BEGIN");
     if (sqlite3_prepare_v2(db, "INSERT INTO outbox(id, topic, payload) VALUES (?1, ?1, x'00')", -1, &st, NULL) !=
@@ -322,9 +322,9 @@ static void health_flips(pid_t pid)
     is_int(st, 200, "/healthz is 200 again once Redis is back (%lld ms)", (long long)t200);
     t0 = th_now_ms();
     while (th_now_ms() - t0 < 10000 &&
-           th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'gamma' AND state = 2") < 100)
+           th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'gamma' AND state = 2") < 100)
         th_sleep_ms(10);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'gamma' AND state = 2"), 100,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'gamma' AND state = 2"), 100,
            "the rows committed while Redis was down are published after it returned");
     {
         char *text = NULL;

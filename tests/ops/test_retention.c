@@ -37,7 +37,7 @@ static void rows(const char *prefix, int n, int state, int64_t age_ms)
 
 static int64_t count_prefix(const char *prefix)
 {
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE '%q-%%'", prefix);
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE '%q-%%'", prefix);
 }
 
 static void only_eligible(void)
@@ -74,7 +74,7 @@ static void only_eligible(void)
     is_int(count_prefix("edge"), 5, "published rows 50 s old are kept");
     is_int(count_prefix("nullpub"), 3, "published rows without published_at are kept");
     is_int(count_prefix("pending"), 5, "pending rows are kept");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'pending-%%' AND state = 0"), 5,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE 'pending-%%' AND state = 0"), 5,
            "and still pending");
     is_int(count_prefix("sending"), 5, "sending rows are kept");
     is_int(count_prefix("dead"), 5, "dead rows are kept");
@@ -108,9 +108,9 @@ static void large_set(void)
         gone_at = th_now_ms() - start;
     is_int(count_prefix("bulk"), 0, "3,000 old published rows are gone within 10 s (%lld ms)", (long long)gone_at);
     while (th_now_ms() - start < 10000 &&
-           th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'ret2' AND state = 2") < 1000)
+           th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'ret2' AND state = 2") < 1000)
         th_sleep_ms(10);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'ret2' AND state = 2"), 1000,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'ret2' AND state = 2"), 1000,
            "1,000 rows committed at the same time are published meanwhile, and kept");
     is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     log = th_slurp(logpath);

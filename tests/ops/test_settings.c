@@ -93,7 +93,7 @@ static void port_in_use(void)
     if (!err || !strstr(err, "cannot listen"))
         th_diag_tail("port in use", err ? err : "", 5);
     ok(th_now_ms() - t0 < 3000, "at once (%lld ms)", (long long)(th_now_ms() - t0));
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state <> 0 OR attempts <> 0"), 0,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state <> 0 OR attempts <> 0"), 0,
            "nothing was claimed");
     free(err);
     sqlite3_close_v2(db);

@@ -58,8 +58,8 @@ int main(void)
     th_sql_exec(s.db, "UPDATE outbox SET created_at = created_at - 5000, available_at = available_at - 5000");
     rt_insert_rows(s.db, "dead", 0, 3, "stats", 0);
     th_sql_exec(s.db, "UPDATE outbox SET state = 3 WHERE id LIKE 'dead-%%'");
-    oldest = th_sql_int(s.db, "SELECT min(available_at) FROM outbox WHERE state = 0");
-    pending = th_sql_int(s.db, "SELECT count(*) FROM outbox WHERE state = 0");
+    oldest = th_sql_int(s.db, "SELECT min(available_at) FROM outbox_messages WHERE state = 0");
+    pending = th_sql_int(s.db, "SELECT count(*) FROM outbox_messages WHERE state = 0");
 
     uv_loop_init(&loop);
     outbox_relay_defaults(&cfg);

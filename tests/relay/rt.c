@@ -286,7 +286,7 @@ rt_audit rt_audit_topic(sqlite3 *db, redisContext *c, const char *prefix, const 
     int shown_missing = 0, shown_foreign = 0, shown_order = 0;
 
     memset(&a, 0, sizeof a);
-    if (sqlite3_prepare_v2(db, "SELECT id, key, seq, state FROM outbox WHERE topic = ?1 ORDER BY seq", -1, &st,
+    if (sqlite3_prepare_v2(db, "SELECT id, key, seq, state FROM outbox_messages WHERE topic = ?1 ORDER BY seq", -1, &st,
                            NULL) != SQLITE_OK)
         bail("audit: %s", sqlite3_errmsg(db));
     sqlite3_bind_text(st, 1, topic, -1, SQLITE_STATIC);

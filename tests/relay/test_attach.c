@@ -359,7 +359,7 @@ int main(void)
     outbox_relay_detach(db);
     is_int(th_sql_int(db, "PRAGMA busy_timeout"), 0, "busy_timeout 0 after detach");
 
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox"), 1, "one row written (m1)");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages"), 1, "one row written (m1)");
     sqlite3_close_v2(db);
 
     is_int(outbox_relay_create(&r2, &loop, &s, err, sizeof err), 0, "another relay created (%s)", err);

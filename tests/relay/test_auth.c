@@ -76,7 +76,7 @@ int main(void)
     is_int(xlen_in(c, 2, "outbox:auth.b"), N, "acl user: %d entries in db 2", N);
     is_int(xlen_in(c, 0, "outbox:auth.b"), 0, "acl user: nothing in db 0");
     db = rt_open(db_b);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2"), N, "acl user: every row published");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2"), N, "acl user: every row published");
     sqlite3_close_v2(db);
 
     /* wrong password */
@@ -96,7 +96,7 @@ int main(void)
     for (int dbn = 0; dbn < 3; dbn++)
         is_int(xlen_in(c, dbn, "outbox:auth.c"), 0, "wrong password: nothing published in db %d", dbn);
     db = rt_open(db_c);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 0 AND attempts = 0"), N,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 0 AND attempts = 0"), N,
            "wrong password: nothing claimed");
     sqlite3_close_v2(db);
 

@@ -200,7 +200,7 @@ static int deferred_of(const claim_ctx *x, int64_t seq)
 /* A row's available_at relative to w->now. */
 static int64_t avail_of(world *w, int64_t seq)
 {
-    return th_sql_int(w->db, "SELECT available_at FROM outbox WHERE seq = %lld", (long long)seq) - w->now;
+    return th_sql_int(w->db, "SELECT available_at FROM outbox_messages WHERE seq = %lld", (long long)seq) - w->now;
 }
 
 static int64_t cursor_of(world *w)
@@ -528,21 +528,21 @@ static void test_claim_full(void)
     }
     is_int(nsettled, 2, "claim: both dead rows settled");
     is_int(th_sql_int(w.db,
-                      "SELECT count(*) FROM outbox WHERE state = 1 AND lease_owner = '%s' AND lease_until = %lld "
+                      "SELECT count(*) FROM outbox_messages WHERE state = 1 AND lease_owner = '%s' AND lease_until = %lld "
                       "AND seq IN (%lld, %lld, %lld, %lld)",
                       ME, (long long)(w.now + 30000), (long long)theirs, (long long)a, (long long)b,
                       (long long)k2),
            4, "claim: the claimed rows are sending, under this relay's lease");
-    is_int(th_sql_int(w.db, "SELECT lease_token FROM outbox WHERE seq = %lld", (long long)a), 1,
+    is_int(th_sql_int(w.db, "SELECT lease_token FROM outbox_messages WHERE seq = %lld", (long long)a), 1,
            "claim: a new row's first token is 1");
     is_int(th_sql_int(w.db,
-                      "SELECT count(*) FROM outbox WHERE state = 3 AND lease_owner IS NULL AND seq IN (%lld, %lld)",
+                      "SELECT count(*) FROM outbox_messages WHERE state = 3 AND lease_owner IS NULL AND seq IN (%lld, %lld)",
                       (long long)bad_topic, (long long)big),
            2, "claim: the invalid rows are dead in the same transaction");
-    is_int(th_sql_int(w.db, "SELECT instr(last_error, 'topic') > 0 FROM outbox WHERE seq = %lld",
+    is_int(th_sql_int(w.db, "SELECT instr(last_error, 'topic') > 0 FROM outbox_messages WHERE seq = %lld",
                       (long long)bad_topic),
            1, "claim: the bad topic's last_error names the topic");
-    is_int(th_sql_int(w.db, "SELECT instr(last_error, 'payload') > 0 FROM outbox WHERE seq = %lld",
+    is_int(th_sql_int(w.db, "SELECT instr(last_error, 'payload') > 0 FROM outbox_messages WHERE seq = %lld",
                       (long long)big),
            1, "claim: the big payload's last_error names the payload");
     for (i = 0; i < nout; i++)
@@ -553,6 +553,68 @@ static void test_claim_full(void)
         outbox__msg_free(settled);
         settled = m;
     }
+    world_end(&w);
+}
+
+/* A batch lease of another relay: its rows as written are in no index; a
+ * new row of one of its keys waits, a row of another key goes. */
+static void test_foreign_batch(void)
+{
+    world w;
+    claim_ctx x;
+    int64_t b1, b2, k2, j, u;
+    const cand *c;
+
+    world_start(&w, 0);
+    b1 = put_row(&w, "b-1", "k", -1000, -1000);
+    b2 = put_row(&w, "b-2", NULL, -990, -990);
+    th_sql_exec(w.db, "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until) VALUES (%lld, %lld, 1, '%s', "
+                      "1, %lld); UPDATE outbox_cursor SET new_from = %lld",
+                (long long)b1, (long long)b2, OTHER, (long long)(w.now + 30000), (long long)b2 + 1);
+    k2 = put_row(&w, "k-2", "k", -900, -900);
+    j = put_row(&w, "j", "j", -800, -800);
+    u = put_row(&w, "u", NULL, -700, -700);
+
+    is_int(select_rows(&w, &x, 10), 0, "foreign batch: the choice succeeds");
+    ok(cand_of(&x, b1) == NULL && cand_of(&x, b2) == NULL, "foreign batch: its rows are not walked again");
+    c = cand_of(&x, k2);
+    ok(c && c->fate == C_SEEN, "foreign batch: a new row of one of its keys is held");
+    is_int(avail_of(&w, k2), -899, "foreign batch: made a waiting row, due at once");
+    is_int(fate_of(&x, j), C_CHOSEN, "foreign batch: a row of another key goes");
+    is_int(fate_of(&x, u), C_CHOSEN, "foreign batch: the unkeyed row goes");
+    world_end(&w);
+}
+
+/* An expired batch lease of another relay is taken over: its rows as
+ * written are candidates (S_TAKEN) before anything else; a row of it beyond
+ * what the claim wants leaves it as a waiting row with the batch's token. */
+static void test_taken_batch(void)
+{
+    world w;
+    claim_ctx x;
+    int64_t t1, t2, t3, n;
+    const cand *c;
+
+    world_start(&w, 0);
+    t1 = put_row(&w, "t-1", "k", -1000, -1000);
+    t2 = put_row(&w, "t-2", "k", -990, -990);
+    t3 = put_row(&w, "t-3", NULL, -980, -980);
+    th_sql_exec(w.db, "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) VALUES (%lld, "
+                      "%lld, 1, '%s', 5, %lld, 2); UPDATE outbox_cursor SET new_from = %lld",
+                (long long)t1, (long long)t3, OTHER, (long long)(w.now - 1), (long long)t3 + 1);
+    n = put_row(&w, "n", "k", -900, -900);
+
+    is_int(select_rows(&w, &x, 2), 0, "taken batch: the choice succeeds");
+    is_str(chosen_seqs(&x), "1,2", "taken batch: its rows first, in order, as many as wanted");
+    c = cand_of(&x, t1);
+    ok(c && c->source == S_TAKEN && x.taken && x.t_lo == t1 && x.t_token == 5, "taken batch: the batch is the one taken");
+    c = cand_of(&x, t2);
+    ok(c && c->fate == C_CHOSEN && c->prev == cand_index(&x, t1), "taken batch: its key's second row goes after the first");
+    c = cand_of(&x, t3);
+    ok(c && c->fate == C_SEEN && c->deferred, "taken batch: the row past the claim's size leaves the batch");
+    is_int(th_sql_int(w.db, "SELECT lease_token * 10 + attempts FROM outbox WHERE seq = %lld", (long long)t3), 52,
+           "taken batch: with the batch's token and attempts");
+    ok(cand_of(&x, n) == NULL, "taken batch: the claim is full before the new rows");
     world_end(&w);
 }
 
@@ -569,6 +631,8 @@ int main(void)
     test_delayed();
     test_future_head();
     test_foreign_lease();
+    test_foreign_batch();
+    test_taken_batch();
     test_claim_full();
     return tap_done();
 }

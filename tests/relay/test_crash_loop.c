@@ -107,10 +107,10 @@ int main(void)
 
     db = rt_open(dbpath);
     diag("before the final drain: %lld rows, %lld pending, %lld sending, %lld published",
-         (long long)th_sql_int(db, "SELECT count(*) FROM outbox"),
-         (long long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 0"),
-         (long long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1"),
-         (long long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2"));
+         (long long)th_sql_int(db, "SELECT count(*) FROM outbox_messages"),
+         (long long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 0"),
+         (long long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 1"),
+         (long long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2"));
     rc = rt_relay_run(30000 * th_slow(), &err, dbpath, srv.url, "--drain", "--lease-ms", "1000",
                       "--reply-timeout-ms", "500", NULL);
     is_int(rc, 0, "the final --drain run exits 0");
@@ -126,7 +126,7 @@ int main(void)
     is_int(a.missing, 0, "every committed message is in the stream at least once");
     is_int(a.foreign, 0, "no stream entry lacks a committed row");
     is_int(a.unpublished, 0, "every row ends published");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state IN (0, 1)"), 0, "no row stuck pending or sending");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state IN (0, 1)"), 0, "no row stuck pending or sending");
     is_int(a.order_violations, 0, "per customer, first appearances follow commit order");
     is_int(th_sql_int(db, "SELECT count(*) FROM orders"), a.rows, "each committed order has its message");
     diag("%ld duplicate entries", a.dups);

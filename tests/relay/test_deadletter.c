@@ -25,7 +25,7 @@ static sqlite3 *db;
 static int settled(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state < 2") == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state < 2") == 0;
 }
 
 int main(void)
@@ -59,18 +59,18 @@ int main(void)
     is_int(a.missing, 0, "good: every message is in its stream");
     is_int(th_xlen(c, "outbox:good"), N_GOOD, "good: one entry each");
 
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'bad'"), N_BAD + N_BAD_KEYED, "bad: %d rows",
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'bad'"), N_BAD + N_BAD_KEYED, "bad: %d rows",
            N_BAD + N_BAD_KEYED);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'bad' AND state = 3"), N_BAD + N_BAD_KEYED,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'bad' AND state = 3"), N_BAD + N_BAD_KEYED,
            "bad: every row is dead");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'bad' AND attempts = 3"), N_BAD + N_BAD_KEYED,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'bad' AND attempts = 3"), N_BAD + N_BAD_KEYED,
            "bad: each after exactly 3 attempts");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'bad' AND last_error LIKE '%%WRONGTYPE%%'"),
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'bad' AND last_error LIKE '%%WRONGTYPE%%'"),
            N_BAD + N_BAD_KEYED, "bad: last_error names WRONGTYPE");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'bad' AND (lease_owner IS NOT NULL OR "
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'bad' AND (lease_owner IS NOT NULL OR "
                       "stream_id IS NOT NULL)"),
            0, "bad: dead rows hold no lease and no stream id");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'good' AND state = 3"), 0,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'good' AND state = 3"), 0,
            "good: nothing dead");
     rep = th_cmd(c, "GET outbox:bad");
     ok(rep->type == REDIS_REPLY_STRING && strcmp(rep->str, "x") == 0, "the string key was left alone");

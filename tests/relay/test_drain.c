@@ -31,7 +31,7 @@ static sqlite3 *fresh_db(const char *name, char **path)
 /* Rows of db matching where (SQL). */
 static int64_t rows(sqlite3 *db, const char *where)
 {
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE %s", where);
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE %s", where);
 }
 
 /* The number after "<key>=" in text, or -1. */

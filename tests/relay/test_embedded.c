@@ -56,7 +56,7 @@ int main(void)
         db = rt_open(dbpath);
         a = rt_audit_topic(db, c, "outbox:", "orders");
         is_int(a.rows, ORDERS, "run %d: %d messages in the database", run, ORDERS);
-        is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2"), ORDERS, "run %d: all %d published",
+        is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2"), ORDERS, "run %d: all %d published",
                run, ORDERS);
         is_int(a.missing, 0, "run %d: each one is in the stream", run);
         is_int(a.foreign + a.dups, 0, "run %d: and nothing else", run);

@@ -3,11 +3,13 @@
  *
  * The relay runs embedded on this test's own loop. Redis holds every write
  * (CLIENT PAUSE ... WRITE, from a second client), so the relay's XADDs wait
- * for their replies with the rows claimed (state 1, lease of "relay-a").
- * Meanwhile the rows are taken over by SQL, as another relay would after the
- * lease expired: new owner, token + 1. When Redis answers, relay-a's marks
- * (published) must change nothing: the rows keep the other owner's token,
- * owner and state, and the relay counts them in fenced_total.
+ * for their replies with the rows claimed (state 1: new rows, claimed in
+ * batch leases of "relay-a"). Meanwhile the leases are taken over by SQL, as
+ * another relay would after they expired: new owner, token + 1 (of the batch
+ * records, and of any row leased on its own). When Redis answers, relay-a's
+ * marks (published, one per batch) must change nothing: the rows keep the
+ * other owner's token, owner and state, and the relay counts every message
+ * in fenced_total.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,7 +77,7 @@ static void on_poll(uv_timer_t *h)
     case 0:
         /* Wait until relay-a holds every row and its XADDs are waiting. */
         t->claimed_seen =
-            (long)th_sql_int(t->db, "SELECT count(*) FROM outbox WHERE state = 1 AND lease_owner = 'relay-a'");
+            (long)th_sql_int(t->db, "SELECT count(*) FROM outbox_messages WHERE state = 1 AND lease_owner = 'relay-a'");
         if (t->claimed_seen < N)
             return;
         t->xlen_at_takeover = (long)th_xlen(t->c, "outbox:fence");
@@ -83,6 +85,9 @@ static void on_poll(uv_timer_t *h)
         /* The takeover another relay would do once the lease expired. */
         th_sql_exec(t->db, "UPDATE outbox SET lease_owner = 'relay-b', lease_token = lease_token + 1, "
                        "lease_until = %lld WHERE state = 1",
+                (long long)(rt_unix_ms() + 600000));
+        th_sql_exec(t->db, "UPDATE outbox_batch SET owner = 'relay-b', token = token + 1, lease_until = %lld "
+                       "WHERE state = 1",
                 (long long)(rt_unix_ms() + 600000));
         t->phase = 1;
         return;
@@ -148,7 +153,7 @@ int main(void)
     is_int(t.st.fenced_total, N, "fenced_total counts every refused mark");
     is_int(t.st.published_total, 0, "no mark counted as published");
     is_int(t.fenced_logged, N, "each refused mark is logged, each one a 'published' mark");
-    is_int(th_sql_int(t.db, "SELECT count(*) FROM outbox WHERE state = 1 AND lease_owner = 'relay-b' "
+    is_int(th_sql_int(t.db, "SELECT count(*) FROM outbox_messages WHERE state = 1 AND lease_owner = 'relay-b' "
                         "AND lease_token = 2 AND stream_id IS NULL AND published_at IS NULL"),
            N, "every row keeps the new owner, its token and state 1");
     is_int(th_xlen(t.c, "outbox:fence"), N, "the XADDs themselves were appended (at-least-once)");

@@ -66,7 +66,7 @@ int main(void)
 
     for (i = 0; i < N_BAD; i++) {
         sqlite3_stmt *st = NULL;
-        if (sqlite3_prepare_v2(db, "SELECT state, attempts, last_error, stream_id FROM outbox WHERE id = ?1", -1, &st,
+        if (sqlite3_prepare_v2(db, "SELECT state, attempts, last_error, stream_id FROM outbox_messages WHERE id = ?1", -1, &st,
                                NULL) != SQLITE_OK)
             bail("prepare: %s", sqlite3_errmsg(db));
         sqlite3_bind_text(st, 1, bad[i].id, -1, SQLITE_STATIC);
@@ -81,8 +81,8 @@ int main(void)
         }
         sqlite3_finalize(st);
     }
-    is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'exact-100'"), 2, "a payload of exactly 100 is published");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'g-%%' AND state = 2"), N_GOOD,
+    is_int(th_sql_int(db, "SELECT state FROM outbox_messages WHERE id = 'exact-100'"), 2, "a payload of exactly 100 is published");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE 'g-%%' AND state = 2"), N_GOOD,
            "all %d valid rows published", N_GOOD);
 
     s = rt_stream_read(c, "outbox:inv");

@@ -29,7 +29,7 @@ static sqlite3 *db;
 
 static int topic_done(void *arg)
 {
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state <> 2", (const char *)arg) == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state <> 2", (const char *)arg) == 0;
 }
 
 int main(void)
@@ -72,7 +72,7 @@ int main(void)
     ok(done, "failing key: the other topic is published");
     ok(took < 2500 * th_slow(), "failing key: the other topic did not wait for the retry (%lld ms)",
        (long long)took);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'stuck' AND state = 2"), 0,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'stuck' AND state = 2"), 0,
            "failing key: nothing of the key published while its head fails");
     rep = th_cmd(c, "DEL outbox:stuck");
     is_int(rep->integer, 1, "failing key: the string was still in place");
@@ -102,14 +102,14 @@ int main(void)
         pid = rt_relay_spawn(log1, dbpath, srv.url, NULL);
         done = th_wait_until(20000 * th_slow(), topic_done, (void *)"delayed");
         ok(done, "delayed row: everything published");
-        ok(th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-a'") < due,
+        ok(th_sql_int(db, "SELECT published_at FROM outbox_messages WHERE id = 'dl-a'") < due,
            "delayed row: the row of its key before it did not wait");
-        ok(th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-d'") < due,
+        ok(th_sql_int(db, "SELECT published_at FROM outbox_messages WHERE id = 'dl-d'") < due,
            "delayed row: another key did not wait");
-        ok(th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-b'") >= due,
+        ok(th_sql_int(db, "SELECT published_at FROM outbox_messages WHERE id = 'dl-b'") >= due,
            "delayed row: published when due");
-        ok(th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-c'") >=
-               th_sql_int(db, "SELECT published_at FROM outbox WHERE id = 'dl-b'"),
+        ok(th_sql_int(db, "SELECT published_at FROM outbox_messages WHERE id = 'dl-c'") >=
+               th_sql_int(db, "SELECT published_at FROM outbox_messages WHERE id = 'dl-b'"),
            "delayed row: the row of its key after it waited for it");
         a = rt_audit_topic(db, c, "outbox:", "delayed");
         is_int(a.missing, 0, "delayed row: every message is in the stream");
@@ -129,7 +129,7 @@ int main(void)
     pid = rt_relay_spawn(log2, dbpath, srv.url, "--batch", "8", "--backoff-min-ms", "200", "--backoff-max-ms",
                          "200", "--max-attempts", "1000", NULL);
     th_sleep_ms(1000 * th_slow()); /* the head fails, its key's rows are made to wait behind it */
-    ok(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'waitk' AND state = 0 "
+    ok(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'waitk' AND state = 0 "
                       "AND available_at > created_at AND lease_token = 0") > 0,
        "behind a failing head: its key's new rows were made to wait");
     rep = th_cmd(c, "DEL outbox:waitk");
@@ -143,7 +143,7 @@ int main(void)
     a = rt_audit_topic(db, c, "outbox:", "waitk");
     is_int(a.missing, 0, "behind a failing head: every message is in the stream");
     is_int(a.order_violations, 0, "behind a failing head: stream order is commit order");
-    is_int(th_sql_int(db, "SELECT state FROM outbox WHERE id = 'held-j2'"), 0,
+    is_int(th_sql_int(db, "SELECT state FROM outbox_messages WHERE id = 'held-j2'"), 0,
            "the row behind the other relay's lease still waits");
     is_int(th_stop(pid, SIGTERM, 15000), 0, "behind a failing head: the relay exits 0 on SIGTERM");
 
@@ -162,7 +162,7 @@ int main(void)
     done = th_wait_until(20000 * th_slow(), topic_done, (void *)"after");
     took = rt_unix_ms() - t0;
     ok(done, "behind another relay's lease: the other topic is published (%lld ms)", (long long)took);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'behind' AND state <> 0"), 1,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'behind' AND state <> 0"), 1,
            "behind another relay's lease: its key's rows still wait");
     th_sql_exec(db, "UPDATE outbox SET lease_until = %lld WHERE id = 'behind-h0'", (long long)rt_unix_ms());
     done = th_wait_until(20000 * th_slow(), topic_done, (void *)"behind");

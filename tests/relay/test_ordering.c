@@ -29,13 +29,13 @@ static const char *topic;
 static int all_published(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state <> 2", topic) == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state <> 2", topic) == 0;
 }
 
 static int some_published(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2", topic) >= 100;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state = 2", topic) >= 100;
 }
 
 /* Keyed rows with some unkeyed ones mixed in, in one commit order. */
@@ -104,7 +104,7 @@ int main(void)
     ok(rep->type == REDIS_REPLY_STATUS, "oom: maxmemory 1");
     freeReplyObject(rep);
     diag("oom: %lld of %d published when Redis ran out of memory",
-         (long long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'oom' AND state = 2"), N);
+         (long long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'oom' AND state = 2"), N);
     th_sleep_ms(1000);
     freeReplyObject(th_cmd(c, "CONFIG SET maxmemory 0"));
     done = th_wait_until(30000 * th_slow(), all_published, NULL);

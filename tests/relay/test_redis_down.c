@@ -22,7 +22,7 @@ static sqlite3 *db;
 static int all_published(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2") == N;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2") == N;
 }
 
 int main(void)
@@ -56,7 +56,7 @@ int main(void)
     if (lines_down > 5)
         th_diag_tail("relay", text, 10);
     free(text);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 0 AND attempts = 0"), N,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 0 AND attempts = 0"), N,
            "nothing was claimed while Redis was down");
 
     is_int(th_redis_restart(&srv), 0, "redis-server started");
@@ -66,7 +66,7 @@ int main(void)
     diag("published %lld ms after Redis came up", (long long)(th_now_ms() - up_at));
     c = th_redis_client(&srv);
     is_int(th_xlen(c, "outbox:down"), N, "%d entries in the stream", N);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE attempts <> 1"), 0, "each row took one attempt");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE attempts <> 1"), 0, "each row took one attempt");
 
     is_int(th_stop(pid, SIGTERM, 15000), 0, "SIGTERM: the relay exits 0");
     text = th_slurp(log);

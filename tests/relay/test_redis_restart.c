@@ -70,7 +70,7 @@ int main(void)
     {
         sqlite3 *db = rt_open(dbpath);
         a = rt_audit_topic(db, c, "outbox:", "restart");
-        is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state IN (0, 1)"), 0, "no row left pending or sending");
+        is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state IN (0, 1)"), 0, "no row left pending or sending");
         sqlite3_close_v2(db);
     }
     is_int(a.rows, N, "%d rows", N);

@@ -93,8 +93,8 @@ int main(void)
     ok(strstr(text, "msg=stopping") != NULL && strstr(text, "msg=stopped") != NULL, "held replies: a graceful stop");
     ok(strstr(text, "shutdown timeout") == NULL, "held replies: no shutdown timeout");
     free(text);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "held replies: no row left in state 1");
-    published = (long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 1"), 0, "held replies: no row left in state 1");
+    published = (long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2");
     entries = (long)th_xlen(c, "outbox:term");
     diag("held replies: %ld published, %ld pending", published, N - published);
     ok(published > 0 && published < N, "stopped mid-drain");
@@ -110,7 +110,7 @@ int main(void)
         th_diag_tail("relay", text, 40);
     ok(strstr(text, "shutdown timeout") != NULL, "shutdown timeout: logged");
     free(text);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1"), 0, "shutdown timeout: no row left in state 1");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 1"), 0, "shutdown timeout: no row left in state 1");
     th_sleep_ms(3000); /* the pause ends; the abandoned XADDs run */
 
     /* 3: a second run drains the rest. */

@@ -29,19 +29,19 @@ static sqlite3 *db;
 static int dead_done(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND state = 2") == N_DEAD;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE 'dead-%%' AND state = 2") == N_DEAD;
 }
 
 static int normal_done(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'n-%%' AND state = 2") == N_NORMAL;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE 'n-%%' AND state = 2") == N_NORMAL;
 }
 
 static int live_done(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND state = 2") == N_LIVE;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE 'live-%%' AND state = 2") == N_LIVE;
 }
 
 int main(void)
@@ -75,14 +75,14 @@ int main(void)
     pid = rt_relay_spawn(log, dbpath, srv.url, "--inflight", "64", "--batch", "64", "--worker-id", "relay-t",
                          NULL);
     ok(th_wait_until(10000 * th_slow(), dead_done, NULL), "rows with an expired lease are published");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND lease_token = 6"), N_DEAD,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE 'dead-%%' AND lease_token = 6"), N_DEAD,
            "each taken-over row got lease_token 6 (one new claim)");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'dead-%%' AND attempts = 2"), N_DEAD,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE 'dead-%%' AND attempts = 2"), N_DEAD,
            "the takeover counts as an attempt");
 
     ok(th_wait_until(30000 * th_slow(), normal_done, NULL), "the %d ordinary rows are published", N_NORMAL);
     is_int(th_sql_int(db,
-                  "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND state = 1 AND "
+                  "SELECT count(*) FROM outbox_messages WHERE id LIKE 'live-%%' AND state = 1 AND "
                   "lease_owner = 'live-relay' AND lease_token = 7 AND lease_until = %lld AND attempts = 1",
                   (long long)live_until),
            N_LIVE, "rows under a live foreign lease are untouched meanwhile");
@@ -97,7 +97,7 @@ int main(void)
     th_sleep_ms(LIVE_MS - 300);
     {
         int64_t held = th_sql_int(db,
-                              "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND state = 1 AND "
+                              "SELECT count(*) FROM outbox_messages WHERE id LIKE 'live-%%' AND state = 1 AND "
                               "lease_owner = 'live-relay' AND lease_token = 7 AND lease_until = %lld AND "
                               "attempts = 1",
                               (long long)live_until);
@@ -115,9 +115,9 @@ int main(void)
     ok(th_wait_until((LIVE_MS + 10000) * th_slow(), live_done, NULL),
        "after the lease expired, they are taken over and published");
     diag("taken over %lld ms after expiry", (long long)(rt_unix_ms() - live_until));
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND lease_token = 8"), N_LIVE,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE 'live-%%' AND lease_token = 8"), N_LIVE,
            "with lease_token 8");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE id LIKE 'live-%%' AND published_at < %lld",
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE 'live-%%' AND published_at < %lld",
                   (long long)live_until),
            0, "none of them before the expiry");
     is_int(th_xlen(c, "outbox:takeover"), N_DEAD + N_LIVE, "each taken-over row is in the stream once");

@@ -71,7 +71,7 @@ int main(void)
     free(t1);
     free(t2);
 
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE state IN (0, 1)"), 0, "no row left in state 0 or 1");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state IN (0, 1)"), 0, "no row left in state 0 or 1");
     a = rt_audit_topic(db, c, "outbox:", "two.u");
     b = rt_audit_topic(db, c, "outbox:", "two.k");
     is_int(a.missing + b.missing, 0, "every message is in its stream");

@@ -29,7 +29,7 @@ static sqlite3 *db;
 static int settled(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state < 2") == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state < 2") == 0;
 }
 
 static int has_valgrind(void)
@@ -118,7 +118,7 @@ int main(void)
     if (rc != 0)
         th_diag_tail("relay", text, 30);
     free(text);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'good' AND state = 2"), N_GOOD,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'good' AND state = 2"), N_GOOD,
            "replica up: every good row published");
     is_int(th_xlen(c, "outbox:good"), N_GOOD, "replica up: %d entries on the primary (WAIT never failed)",
            N_GOOD);
@@ -128,7 +128,7 @@ int main(void)
         th_sleep_ms(10);
     is_int(th_xlen(rc_replica, "outbox:good"), N_GOOD, "replica up: and on the replica");
     redisFree(rc_replica);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'bad' AND state = 3 AND attempts = 2 AND "
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'bad' AND state = 3 AND attempts = 2 AND "
                       "last_error LIKE '%%WRONGTYPE%%'"),
            N_BAD, "replica up: refused rows dead after 2 attempts");
 
@@ -145,13 +145,13 @@ int main(void)
     is_int(th_stop(pid, SIGTERM, 15000), 0, "replica down: SIGTERM exits 0");
     ok(th_xlen(c, "outbox:lonely") >= 50, "replica down: the XADDs were made (%lld entries)",
        th_xlen(c, "outbox:lonely"));
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'lonely' AND state = 2"), 0,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'lonely' AND state = 2"), 0,
            "replica down: no row marked published");
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'lonely' AND state = 0 AND "
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'lonely' AND state = 0 AND "
                       "last_error LIKE 'WAIT:%%'"),
            50, "replica down: rows pending again, last_error names WAIT");
     text = th_slurp(log);
-    if (th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'lonely' AND state = 0") != 50)
+    if (th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'lonely' AND state = 0") != 50)
         th_diag_tail("relay", text, 20);
     free(text);
 

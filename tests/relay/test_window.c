@@ -45,13 +45,13 @@ int main(void)
 
     /* While paused: sample the table as fast as we can. */
     while (th_now_ms() < pause_end - 150) {
-        long sending = (long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1");
+        long sending = (long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 1");
         if (sending > max_sending_paused)
             max_sending_paused = sending;
         samples++;
         th_sleep_ms(2);
     }
-    published_paused = (long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
+    published_paused = (long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2");
     diag("%ld samples while paused, at most %ld rows sending", samples, max_sending_paused);
     is_int(max_sending_paused, WINDOW, "while Redis holds the writes, the relay fills the window of %d and no more",
            WINDOW);
@@ -61,10 +61,10 @@ int main(void)
     max_sending = max_sending_paused;
     deadline = th_now_ms() + 30000 * th_slow();
     while (th_now_ms() < deadline) {
-        long sending = (long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 1");
+        long sending = (long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 1");
         if (sending > max_sending)
             max_sending = sending;
-        published = (long)th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
+        published = (long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2");
         if (published == N)
             break;
         th_sleep_ms(1);

@@ -27,7 +27,7 @@ static sqlite3 *db;
 static int settled(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state < 2") == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state < 2") == 0;
 }
 
 static long long xlen_master(const se_env *e, const char *topic)
@@ -76,7 +76,7 @@ int main(void)
     rt_insert_rows(db, "two", 0, 300, "two", 0);
     pid = rt_relay_spawn(log2, dbpath, e.url, NULL);
     th_sleep_ms(2500);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'two' AND state = 2"), 0,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'two' AND state = 2"), 0,
            "all sentinels down: nothing published");
     is_int(log_has(log2, "no sentinel named the master"), 1, "all sentinels down: said once");
     ok(log_has(log2, "connection refused") && log_has(log2, "127.0.0.1:"), "  with what each sentinel did");

@@ -34,12 +34,12 @@ static sqlite3 *db;
 static int settled(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state < 2") == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state < 2") == 0;
 }
 
 static int64_t published(const char *topic)
 {
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2", topic);
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state = 2", topic);
 }
 
 /* Waits (20 s) until more than base rows of topic are published; returns

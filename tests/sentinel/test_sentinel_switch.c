@@ -31,13 +31,13 @@ static const char *topic;
 
 static int64_t published(void)
 {
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2", topic);
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state = 2", topic);
 }
 
 static int settled(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state < 2", topic) == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state < 2", topic) == 0;
 }
 
 static int running_master(const se_env *e, int node)
@@ -79,11 +79,11 @@ static void switch_during_drain(se_env *e, const char *dir, const char *dbpath, 
     if (running_master(e, to))
         t_named = th_now_ms();
     ok(t_named > 0, "%s: the sentinels name node %d", topic, to);
-    last_seq = th_sql_int(db, "SELECT max(seq) FROM outbox");
+    last_seq = th_sql_int(db, "SELECT max(seq) FROM outbox_messages");
     /* Resumed: rows committed after the switch are published. */
     rt_insert_rows(db, topic, committed, 20, topic, 0);
     committed += 20;
-    while (th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2 AND seq > %lld", topic,
+    while (th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state = 2 AND seq > %lld", topic,
                       (long long)last_seq) == 0 &&
            th_now_ms() - t_switch < 40000 * th_slow())
         th_sleep_ms(10);
@@ -112,7 +112,7 @@ static void switch_during_drain(se_env *e, const char *dir, const char *dbpath, 
     text = th_slurp(log);
     ok(strstr(text, "sentinel announced a new master") != NULL, "%s: the relay followed +switch-master", topic);
     if (idempotent)
-        is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 3", topic), 0,
+        is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state = 3", topic), 0,
                "%s: no row dead (the script is loaded again on the new master)", topic);
     if (a.missing && !idempotent)
         th_diag_tail("relay", text, 40);

@@ -21,7 +21,7 @@ static sqlite3 *db;
 static int settled(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state < 2") == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state < 2") == 0;
 }
 
 int main(void)

@@ -281,7 +281,7 @@ int bench_dataset_build_fast(const char *path, uint64_t n, const bench_shape *sh
 int bench_copy_db(const char *from, const char *to, char *err, size_t errlen);
 int bench_db_fresh(const char *path, int flags, sqlite3 **db, char *err, size_t errlen);
 int bench_exec(sqlite3 *db, const char *sql, char *err, size_t errlen);
-/* SELECT count(*) FROM outbox WHERE state = st, -1. */
+/* SELECT count(*) FROM outbox_messages WHERE state = st, -1. */
 long long bench_count_state(const char *path, int st);
 
 /* ------------------------------------------------------------------ */

@@ -224,7 +224,7 @@ long long bench_count_state(const char *path, int st)
     if (outbox_db_open(path, OUTBOX_OPEN_READONLY, &db, NULL, 0) != 0)
         return -1;
     /* A literal state so that the partial indexes apply. */
-    snprintf(sql, sizeof sql, "SELECT count(*) FROM outbox WHERE state = %d", st);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM outbox_messages WHERE state = %d", st);
     if (sqlite3_prepare_v2(db, sql, -1, &q, NULL) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW)
         v = sqlite3_column_int64(q, 0);
     sqlite3_finalize(q);

@@ -6,7 +6,8 @@
  *
  * Two sets of statements:
  * - the relay's own (src/relay/sql.h, the text the relay runs), in the
- *   order a unit runs them;
+ *   order a unit runs them: the walk, one batch lease record and the read of
+ *   its rows, and one write of the record when the batch is published;
  * - the least any per-row lifecycle of DESIGN.md writes: one UPDATE ...
  *   RETURNING that leases a range of rows (owner, token, expiry) and reads
  *   what is to be sent, then one UPDATE per row that marks it published
@@ -21,7 +22,7 @@
 
 struct bench_sql {
     sqlite3 *h;
-    sqlite3_stmt *stray, *wait, *cur, *walk, *prev, *claim, *setcur, *mark;
+    sqlite3_stmt *stray, *wait, *cur, *walk, *prev, *claim, *rows, *setcur, *mark;
     sqlite3_stmt *bare_claim, *bare_mark;
     char *list; /* the claim's seqs as a JSON array */
     int64_t bare_next;
@@ -55,9 +56,10 @@ static const struct {
     S(cur, OUTBOX__SQL_CURSOR),
     S(walk, OUTBOX__SQL_NEW),
     S(prev, OUTBOX__SQL_KEY_PREV),
-    S(claim, OUTBOX__SQL_CLAIM),
+    S(claim, OUTBOX__SQL_BATCH_NEW),
+    S(rows, OUTBOX__SQL_BATCH_ROWS),
     S(setcur, OUTBOX__SQL_CURSOR_SET),
-    S(mark, OUTBOX__SQL_PUBLISHED),
+    S(mark, OUTBOX__SQL_BATCH_PUBLISHED),
     S(bare_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, lease_until = ?2 "
                   "WHERE seq BETWEEN ?3 AND ?4 RETURNING seq, id, topic, key, payload, headers, lease_token"),
     S(bare_mark, "UPDATE outbox SET state = 2, published_at = ?2, stream_id = ?3 WHERE seq = ?1"),
@@ -134,7 +136,7 @@ static void read_claimed(sqlite3_stmt *st, int64_t *seq, int64_t *token, int tok
 int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t *token, int *n, char *err,
                     size_t errlen)
 {
-    int64_t from = 0, last = -1;
+    int64_t from = 0, first = -1, last = -1;
     int chosen = 0, got = 0, rc;
     char *p;
 
@@ -151,8 +153,11 @@ int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t 
     while ((rc = sqlite3_step(s->wait)) == SQLITE_ROW)
         ; /* none wait here; the relay walks them first */
     sqlite3_reset(s->wait);
-    if (sqlite3_step(s->cur) == SQLITE_ROW)
+    if (sqlite3_step(s->cur) == SQLITE_ROW) {
         from = sqlite3_column_int64(s->cur, 0);
+        if (sqlite3_column_int64(s->cur, 1) > from)
+            from = sqlite3_column_int64(s->cur, 1);
+    }
     sqlite3_reset(s->cur);
     /* The new rows from the cursor (the relay looks up to 4 x batch ahead),
      * and for each keyed one its key's newest leased or waiting row. */
@@ -171,6 +176,8 @@ int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t 
             sqlite3_reset(s->prev);
         }
         p += sprintf(p, "%s%lld", chosen ? "," : "", (long long)q);
+        if (first < 0)
+            first = q;
         last = q;
         chosen++;
     }
@@ -178,15 +185,25 @@ int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t 
     sqlite3_reset(s->walk);
     if (!chosen)
         return 0;
-    sqlite3_bind_text(s->claim, 1, owner, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(s->claim, 2, now + 30000);
-    sqlite3_bind_text(s->claim, 3, s->list, (int)(p - s->list), SQLITE_STATIC);
-    sqlite3_bind_int64(s->claim, 4, now);
-    while (got < batch && sqlite3_step(s->claim) == SQLITE_ROW) {
-        read_claimed(s->claim, &seq[got], &token[got], 7);
-        got++;
+    /* One batch lease record for the range, then its rows. */
+    sqlite3_bind_int64(s->claim, 1, first);
+    sqlite3_bind_int64(s->claim, 2, last);
+    sqlite3_bind_text(s->claim, 3, owner, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s->claim, 4, now + 30000);
+    if (sqlite3_step(s->claim) != SQLITE_DONE) {
+        sqlite3_reset(s->claim);
+        goto sqlerr;
     }
     sqlite3_reset(s->claim);
+    sqlite3_bind_int64(s->rows, 1, first);
+    sqlite3_bind_int64(s->rows, 2, last);
+    sqlite3_bind_int64(s->rows, 3, 1);
+    sqlite3_bind_int64(s->rows, 4, 1);
+    while (got < batch && sqlite3_step(s->rows) == SQLITE_ROW) {
+        read_claimed(s->rows, &seq[got], &token[got], 7);
+        got++;
+    }
+    sqlite3_reset(s->rows);
     if (got != chosen) {
         snprintf(err, errlen, "claim: %d of %d rows: %s", got, chosen, sqlite3_errmsg(s->h));
         return -1;
@@ -208,13 +225,27 @@ static int entry_id(char *buf, size_t len, int64_t now, int64_t seq)
     return snprintf(buf, len, "%lld-%lld", (long long)now, (long long)(seq & 1023));
 }
 
-/* Marks n rows published: the relay's fenced mark, or the bare one. */
+/* Marks n rows published: the relay's fenced mark of their batch (one
+ * write), or the bare one per row. */
 static int mark_rows(bench_sql *s, int bare, const int64_t *seq, const int64_t *token, int n, int64_t now,
                      char *err, size_t errlen)
 {
     sqlite3_stmt *st = bare ? s->bare_mark : s->mark;
     char sid[48];
     int i, l;
+    if (!bare && n > 0) {
+        sqlite3_bind_int64(st, 1, seq[0]);
+        sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, token[0]);
+        sqlite3_bind_int64(st, 4, now);
+        if (sqlite3_step(st) != SQLITE_DONE || sqlite3_changes(s->h) != 1) {
+            snprintf(err, errlen, "mark of the batch from seq %lld: %s", (long long)seq[0], sqlite3_errmsg(s->h));
+            sqlite3_reset(st);
+            return -1;
+        }
+        sqlite3_reset(st);
+        return 0;
+    }
     for (i = 0; i < n; i++) {
         l = entry_id(sid, sizeof sid, now, seq[i]);
         sqlite3_bind_int64(st, 1, seq[i]);

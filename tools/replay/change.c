@@ -26,7 +26,7 @@ static void warn_missing_ids(sqlite3 *db, const replay_options *o)
 {
     sqlite3_stmt *st;
     size_t i, missing = 0;
-    if (!o->nids || sqlite3_prepare_v2(db, "SELECT 1 FROM outbox WHERE id = ?1", -1, &st, NULL) != SQLITE_OK)
+    if (!o->nids || sqlite3_prepare_v2(db, "SELECT 1 FROM outbox_messages WHERE id = ?1", -1, &st, NULL) != SQLITE_OK)
         return;
     for (i = 0; i < o->nids; i++) {
         sqlite3_reset(st);
@@ -196,11 +196,15 @@ int replay_cmd_change(const replay_options *o)
     rc = sqlite3_prepare_v2(db,
                             purge ? "DELETE FROM outbox WHERE seq = :seq AND state = 3"
                                   /* available_at after created_at: a waiting row, as every row
-                                   * that was claimed before (proto/schema.sql, outbox_due). */
+                                   * that was claimed before (proto/schema.sql, outbox_due); a
+                                   * row of a batch leaves it (a state of its own) with at least
+                                   * its batch's token. The state compared is the derived one. */
                                   : "UPDATE outbox SET state = 0, available_at = max(:now, created_at + 1), attempts = 0, "
                                     "last_error = NULL, lease_owner = NULL, lease_until = NULL, "
-                                    "lease_token = lease_token + (state = 1), replay_count = replay_count + 1, "
-                                    "replayed_at = :now, replay_reason = :reason WHERE seq = :seq AND state = :state",
+                                    "lease_token = max(lease_token, coalesce((SELECT lease_token FROM outbox_messages "
+                                    "WHERE seq = :seq), 0)) + (:state = 1), replay_count = replay_count + 1, "
+                                    "replayed_at = :now, replay_reason = :reason WHERE seq = :seq "
+                                    "AND (SELECT state FROM outbox_messages WHERE seq = :seq) = :state",
                             -1, &change, NULL);
     if (rc != SQLITE_OK) {
         rc = replay_db_fail(db, "cannot prepare the change");

@@ -140,7 +140,7 @@ int replay_prepare_select(sqlite3 *db, const replay_options *o, unsigned states,
     outbox__sbuf b = {0};
     int rc;
     *out = NULL;
-    outbox__sbuf_printf(&b, "SELECT %s FROM outbox WHERE 1", cols);
+    outbox__sbuf_printf(&b, "SELECT %s FROM outbox_messages WHERE 1", cols);
     where_sql(&b, o, states);
     outbox__sbuf_printf(&b, "%s%s", extra, tail);
     if (b.oom) {

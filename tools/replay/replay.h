@@ -57,7 +57,9 @@ int replay_open_db(const replay_options *o, int writable, sqlite3 **out);
 /* Reports the connection's last error as the reason `what` failed; returns
  * EXIT_FAIL. */
 int replay_db_fail(sqlite3 *db, const char *what);
-/* Prepares "SELECT cols FROM outbox WHERE <filters><extra><tail>" with the
+/* Prepares "SELECT cols FROM outbox_messages WHERE <filters><extra><tail>"
+ * (every row's state as derived from the table and its batch records, see
+ * proto/schema.md) with the
  * filters bound. extra and tail are fixed text from this tool whose values
  * are named parameters (:now, :last, :max, :lim) bound by the caller.
  * states: STATE_BIT()s, 0 for any. Returns 0, or -1 after a message. */
@@ -75,7 +77,7 @@ const unsigned char *replay_col_text(sqlite3_stmt *st, int i, size_t *n);
  * payload and headers. */
 #define ROW_COLS                                                                                            \
     "seq, id, state, topic, key, attempts, last_error, lease_owner, lease_token, lease_until, created_at, " \
-    "available_at, published_at, stream_id, replay_count, replayed_at, replay_reason"
+    "available_at, published_at, stream_id, replay_count, replayed_at, replay_reason, batch"
 enum {
     C_SEQ,
     C_ID,
@@ -94,6 +96,7 @@ enum {
     C_REPLAY_COUNT,
     C_REPLAYED_AT,
     C_REPLAY_REASON,
+    C_BATCH, /* the batch record (its first seq) whose state the row has, or NULL */
     C_PAYLOAD,
     C_HEADERS
 };

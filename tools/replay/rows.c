@@ -100,6 +100,7 @@ void replay_json_row_fields(outbox__sbuf *b, sqlite3_stmt *st, int64_t now)
     json_int_col(b, st, "replay_count", C_REPLAY_COUNT);
     json_time_col(b, st, "replayed_at", C_REPLAYED_AT);
     json_text_col(b, st, "replay_reason", C_REPLAY_REASON);
+    json_int_col(b, st, "batch", C_BATCH);
 }
 
 /* ---- the human table ----------------------------------------------------- */

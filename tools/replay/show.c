@@ -133,7 +133,14 @@ static int show_human(outbox__sbuf *b, sqlite3_stmt *st, int64_t now)
     show_time("created:", st, C_CREATED, now);
     show_time("available:", st, C_AVAILABLE, now);
     show_time("published:", st, C_PUBLISHED, now);
-    show_field("stream id:", st, C_STREAM_ID);
+    if (replay_col_null(st, C_BATCH)) {
+        show_field("stream id:", st, C_STREAM_ID);
+    } else {
+        /* Its state is its batch record's: published (or leased) with the
+         * batch, whose record keeps no entry id per message. */
+        printf("%-14s - (in the batch of seqs from %" PRId64 ": entry ids are not kept per message)\n", "stream id:",
+               (int64_t)sqlite3_column_int64(st, C_BATCH));
+    }
     printf("%-14s %" PRId64 "\n", "replays:", replays);
     if (replays > 0 || !replay_col_null(st, C_REPLAYED_AT)) {
         show_time("replayed:", st, C_REPLAYED_AT, now);
@@ -183,7 +190,7 @@ int replay_cmd_show(const replay_options *o)
     int rc = replay_open_db(o, 0, &db);
     if (rc != GO_ON)
         return rc;
-    if (sqlite3_prepare_v2(db, "SELECT " ROW_COLS ", payload, headers FROM outbox WHERE id = ?1", -1, &st, NULL) !=
+    if (sqlite3_prepare_v2(db, "SELECT " ROW_COLS ", payload, headers FROM outbox_messages WHERE id = ?1", -1, &st, NULL) !=
             SQLITE_OK ||
         sqlite3_bind_text(st, 1, o->show_id, -1, SQLITE_STATIC) != SQLITE_OK) {
         rc = replay_db_fail(db, "cannot prepare the query");
