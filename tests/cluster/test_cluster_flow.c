@@ -58,7 +58,7 @@ static int64_t published_on(int node, int on)
     int64_t n = 0;
     for (int i = 0; i < TOPICS; i++)
         if ((owner_of[i] == node) == on)
-            n += th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2", topics[i]);
+            n += th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state = 2", topics[i]);
     return n;
 }
 
@@ -85,7 +85,7 @@ static int64_t cpu_ms(pid_t pid)
 static int settled(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state < 2") == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state < 2") == 0;
 }
 
 /* Samples, from its own thread, the published counts while the main thread
@@ -104,7 +104,7 @@ static int64_t count_on(sqlite3 *c, int node, int on)
     int64_t n = 0;
     for (int i = 0; i < TOPICS; i++)
         if ((owner_of[i] == node) == on)
-            n += th_sql_int(c, "SELECT count(*) FROM outbox WHERE topic = %Q AND state = 2", topics[i]);
+            n += th_sql_int(c, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state = 2", topics[i]);
     return n;
 }
 
@@ -235,9 +235,9 @@ static void test_plain_url(void)
        "plain URL: /healthz names the cluster URL form (%s)", body ? body : "");
     free(body);
     th_sleep_ms(1500);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'plain' AND state = 2"), 0,
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'plain' AND state = 2"), 0,
            "plain URL: nothing published");
-    is_int(th_sql_int(db, "SELECT coalesce(max(attempts), 0) FROM outbox WHERE topic = 'plain'"), 0,
+    is_int(th_sql_int(db, "SELECT coalesce(max(attempts), 0) FROM outbox_messages WHERE topic = 'plain'"), 0,
            "plain URL: no message failed one by one (attempts 0)");
     is_int(th_stop(pid, SIGTERM, 20000), 0, "plain URL: the relay stops on SIGTERM");
     text = th_slurp(log);
@@ -246,7 +246,7 @@ static void test_plain_url(void)
     if (text)
         th_diag_tail("relay log", text, 4);
     free(text);
-    th_sql_exec(db, "DELETE FROM outbox WHERE topic = 'plain'");
+    th_sql_exec(db, "DELETE FROM outbox_messages WHERE topic = 'plain'");
 }
 
 /* The relay embedded on a libuv loop with a cluster URL: drained, and
@@ -310,7 +310,7 @@ static void test_embedded(void)
     ok(x.refreshes >= 1, "embedded: the slot map was loaded (%llu refreshes)", (unsigned long long)x.refreshes);
     outbox_relay_destroy(r);
     is_int(uv_loop_close(&loop), 0, "embedded: loop closed cleanly");
-    th_sql_exec(db, "DELETE FROM outbox WHERE topic LIKE 'emb%%'");
+    th_sql_exec(db, "DELETE FROM outbox_messages WHERE topic LIKE 'emb%%'");
 }
 
 int main(void)

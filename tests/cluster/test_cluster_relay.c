@@ -126,7 +126,7 @@ static unsigned long long metric_sum(const char *text, const char *name)
 
 static int64_t unsettled(void)
 {
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state < 2");
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state < 2");
 }
 
 static int settled(void *arg)
@@ -226,7 +226,7 @@ static int victim(int most)
 
 static int64_t published_now(void)
 {
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = 2");
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2");
 }
 
 /* Waits until at least n more rows are published (up to 20 s). */

@@ -55,7 +55,7 @@ static void *writer_main(void *arg)
 static int settled(void *arg)
 {
     (void)arg;
-    return th_sql_int(db, "SELECT count(*) FROM outbox WHERE state < 2") == 0;
+    return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state < 2") == 0;
 }
 
 static unsigned long long metric_sum(const char *text, const char *name)
@@ -155,7 +155,7 @@ static void test_untrusted(void)
     if (rc != 1)
         th_diag_tail("relay", err, 10);
     free(err);
-    th_sql_exec(db, "DELETE FROM outbox WHERE topic = 'untrusted'");
+    th_sql_exec(db, "DELETE FROM outbox_messages WHERE topic = 'untrusted'");
 }
 
 int main(void)

@@ -646,8 +646,8 @@ static void test_plain_moved(fake_nodes *f)
              fake_nodes_port(f, 0));
     ok(text && strstr(text, want), "plain MOVED: the error names the cluster URL form");
     is_int(text ? count_substr(text, "publishing held") : 0, 1, "plain MOVED: one error line");
-    is_int(th_sql_int(c, "SELECT max(attempts) FROM outbox"), 0, "plain MOVED: no attempt counted");
-    is_int(th_sql_int(c, "SELECT count(*) FROM outbox WHERE state = 0"), 2, "plain MOVED: both rows pending again");
+    is_int(th_sql_int(c, "SELECT max(attempts) FROM outbox_messages"), 0, "plain MOVED: no attempt counted");
+    is_int(th_sql_int(c, "SELECT count(*) FROM outbox_messages WHERE state = 0"), 2, "plain MOVED: both rows pending again");
     ok(fake_nodes_count(f, 0, "XADD") <= 2, "plain MOVED: the XADDs were not retried one by one (%d)",
        fake_nodes_count(f, 0, "XADD"));
     is_int(th_stop(pid, SIGTERM, 10000), 0, "plain MOVED: the relay stops on SIGTERM");
