@@ -246,7 +246,7 @@ static void test_plain_url(void)
     if (text)
         th_diag_tail("relay log", text, 4);
     free(text);
-    th_sql_exec(db, "DELETE FROM outbox_messages WHERE topic = 'plain'");
+    th_sql_exec(db, "DELETE FROM outbox WHERE topic = 'plain'");
 }
 
 /* The relay embedded on a libuv loop with a cluster URL: drained, and
@@ -310,7 +310,7 @@ static void test_embedded(void)
     ok(x.refreshes >= 1, "embedded: the slot map was loaded (%llu refreshes)", (unsigned long long)x.refreshes);
     outbox_relay_destroy(r);
     is_int(uv_loop_close(&loop), 0, "embedded: loop closed cleanly");
-    th_sql_exec(db, "DELETE FROM outbox_messages WHERE topic LIKE 'emb%%'");
+    th_sql_exec(db, "DELETE FROM outbox WHERE topic LIKE 'emb%%'");
 }
 
 int main(void)

@@ -155,7 +155,7 @@ static void test_untrusted(void)
     if (rc != 1)
         th_diag_tail("relay", err, 10);
     free(err);
-    th_sql_exec(db, "DELETE FROM outbox_messages WHERE topic = 'untrusted'");
+    th_sql_exec(db, "DELETE FROM outbox WHERE topic = 'untrusted'");
 }
 
 int main(void)
