@@ -304,15 +304,45 @@ static int dup_or_null(char **dst, const char *src);
 #define SENTINEL_PORT 26379
 #define SENTINELS_MAX 64
 
+/* A host list (the sentinels, or a cluster's seed nodes): copies n hosts and
+ * ports into fresh arrays; *dn counts the hosts copied, so that the owner's
+ * free works on a partial copy. 0 or OUTBOX_ENOMEM. */
+static int copy_hosts(char ***dh, int **dp, size_t *dn, char *const *sh, const int *sp, size_t n)
+{
+    if (!(*dh = calloc(n, sizeof **dh)) || !(*dp = calloc(n, sizeof **dp)))
+        return OUTBOX_ENOMEM;
+    for (*dn = 0; *dn < n; (*dn)++) {
+        (*dp)[*dn] = sp[*dn];
+        if (!((*dh)[*dn] = strdup(sh[*dn])))
+            return OUTBOX_ENOMEM;
+    }
+    return 0;
+}
+
+static void free_hosts(char **hosts, int *ports, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(hosts[i]);
+    free(hosts);
+    free(ports);
+}
+
+/* Appends "host:port,..." (IPv6 addresses bracketed) to buf. */
+static void describe_hosts(char *buf, size_t len, char *const *hosts, const int *ports, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int v6 = strchr(hosts[i], ':') != NULL;
+        size_t used = strlen(buf);
+        snprintf(buf + used, len - used, "%s%s%s%s:%d", i ? "," : "", v6 ? "[" : "", hosts[i], v6 ? "]" : "",
+                 ports[i]);
+    }
+}
+
 static void sentinels_free(outbox__redis_sentinels *s)
 {
-    size_t i;
     if (!s)
         return;
-    for (i = 0; i < s->n; i++)
-        free(s->hosts[i]);
-    free(s->hosts);
-    free(s->ports);
+    free_hosts(s->hosts, s->ports, s->n);
     free(s->master);
     free(s->user);
     free(s->password);
@@ -424,13 +454,9 @@ static void parse_sentinel(url_parser *p, const char *s, int tls)
 
 static void seeds_free(outbox__redis_seeds *s)
 {
-    size_t i;
     if (!s)
         return;
-    for (i = 0; i < s->n; i++)
-        free(s->hosts[i]);
-    free(s->hosts);
-    free(s->ports);
+    free_hosts(s->hosts, s->ports, s->n);
     free(s);
 }
 
@@ -488,21 +514,10 @@ static void parse_cluster(url_parser *p, const char *s, int tls)
 static int copy_seeds(outbox__redis_seeds **dst, const outbox__redis_seeds *src)
 {
     outbox__redis_seeds *c;
-    size_t i;
     *dst = NULL;
     if (!src)
         return 0;
-    if (!(c = calloc(1, sizeof *c)) || !(c->hosts = calloc(src->n, sizeof *c->hosts)) ||
-        !(c->ports = calloc(src->n, sizeof *c->ports))) {
-        seeds_free(c);
-        return OUTBOX_ENOMEM;
-    }
-    for (i = 0; i < src->n; i++, c->n++) {
-        c->ports[i] = src->ports[i];
-        if (!(c->hosts[i] = strdup(src->hosts[i])))
-            break;
-    }
-    if (c->n < src->n) {
+    if (!(c = calloc(1, sizeof *c)) || copy_hosts(&c->hosts, &c->ports, &c->n, src->hosts, src->ports, src->n)) {
         seeds_free(c);
         return OUTBOX_ENOMEM;
     }
@@ -516,32 +531,17 @@ static void describe_cluster(const outbox__redis_url *u, char *buf, size_t len)
     int auth = u->user || u->password;
     snprintf(buf, len, "%s://%s%s%s", u->tls ? "rediss-cluster" : "redis-cluster", u->user ? u->user : "",
              u->password ? ":***" : "", auth ? "@" : "");
-    for (size_t i = 0; i < s->n; i++) {
-        int v6 = strchr(s->hosts[i], ':') != NULL;
-        size_t used = strlen(buf);
-        snprintf(buf + used, len - used, "%s%s%s%s:%d", i ? "," : "", v6 ? "[" : "", s->hosts[i], v6 ? "]" : "",
-                 s->ports[i]);
-    }
+    describe_hosts(buf, len, s->hosts, s->ports, s->n);
 }
 
 static int copy_sentinels(outbox__redis_sentinels **dst, const outbox__redis_sentinels *src)
 {
     outbox__redis_sentinels *c;
-    size_t i;
     *dst = NULL;
     if (!src)
         return 0;
-    if (!(c = calloc(1, sizeof *c)) || !(c->hosts = calloc(src->n, sizeof *c->hosts)) ||
-        !(c->ports = calloc(src->n, sizeof *c->ports))) {
-        sentinels_free(c);
-        return OUTBOX_ENOMEM;
-    }
-    for (i = 0; i < src->n; i++, c->n++) {
-        c->ports[i] = src->ports[i];
-        if (!(c->hosts[i] = strdup(src->hosts[i])))
-            break;
-    }
-    if (c->n < src->n || dup_or_null(&c->master, src->master) || dup_or_null(&c->user, src->user) ||
+    if (!(c = calloc(1, sizeof *c)) || copy_hosts(&c->hosts, &c->ports, &c->n, src->hosts, src->ports, src->n) ||
+        dup_or_null(&c->master, src->master) || dup_or_null(&c->user, src->user) ||
         dup_or_null(&c->password, src->password)) {
         sentinels_free(c);
         return OUTBOX_ENOMEM;
@@ -557,12 +557,7 @@ static void describe_sentinels(const outbox__redis_url *u, char *buf, size_t len
     int auth = u->user || u->password;
     snprintf(buf, len, "%s://%s%s%s", u->tls ? "rediss-sentinel" : "redis-sentinel", u->user ? u->user : "",
              u->password ? ":***" : "", auth ? "@" : "");
-    for (size_t i = 0; i < s->n; i++) {
-        int v6 = strchr(s->hosts[i], ':') != NULL;
-        used = strlen(buf);
-        snprintf(buf + used, len - used, "%s%s%s%s:%d", i ? "," : "", v6 ? "[" : "", s->hosts[i], v6 ? "]" : "",
-                 s->ports[i]);
-    }
+    describe_hosts(buf, len, s->hosts, s->ports, s->n);
     used = strlen(buf);
     snprintf(buf + used, len - used, "/%d#%s", u->db, s->master);
 }
