@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bg_writer.h"
 #include "cluster_env.h"
 #include "harness.h"
 #include "ops.h"
@@ -37,21 +38,7 @@ static char streams[TOPICS][80];
 static const char *topics[TOPICS];
 static int owner_of[TOPICS];
 
-static atomic_int writer_stop;
-static int writer_rounds;
-
-static void *writer_main(void *arg)
-{
-    sqlite3 *w = rt_open(dbpath);
-    (void)arg;
-    for (writer_rounds = 0; !atomic_load(&writer_stop); writer_rounds++) {
-        for (int i = 0; i < TOPICS; i++)
-            rt_insert_rows(w, topics[i], writer_rounds * 4, 4, topics[i], 0);
-        th_sleep_ms(5);
-    }
-    sqlite3_close(w);
-    return NULL;
-}
+static bg_writer writer;
 
 static int64_t published_on(int node, int on)
 {
@@ -125,7 +112,6 @@ static void *sampler_main(void *arg)
 static void test_others_flow(void)
 {
     char log[512];
-    pthread_t writer;
     pid_t pid;
     int masters[CE_MAX_NODES], nm = ce_master_list(&env, masters), victim, promoted;
     sampler s;
@@ -144,9 +130,7 @@ static void test_others_flow(void)
     snprintf(log, sizeof log, "%s/relay-flow.log", dir);
     pid = rt_relay_spawn(log, dbpath, env.url, "--max-attempts", "100000", "--backoff-min-ms", "50",
                          "--backoff-max-ms", "300", "--batch", "64", NULL);
-    atomic_store(&writer_stop, 0);
-    if (pthread_create(&writer, NULL, writer_main, NULL) != 0)
-        bail("pthread_create");
+    bg_writer_start(&writer, dbpath, topics, TOPICS, 0, "");
     {
         int64_t end = th_now_ms() + 10000 * th_slow();
         while ((published_on(victim, 1) == 0 || published_on(victim, 0) == 0) && th_now_ms() < end)
@@ -184,8 +168,7 @@ static void test_others_flow(void)
        (long long)(s.others_max - s.others_first), (long long)(t1 - t0));
 
     th_sleep_ms(500);
-    atomic_store(&writer_stop, 1);
-    pthread_join(writer, NULL);
+    bg_writer_stop(&writer);
     ok(th_wait_until(60000 * th_slow(), settled, NULL), "flow: every row settled after the promotion");
     is_int(th_stop(pid, SIGTERM, 20000), 0, "flow: the relay stops cleanly");
     {

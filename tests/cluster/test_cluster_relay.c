@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bg_writer.h"
 #include "cluster_env.h"
 #include "harness.h"
 #include "ops.h"
@@ -75,40 +76,7 @@ static void rolled_back(void)
     th_sql_exec(db, "ROLLBACK");
 }
 
-/* A writer that keeps committing while the cluster changes: 4 rows per
- * topic every 5 ms, in its own connection and thread. */
-static atomic_int writer_stop;
-static pthread_t writer_thread;
-static int writer_rounds;
-
-static void *writer_main(void *arg)
-{
-    sqlite3 *w = rt_open(dbpath);
-    (void)arg;
-    for (writer_rounds = 0; !atomic_load(&writer_stop); writer_rounds++) {
-        for (int i = 0; i < TOPICS; i++) {
-            char prefix[96];
-            snprintf(prefix, sizeof prefix, "%sw", topics[i]);
-            rt_insert_rows(w, prefix, writer_rounds * 4, 4, topics[i], i % 2 == 0 ? 5 : 0);
-        }
-        th_sleep_ms(5);
-    }
-    sqlite3_close(w);
-    return NULL;
-}
-
-static void writer_start(void)
-{
-    atomic_store(&writer_stop, 0);
-    if (pthread_create(&writer_thread, NULL, writer_main, NULL) != 0)
-        bail("pthread_create");
-}
-
-static void writer_end(void)
-{
-    atomic_store(&writer_stop, 1);
-    pthread_join(writer_thread, NULL);
-}
+static bg_writer writer;
 
 /* The sum of a metric family's samples in a /metrics text. */
 static unsigned long long metric_sum(const char *text, const char *name)
@@ -262,7 +230,7 @@ static void test_faults(const char *run, const char *mode)
         pid = rt_relay_spawn(log, dbpath, env.url, "--max-attempts", "100000", "--backoff-min-ms", "50",
                              "--backoff-max-ms", "300", "--batch", "64", "--metrics-listen", listen, NULL);
     wait_progress(200);
-    writer_start();
+    bg_writer_start(&writer, dbpath, topics, TOPICS, 1, "w");
 
     /* 1. A reshard of the busy streams' slots: the lowest 20 slots of a
      *    master (topic 0's stream among them) go to the next master. */
@@ -325,8 +293,7 @@ static void test_faults(const char *run, const char *mode)
         ok(promoted >= 0, "%s: master %d killed, replica %d promoted", what, v, promoted);
         insert_all(2 * ROWS, ROWS / 4);
         th_sleep_ms(500);
-        writer_end();
-        diag("%s: the writer committed %d rows while the cluster changed", what, writer_rounds * 4 * TOPICS);
+        diag("%s: the writer committed %d rows while the cluster changed", what, bg_writer_stop(&writer));
         is_int(ce_restart(&env, v), 0, "%s: the killed node is back (as a replica)", what);
     }
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bg_writer.h"
 #include "cluster_env.h"
 #include "harness.h"
 #include "ops.h"
@@ -33,24 +34,7 @@ static sqlite3 *db;
 static char *dir, *dbpath;
 static char streams[TOPICS][80];
 static const char *topics[TOPICS];
-static atomic_int writer_stop;
-static int writer_rounds;
-
-static void *writer_main(void *arg)
-{
-    sqlite3 *w = rt_open(dbpath);
-    (void)arg;
-    for (writer_rounds = 0; !atomic_load(&writer_stop); writer_rounds++) {
-        for (int i = 0; i < TOPICS; i++) {
-            char prefix[96];
-            snprintf(prefix, sizeof prefix, "%sw", topics[i]);
-            rt_insert_rows(w, prefix, writer_rounds * 4, 4, topics[i], i % 2 == 0 ? 5 : 0);
-        }
-        th_sleep_ms(5);
-    }
-    sqlite3_close(w);
-    return NULL;
-}
+static bg_writer writer;
 
 static int settled(void *arg)
 {
@@ -75,7 +59,6 @@ static void test_faults(void)
 {
     int masters[CE_MAX_NODES], nm = ce_master_list(&env, masters), mport = th_free_port(), from, to, k;
     char log[512], listen[32], *m = NULL;
-    pthread_t writer;
     pid_t pid;
     long missing = 0, order = 0, dups = 0;
 
@@ -93,9 +76,7 @@ static void test_faults(void)
     pid = rt_relay_spawn(log, dbpath, env.url, "--tls-ca-file", tls_cert(certs, "ca.crt"), "--max-attempts",
                          "100000", "--backoff-min-ms", "50", "--backoff-max-ms", "300", "--batch", "64",
                          "--metrics-listen", listen, NULL);
-    atomic_store(&writer_stop, 0);
-    if (pthread_create(&writer, NULL, writer_main, NULL) != 0)
-        bail("pthread_create");
+    bg_writer_start(&writer, dbpath, topics, TOPICS, 1, "w");
     th_sleep_ms(500);
 
     /* Topic 1's slot moved by hand to the next master. */
@@ -113,9 +94,7 @@ static void test_faults(void)
         ;
     is_int(ce_reshard(&env, from, masters[(k + 1) % nm], 20), 0, "tls: reshard of 20 slots under the relay");
     th_sleep_ms(500);
-    atomic_store(&writer_stop, 1);
-    pthread_join(writer, NULL);
-    diag("tls: the writer committed %d rows meanwhile", writer_rounds * 4 * TOPICS);
+    diag("tls: the writer committed %d rows meanwhile", bg_writer_stop(&writer));
 
     ok(th_wait_until(60000 * th_slow(), settled, NULL), "tls: every row settled");
     is_int(ot_http_get(mport, "/metrics", &m), 200, "tls: /metrics answers");
