@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "resp_cmd.h"
 #include "tap.h"
 
 #define MAX_CLIENTS 8
@@ -74,61 +75,16 @@ static void write_split(int fd, const char *p, size_t n)
     }
 }
 
-/* Parses one RESP array-of-bulk-strings command from buf. Returns the bytes
- * it used, 0 if incomplete, -1 if malformed. */
-static long parse_command(const char *buf, size_t len, int *argc, const char **argv, size_t *argvlen)
-{
-    const char *p = buf, *end = buf + len, *nl;
-    long n, i;
-    if (len == 0)
-        return 0;
-    if (*p != '*')
-        return -1;
-    nl = memchr(p, '\n', len);
-    if (!nl)
-        return 0;
-    n = strtol(p + 1, NULL, 10);
-    if (n < 1 || n > MAX_ARGS)
-        return -1;
-    p = nl + 1;
-    for (i = 0; i < n; i++) {
-        long blen;
-        if (p >= end)
-            return 0;
-        if (*p != '$')
-            return -1;
-        nl = memchr(p, '\n', (size_t)(end - p));
-        if (!nl)
-            return 0;
-        blen = strtol(p + 1, NULL, 10);
-        if (blen < 0)
-            return -1;
-        p = nl + 1;
-        if (end - p < blen + 2)
-            return 0;
-        argv[i] = p;
-        argvlen[i] = (size_t)blen;
-        p += blen + 2;
-    }
-    *argc = (int)n;
-    return (long)(p - buf);
-}
-
-static int arg_is(const char *a, size_t len, const char *s)
-{
-    return len == strlen(s) && strncasecmp(a, s, len) == 0;
-}
-
 /* The reply to one command, written into out (returns its length). */
 static size_t make_reply(int argc, const char **argv, const size_t *argvlen, char *out, size_t cap)
 {
-    if (arg_is(argv[0], argvlen[0], "PING"))
+    if (resp_arg_is(argv[0], argvlen[0], "PING"))
         return (size_t)snprintf(out, cap, "+PONG\r\n");
-    if (arg_is(argv[0], argvlen[0], "ECHO") && argc == 2 && argvlen[1] < cap - 32)
+    if (resp_arg_is(argv[0], argvlen[0], "ECHO") && argc == 2 && argvlen[1] < cap - 32)
         return (size_t)snprintf(out, cap, "$%zu\r\n%.*s\r\n", argvlen[1], (int)argvlen[1], argv[1]);
-    if (arg_is(argv[0], argvlen[0], "ARR"))
+    if (resp_arg_is(argv[0], argvlen[0], "ARR"))
         return (size_t)snprintf(out, cap, "*3\r\n$1\r\na\r\n:42\r\n*2\r\n$-1\r\n+in\r\n");
-    if (arg_is(argv[0], argvlen[0], "ERR"))
+    if (resp_arg_is(argv[0], argvlen[0], "ERR"))
         return (size_t)snprintf(out, cap, "-ERR fake failure\r\n");
     return (size_t)snprintf(out, cap, "+OK\r\n");
 }
@@ -180,7 +136,7 @@ static void handle_input(fake_server *fs, client *c)
         size_t argvlen[MAX_ARGS];
         char reply[512];
         size_t rlen;
-        long used = parse_command(c->buf, c->len, &argc, argv, argvlen);
+        long used = resp_parse_command(c->buf, c->len, MAX_ARGS, &argc, argv, argvlen);
         if (used == 0)
             return;
         if (used < 0) {

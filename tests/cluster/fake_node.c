@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "resp_cmd.h"
 #include "tap.h"
 
 #define NODES_MAX 4
@@ -69,47 +70,6 @@ static void logf_add(fake_nodes *f, const char *s)
     f->log[f->loglen] = '\0';
 }
 
-static long parse_command(const char *buf, size_t len, int *argc, const char **argv, size_t *argvlen)
-{
-    const char *p = buf, *end = buf + len, *nl;
-    long n, i;
-    if (len == 0)
-        return 0;
-    if (*p != '*')
-        return -1;
-    if (!(nl = memchr(p, '\n', len)))
-        return 0;
-    n = strtol(p + 1, NULL, 10);
-    if (n < 1 || n > 64)
-        return -1;
-    p = nl + 1;
-    for (i = 0; i < n; i++) {
-        long blen;
-        if (p >= end)
-            return 0;
-        if (*p != '$')
-            return -1;
-        if (!(nl = memchr(p, '\n', (size_t)(end - p))))
-            return 0;
-        blen = strtol(p + 1, NULL, 10);
-        p = nl + 1;
-        if (blen < 0 || end - p < blen + 2)
-            return blen < 0 ? -1 : 0;
-        if (i < 16) {
-            argv[i] = p;
-            argvlen[i] = (size_t)blen;
-        }
-        p += blen + 2;
-    }
-    *argc = n < 16 ? (int)n : 16;
-    return (long)(p - buf);
-}
-
-static int arg_is(const char *a, size_t len, const char *s)
-{
-    return len == strlen(s) && strncasecmp(a, s, len) == 0;
-}
-
 /* Writes template t with %N replaced by node N's port. */
 static size_t expand(const fake_nodes *f, const char *t, char *out, size_t cap)
 {
@@ -145,11 +105,11 @@ static size_t make_reply(fake_nodes *f, int node, int argc, const char **argv, c
             return expand(f, t, out, cap);
         }
     }
-    if (arg_is(argv[0], argvlen[0], "PING"))
+    if (resp_arg_is(argv[0], argvlen[0], "PING"))
         return (size_t)snprintf(out, cap, "+PONG\r\n");
-    if (arg_is(argv[0], argvlen[0], "CLUSTER") && argc > 1 && arg_is(argv[1], argvlen[1], "SHARDS"))
+    if (resp_arg_is(argv[0], argvlen[0], "CLUSTER") && argc > 1 && resp_arg_is(argv[1], argvlen[1], "SHARDS"))
         return (size_t)snprintf(out, cap, "-ERR unknown subcommand 'SHARDS'. Try CLUSTER HELP.\r\n");
-    if (arg_is(argv[0], argvlen[0], "CLUSTER") && argc > 1 && arg_is(argv[1], argvlen[1], "SLOTS"))
+    if (resp_arg_is(argv[0], argvlen[0], "CLUSTER") && argc > 1 && resp_arg_is(argv[1], argvlen[1], "SLOTS"))
         return expand(f, "*1\r\n*3\r\n:0\r\n:16383\r\n*3\r\n$9\r\n127.0.0.1\r\n:%0\r\n$2\r\nn0\r\n", out, cap);
     return (size_t)snprintf(out, cap, "+OK\r\n");
 }
@@ -200,15 +160,15 @@ static void serve(fake_nodes *f, fclient *c)
         size_t argvlen[16];
         char out[8192];
         size_t olen;
-        long used = parse_command(c->buf, c->len, &argc, argv, argvlen);
+        long used = resp_parse_command(c->buf, c->len, 16, &argc, argv, argvlen);
         if (used == 0)
             break;
         if (used < 0) {
             client_close(c);
             return;
         }
-        if (!arg_is(argv[0], argvlen[0], "CLIENT") && !arg_is(argv[0], argvlen[0], "PING") &&
-            !arg_is(argv[0], argvlen[0], "CLUSTER")) {
+        if (!resp_arg_is(argv[0], argvlen[0], "CLIENT") && !resp_arg_is(argv[0], argvlen[0], "PING") &&
+            !resp_arg_is(argv[0], argvlen[0], "CLUSTER")) {
             char line[160];
             snprintf(line, sizeof line, "n%d:%.*s%s%.*s", c->node, (int)(argvlen[0] < 20 ? argvlen[0] : 20), argv[0],
                      argc > 1 ? " " : "", argc > 1 ? (int)(argvlen[1] < 40 ? argvlen[1] : 40) : 0,
