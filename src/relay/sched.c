@@ -333,7 +333,7 @@ static void unit_done(uv_work_t *w, int status)
     struct relay_unit *u = &r->sched.unit;
     msg *m, **send;
     size_t i, nsend = 0;
-    int pages;
+    int pages, unsent = 0;
     wait_set ws = {0};
 
     (void)status;
@@ -385,7 +385,10 @@ static void unit_done(uv_work_t *w, int status)
         r->sched.last_end_ns = u->t_end;
         if (ns < 1000000 && __atomic_load_n(&r->lock.attached, __ATOMIC_RELAXED) != 0) {
             r->sched.held_ns = 0;
-        } else if (r->sched.held_ns >= TXN_BUDGET_NS) {
+        } else if (r->sched.held_ns >= TXN_BUDGET_NS || r->sched.unsent) {
+            /* After every unit while claimed messages could not be sent (a
+             * node down): their rows, handed back, would be claimed again
+             * at once, unit after unit. */
             ms = r->sched.held_ns / 4000000;
             if (!ms)
                 ms = 1;
@@ -414,6 +417,8 @@ static void unit_done(uv_work_t *w, int status)
     /* Committed: the marked messages leave the window. */
     while ((m = u->marks) != NULL) {
         u->marks = m->next;
+        if (m->outcome == OUT_RELEASE)
+            unsent = 1; /* handed back: its row is due again now */
         outbox__mark_account(r, m);
         r->win.inflight--;
         outbox__win_retire(r, m);
@@ -433,6 +438,7 @@ static void unit_done(uv_work_t *w, int status)
         if (c->state != MSG_HELD || c->behind)
             continue; /* handed back by settle_chain, or chained */
         if (!outbox__link_up(r)) {
+            unsent = 1;
             outbox__win_release_chain(r, c, "held back: connection lost");
             outbox__win_queue_mark(r, c, OUT_RELEASE, "connection lost", 15);
         } else if (send) {
@@ -481,6 +487,11 @@ static void unit_done(uv_work_t *w, int status)
         for (i = 0; i < nsend; i++)
             outbox__pub_send(r, send[i], &ws);
     outbox__pub_flush_groups(r, &ws);
+    /* Messages are freed only in a later unit_done: their states can be read. */
+    for (i = 0; i < nsend; i++)
+        if (send[i]->state == MSG_DONE)
+            unsent = 1;
+    r->sched.unsent = unsent;
     free(send);
     r->hooks.stop_check(r);
 }
