@@ -165,8 +165,14 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
         outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
     } else if (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS) {
         void *node = outbox__link_node_of(r, conn);
-        free(m->result);
-        m->result = outbox__safe_text(reply->str, reply->len);
+        if (r->cfg.s.wait_replicas) {
+            /* The entry id waits with it for the WAIT reply: in the message
+             * itself when it fits (it always does for Redis's ids). */
+            if (m->result != m->entry)
+                free(m->result);
+            m->result = reply->len < sizeof m->entry ? outbox__safe_text_into(m->entry, reply->str, reply->len)
+                                                     : outbox__safe_text(reply->str, reply->len);
+        }
         if (m->group && m->group->node != node)
             leave_group(m); /* redirected: appended on another node than its group's */
         if (r->cfg.s.wait_replicas && !m->group) {

@@ -255,6 +255,9 @@ struct relay_sched {
     int again;                /* work arrived while it ran: schedule another */
     uint64_t busy_delay_ms;   /* the busy retry's current delay */
     uint64_t lock_free_until; /* loop ms before which no new unit starts */
+    uint64_t held_ns;         /* write lock held by units since the last lock gap */
+    uint64_t last_end_ns;     /* hrtime the last unit's transaction ended */
+    int unsent;               /* claimed messages of the last unit were handed back unsent */
     int last_claim_full;      /* the last claim got all it wanted: a backlog is draining */
     uint64_t claim_row_ns;    /* recent cost of one claimed row (worker thread only) */
     unsigned stop_failures;   /* units in a row that failed while stopping */

@@ -28,6 +28,7 @@
 
 static void on_scan(uv_timer_t *t);
 static void on_busy_retry(uv_timer_t *t);
+static void do_work(outbox_relay *r);
 
 void outbox__sched_arm_scan(outbox_relay *r, uint64_t delay)
 {
@@ -332,7 +333,7 @@ static void unit_done(uv_work_t *w, int status)
     struct relay_unit *u = &r->sched.unit;
     msg *m, **send;
     size_t i, nsend = 0;
-    int pages;
+    int pages, unsent = 0;
     wait_set ws = {0};
 
     (void)status;
@@ -368,15 +369,31 @@ static void unit_done(uv_work_t *w, int status)
         outbox__hist_observe(&r->stats.h_claim_size, (double)(u->nclaimed + u->ndead));
         outbox__hist_observe(&r->stats.h_claim_secs, (double)(u->t_end - u->t_claim0) / 1e9);
     }
-    /* Leave the write lock free for a while before the next transaction,
-     * so that application writers and other relays get it: at least 1 ms,
-     * or a quarter of this transaction's time; no gap after a short unit
-     * while an application connection is attached, whose busy handler wakes
-     * the moment a unit ends (docs/ARCHITECTURE.md, "The lock gap"). */
+    /* Leave the write lock free for a while, so that application writers
+     * and other relays get it: at least 1 ms, or a quarter of the time the
+     * units held it since the last gap, once they held it for
+     * TXN_BUDGET_NS; units back to back until then, so that short units
+     * (a batch of a few hundred rows takes about 1 ms) do not spend more
+     * time in gaps than in transactions. No gap after a short unit while an
+     * application connection is attached: its busy handler wakes the moment
+     * a unit ends (docs/ARCHITECTURE.md, "The lock gap"). */
     {
-        uint64_t ns = u->t_end - u->t0, ms = ns / 4000000;
-        if (!ms && (ns >= 1000000 || __atomic_load_n(&r->lock.attached, __ATOMIC_RELAXED) == 0))
-            ms = 1;
+        uint64_t ns = u->t_end - u->t0, ms = 0;
+        if (r->sched.last_end_ns && u->t0 - r->sched.last_end_ns >= 1000000)
+            r->sched.held_ns = 0; /* the lock was free for 1 ms or more since the last unit */
+        r->sched.held_ns += ns;
+        r->sched.last_end_ns = u->t_end;
+        if (ns < 1000000 && __atomic_load_n(&r->lock.attached, __ATOMIC_RELAXED) != 0) {
+            r->sched.held_ns = 0;
+        } else if (r->sched.held_ns >= TXN_BUDGET_NS || r->sched.unsent) {
+            /* After every unit while claimed messages could not be sent (a
+             * node down): their rows, handed back, would be claimed again
+             * at once, unit after unit. */
+            ms = r->sched.held_ns / 4000000;
+            if (!ms)
+                ms = 1;
+            r->sched.held_ns = 0;
+        }
         r->sched.lock_free_until = uv_now(r->loop) + ms;
     }
 
@@ -400,6 +417,8 @@ static void unit_done(uv_work_t *w, int status)
     /* Committed: the marked messages leave the window. */
     while ((m = u->marks) != NULL) {
         u->marks = m->next;
+        if (m->outcome == OUT_RELEASE)
+            unsent = 1; /* handed back: its row is due again now */
         outbox__mark_account(r, m);
         r->win.inflight--;
         outbox__win_retire(r, m);
@@ -419,6 +438,7 @@ static void unit_done(uv_work_t *w, int status)
         if (c->state != MSG_HELD || c->behind)
             continue; /* handed back by settle_chain, or chained */
         if (!outbox__link_up(r)) {
+            unsent = 1;
             outbox__win_release_chain(r, c, "held back: connection lost");
             outbox__win_queue_mark(r, c, OUT_RELEASE, "connection lost", 15);
         } else if (send) {
@@ -428,13 +448,6 @@ static void unit_done(uv_work_t *w, int status)
             outbox__win_queue_mark(r, c, OUT_RELEASE, "out of memory", 13);
         }
     }
-    if (r->cfg.s.idempotent)
-        outbox__pub_idem_send(r, send, nsend);
-    else
-        for (i = 0; i < nsend; i++)
-            outbox__pub_send(r, send[i], &ws);
-    outbox__pub_flush_groups(r, &ws);
-    free(send);
     free(u->claimed);
     u->claimed = NULL;
 
@@ -453,13 +466,33 @@ static void unit_done(uv_work_t *w, int status)
     /* Claim again at once after a full claim, or after one that moved held
      * rows out of the way (defer): the next walks reach rows behind them. */
     r->sched.last_claim_full = u->want_claim && ((u->nclaimed + u->ndead) >= u->want || u->ndeferred > 0);
-    if (r->sched.last_claim_full || r->win.marks_head || r->sched.again)
-        outbox__sched_schedule(r);
-    else if (r->state == R_RUNNING) {
+    if (r->sched.last_claim_full || r->win.marks_head || r->sched.again) {
+        /* No lock gap due: the next unit starts now, before this one's
+         * messages are sent, so that its transaction runs while the loop
+         * writes their XADDs (it reuses u: nothing below reads it). */
+        if (r->sched.lock_free_until <= uv_now(r->loop) && !uv_is_active((uv_handle_t *)&r->sched.kick_timer)) {
+            r->sched.again = 0;
+            do_work(r);
+        } else {
+            outbox__sched_schedule(r);
+        }
+    } else if (r->state == R_RUNNING) {
         arm_next_due(r, u->now);
         check_drained(r, u->now);
     }
     r->sched.again = 0;
+    if (r->cfg.s.idempotent)
+        outbox__pub_idem_send(r, send, nsend);
+    else
+        for (i = 0; i < nsend; i++)
+            outbox__pub_send(r, send[i], &ws);
+    outbox__pub_flush_groups(r, &ws);
+    /* Messages are freed only in a later unit_done: their states can be read. */
+    for (i = 0; i < nsend; i++)
+        if (send[i]->state == MSG_DONE)
+            unsent = 1;
+    r->sched.unsent = unsent;
+    free(send);
     r->hooks.stop_check(r);
 }
 
