@@ -26,7 +26,7 @@
 #include "sentinel_env.h"
 #include "tap.h"
 
-#define BACKLOG 6000
+#define BACKLOG 30000 /* big enough that a fast drain is still under way at the kill */
 #define TRICKLE 40 /* rows per trickle step, 10 steps */
 
 static sqlite3 *db;
