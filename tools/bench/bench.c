@@ -33,6 +33,7 @@ static const scenario scenarios[] = {
     {"drain_cluster", "cluster", sc_drain_cluster, "the same drain into a 3-master Redis Cluster vs one redis-server"},
     {"idle", NULL, sc_idle, "CPU of a relay daemon with nothing to do, 5 s, vs redis-server's"},
     {"latency", NULL, sc_latency, "commit-to-stream latency at 1k and 10k msg/s, in-process and daemon"},
+    {"sustained", NULL, sc_sustained, "20k msg/s FULL writer for 60 s, relay daemon with retention: backlog, latency, file"},
     {"writer", NULL, sc_writer, "outbox_enqueue vs plain SQLite inserts of the same shape"},
     {"loop", "loop-stall", sc_loop, "event-loop iteration times with the relay embedded, draining"},
     {"idempotent", NULL, sc_idempotent, "drain with --idempotent vs plain drain"},

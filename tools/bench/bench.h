@@ -331,6 +331,7 @@ int sc_memory(bench *b, bench_report *r);
 int sc_idempotent(bench *b, bench_report *r);
 int sc_consume(bench *b, bench_report *r);
 int sc_latency(bench *b, bench_report *r);
+int sc_sustained(bench *b, bench_report *r);
 int sc_writer(bench *b, bench_report *r);
 int sc_claim(bench *b, bench_report *r);
 int sc_loop(bench *b, bench_report *r);
