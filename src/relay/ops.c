@@ -117,7 +117,7 @@ fail:
 static void on_retention(uv_timer_t *t)
 {
     outbox_relay *r = t->data;
-    int rc, pages;
+    int rc, pages, busy = 0;
     int64_t n;
     if (r->state != R_RUNNING || !r->db.q_retention)
         return;
@@ -132,14 +132,24 @@ static void on_retention(uv_timer_t *t)
             LOG(r, OUTBOX_LOG_DEBUG, "msg=\"retention deleted published rows\" count=%lld", (long long)n);
     } else if ((rc & 0xff) != SQLITE_BUSY) {
         LOG(r, OUTBOX_LOG_WARN, "msg=\"retention delete failed\" error=\"%s\"", sqlite3_errstr(rc));
+    } else {
+        busy = 1;
     }
     pages = r->ckpt.own_pages;
     r->ckpt.own_pages = 0;
     if (pages)
         outbox__wake_checkpoint(r, pages);
     /* A full step means more are due: continue soon, in small steps, so the
-     * application's writers are never held up for long. */
-    uv_timer_start(&r->ops.retention_timer, on_retention, n >= (int64_t)r->cfg.s.retention_batch ? 20 : 10000, 0);
+     * application's writers are never held up for long. A step that found
+     * the write lock taken (an application's transaction: this connection
+     * does not wait outside a unit) is tried again soon (5 ms): with a writer
+     * committing all the time, waiting the full interval would put off
+     * retention again and again while the table grows. A pass that
+     * deleted rows comes again in a second (rows are coming in: small,
+     * even passes keep the table, and so the file, at its size); one that
+     * found nothing waits the full interval. */
+    uv_timer_start(&r->ops.retention_timer, on_retention,
+                   busy ? 5 : n >= (int64_t)r->cfg.s.retention_batch ? 20 : n > 0 ? 1000 : 10000, 0);
 }
 
 /* Runs on a libuv worker thread with its own read-only connection: a count

@@ -44,7 +44,8 @@ void bench_str_free(bench_str *s);
 /* ------------------------------------------------------------------ */
 /* the report of one scenario: a small table and one JSON object */
 
-#define BENCH_MAX_ROWS 48
+#define BENCH_MAX_ROWS 64
+#define BENCH_MAX_RUNS 20 /* --runs */
 
 typedef struct bench_row {
     char metric[64];
@@ -105,6 +106,7 @@ typedef struct bench {
     long claim_rows; /* the big backlog of the claim scenario */
     unsigned keys;   /* distinct ordering keys */
     const char *writer_sync; /* PRAGMA synchronous of the latency writer: FULL (default) or NORMAL */
+    int latency_runs;        /* how many times latency runs its in-process 10k msg/s case (--runs) */
     int messages_set, claim_rows_set;
     int relay_has_idempotent;
 } bench;
@@ -331,6 +333,7 @@ int sc_memory(bench *b, bench_report *r);
 int sc_idempotent(bench *b, bench_report *r);
 int sc_consume(bench *b, bench_report *r);
 int sc_latency(bench *b, bench_report *r);
+int sc_sustained(bench *b, bench_report *r);
 int sc_writer(bench *b, bench_report *r);
 int sc_claim(bench *b, bench_report *r);
 int sc_loop(bench *b, bench_report *r);

@@ -437,7 +437,8 @@ int sc_latency(bench *b, bench_report *r)
     double rb_rps, rb_p50;
     bench_str runs = {0};
     char err[512];
-    int mode, ri, first = 1;
+    int mode, ri, first = 1, rep, reps, npass = 0;
+    double p99s[BENCH_MAX_RUNS];
 
     snprintf(r->title, sizeof r->title,
              "writer on a 1 ms timer committing the due messages (synchronous=%s), %.0f s per run; "
@@ -453,56 +454,91 @@ int sc_latency(bench *b, bench_report *r)
     bench_str_printf(&runs, "[");
     for (mode = 0; mode < 2; mode++) {
         for (ri = 0; ri < 2; ri++) {
-            lat_result res;
-            char metric[64], target[32];
-            double limit = mode ? 20.0 : 5.0;
-            int targeted = rates[ri] == 10000;
-            memset(&res, 0, sizeof res);
-            bench_progress(b, "%s relay, %u msg/s", mode ? "daemon" : "in-process", rates[ri]);
-            if (run_one(b, mode, rates[ri], duration, &res, err, sizeof err) != 0) {
-                bench_fail(r, "%s %u msg/s: %s", mode ? "cross-process" : "in-process", rates[ri], err);
-                bench_str_free(&runs);
-                return -1;
-            }
-            snprintf(metric, sizeof metric, "%s, %uk msg/s", mode ? "cross-process" : "in-process",
-                     rates[ri] / 1000);
-            snprintf(target, sizeof target, "p99 <= %.0f ms", limit);
-            bench_row_add(r, metric, targeted ? target : NULL,
-                          targeted ? (res.p99 <= limit && res.missing == 0 ? V_PASS : V_FAIL) : V_NONE,
-                          "p50 %.2f p99 %.2f p99.9 %.2f max %.2f ms", res.p50, res.p99, res.p999, res.max);
-            bench_row_add(r, "  entry-id ms method", NULL, V_NONE, "p50 %.1f p99 %.1f p99.9 %.1f max %.1f ms",
-                          res.e50, res.e99, res.e999, res.emax);
-            bench_row_add(r, "  reference: writer COMMIT", NULL, V_NONE, "p50 %.2f p99 %.2f max %.2f ms", res.c50,
-                          res.c99, res.cmax);
-            if (res.missing || res.achieved < rates[ri] * 0.95)
-                bench_note(r, "%s: the writer achieved %.0f msg/s; %llu messages not seen within 30 s", metric,
-                           res.achieved, (unsigned long long)res.missing);
-            bench_str_printf(&runs,
-                             "%s{\"mode\":\"%s\",\"rate\":%u,\"messages\":%llu,\"achieved_rate\":%.0f,"
-                             "\"missing\":%llu,\"p50_ms\":",
-                             first ? "" : ",", mode ? "cross-process" : "in-process", rates[ri],
-                             (unsigned long long)(rates[ri] * duration), res.achieved,
-                             (unsigned long long)res.missing);
-            bench_str_num(&runs, res.p50, 3);
-            {
-                /* The rest of the run's figures, as ,"name":value. */
-                const struct {
-                    const char *name;
-                    double v;
-                    int digits;
-                } f[] = {{"p99_ms", res.p99, 3},       {"p999_ms", res.p999, 3},      {"max_ms", res.max, 3},
-                         {"entry_p50_ms", res.e50, 1}, {"entry_p99_ms", res.e99, 1},  {"entry_max_ms", res.emax, 1},
-                         {"commit_p50_ms", res.c50, 3}, {"commit_p99_ms", res.c99, 3}, {"commit_max_ms", res.cmax, 3}};
-                for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
-                    bench_str_printf(&runs, ",\"%s\":", f[k].name);
-                    bench_str_num(&runs, f[k].v, f[k].digits);
+            /* --runs N repeats the in-process 10k msg/s run, the one whose
+             * target is judged over several runs. */
+            reps = mode == 0 && rates[ri] == 10000 ? b->latency_runs : 1;
+            for (rep = 0; rep < reps; rep++) {
+                lat_result res;
+                char metric[64], target[32];
+                double limit = mode ? 20.0 : 5.0;
+                int targeted = rates[ri] == 10000;
+                memset(&res, 0, sizeof res);
+                if (reps > 1)
+                    bench_progress(b, "in-process relay, %u msg/s, run %d of %d", rates[ri], rep + 1, reps);
+                else
+                    bench_progress(b, "%s relay, %u msg/s", mode ? "daemon" : "in-process", rates[ri]);
+                if (run_one(b, mode, rates[ri], duration, &res, err, sizeof err) != 0) {
+                    bench_fail(r, "%s %u msg/s: %s", mode ? "cross-process" : "in-process", rates[ri], err);
+                    bench_str_free(&runs);
+                    return -1;
+                }
+                if (reps > 1)
+                    snprintf(metric, sizeof metric, "%s, %uk msg/s, run %d", mode ? "cross-process" : "in-process",
+                             rates[ri] / 1000, rep + 1);
+                else
+                    snprintf(metric, sizeof metric, "%s, %uk msg/s", mode ? "cross-process" : "in-process",
+                             rates[ri] / 1000);
+                snprintf(target, sizeof target, "p99 <= %.0f ms", limit);
+                bench_row_add(r, metric, targeted ? target : NULL,
+                              targeted ? (res.p99 <= limit && res.missing == 0 ? V_PASS : V_FAIL) : V_NONE,
+                              "p50 %.2f p99 %.2f p99.9 %.2f max %.2f ms", res.p50, res.p99, res.p999, res.max);
+                bench_row_add(r, "  entry-id ms method", NULL, V_NONE, "p50 %.1f p99 %.1f p99.9 %.1f max %.1f ms",
+                              res.e50, res.e99, res.e999, res.emax);
+                bench_row_add(r, "  reference: writer COMMIT", NULL, V_NONE, "p50 %.2f p99 %.2f max %.2f ms", res.c50,
+                              res.c99, res.cmax);
+                if (res.missing || res.achieved < rates[ri] * 0.95)
+                    bench_note(r, "%s: the writer achieved %.0f msg/s; %llu messages not seen within 30 s", metric,
+                               res.achieved, (unsigned long long)res.missing);
+                bench_str_printf(&runs,
+                                 "%s{\"mode\":\"%s\",\"rate\":%u,\"messages\":%llu,\"achieved_rate\":%.0f,"
+                                 "\"missing\":%llu,\"p50_ms\":",
+                                 first ? "" : ",", mode ? "cross-process" : "in-process", rates[ri],
+                                 (unsigned long long)(rates[ri] * duration), res.achieved,
+                                 (unsigned long long)res.missing);
+                bench_str_num(&runs, res.p50, 3);
+                {
+                    /* The rest of the run's figures, as ,"name":value. */
+                    const struct {
+                        const char *name;
+                        double v;
+                        int digits;
+                    } f[] = {{"p99_ms", res.p99, 3},         {"p999_ms", res.p999, 3},
+                             {"max_ms", res.max, 3},         {"entry_p50_ms", res.e50, 1},
+                             {"entry_p99_ms", res.e99, 1},   {"entry_max_ms", res.emax, 1},
+                             {"commit_p50_ms", res.c50, 3},  {"commit_p99_ms", res.c99, 3},
+                             {"commit_max_ms", res.cmax, 3}};
+                    for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+                        bench_str_printf(&runs, ",\"%s\":", f[k].name);
+                        bench_str_num(&runs, f[k].v, f[k].digits);
+                    }
+                }
+                if (targeted)
+                    bench_str_printf(&runs, ",\"target_p99_ms\":%.0f,\"pass\":%s", limit,
+                                     res.p99 <= limit && res.missing == 0 ? "true" : "false");
+                bench_str_printf(&runs, "}");
+                first = 0;
+                if (reps > 1) {
+                    p99s[rep] = res.p99;
+                    npass += res.p99 <= limit && res.missing == 0;
                 }
             }
-            if (targeted)
-                bench_str_printf(&runs, ",\"target_p99_ms\":%.0f,\"pass\":%s", limit,
-                                 res.p99 <= limit && res.missing == 0 ? "true" : "false");
-            bench_str_printf(&runs, "}");
-            first = 0;
+            if (reps > 1) {
+                /* The target over the runs: p99 <= 5 ms in at least 8 of 10. */
+                int need = (reps * 8 + 9) / 10;
+                bench_str p = {0};
+                bench_str_printf(&p, "[");
+                for (rep = 0; rep < reps; rep++) {
+                    bench_str_printf(&p, "%s", rep ? "," : "");
+                    bench_str_num(&p, p99s[rep], 3);
+            }
+            bench_str_printf(&p, "]");
+            bench_row_add(r, "in-process, 10k msg/s, runs", "p99 <= 5 ms in 8 of 10", npass >= need ? V_PASS : V_FAIL,
+                          "%d of %d runs with p99 <= 5 ms", npass, reps);
+            bench_json_raw(r, "inproc_10k_p99_ms", p.p);
+            bench_json_int(r, "inproc_10k_runs", reps);
+            bench_json_int(r, "inproc_10k_runs_pass", npass);
+            bench_str_free(&p);
+            }
         }
     }
     bench_str_printf(&runs, "]");
