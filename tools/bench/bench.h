@@ -188,6 +188,25 @@ typedef struct bench_tls_server {
 int bench_tls_server_start(bench *b, bench_tls_server *t, char *err, size_t errlen);
 void bench_tls_server_stop(bench_tls_server *t);
 redisContext *bench_redis_connect(const bench *b);
+
+/* The stream reader of the latency and sustained scenarios: a thread (start
+ * it with bench_reader_main as its function) in XREAD BLOCK over every bench
+ * topic. Each message whose id is <id_prefix><seq>, seq <= n, gets the wall
+ * clock (us) when it was first seen in seen_us[seq], and, if entry_ms is not
+ * NULL, its entry id's milliseconds in entry_ms[seq]. Set stop (atomically)
+ * to end it; err says why it ended early. */
+typedef struct bench_reader {
+    const bench *b;
+    const char *id_prefix;
+    uint64_t n;
+    unsigned count;    /* XREAD COUNT */
+    int64_t *seen_us;  /* n + 1 entries, 0 = not seen */
+    int64_t *entry_ms; /* n + 1 entries, or NULL */
+    uint64_t seen;     /* atomic: distinct messages seen */
+    int stop;          /* atomic */
+    char err[256];
+} bench_reader;
+void *bench_reader_main(void *arg);
 /* A command on the control connection; NULL (and err) on failure. */
 redisReply *bench_redis(bench *b, const char *fmt, ...);
 int bench_redis_flush(bench *b);

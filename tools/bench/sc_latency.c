@@ -56,11 +56,7 @@ typedef struct lat_run {
     /* reader thread */
     pthread_t reader;
     int reader_started;
-    int stop;           /* atomic */
-    uint64_t seen;      /* atomic: distinct messages seen */
-    int64_t *seen_us;   /* 0 = not seen */
-    int64_t *entry_ms;
-    char reader_err[256];
+    bench_reader rd;
 
     int failed;
     char err[512];
@@ -72,87 +68,6 @@ static void file_log(void *data, outbox_log_level level, const char *msg)
     static const char *names[] = {"debug", "info", "warn", "error"};
     if (f)
         fprintf(f, "level=%s %s\n", names[level & 3], msg);
-}
-
-static void *reader_main(void *arg)
-{
-    lat_run *x = arg;
-    redisContext *c = bench_redis_connect(x->b);
-    char names[BENCH_TOPICS][32], last[BENCH_TOPICS][48];
-    const char *argv[6 + 2 * BENCH_TOPICS];
-    int i;
-
-    if (!c) {
-        snprintf(x->reader_err, sizeof x->reader_err, "reader cannot connect to Redis");
-        return NULL;
-    }
-    for (i = 0; i < BENCH_TOPICS; i++) {
-        snprintf(names[i], sizeof names[i], "outbox:bench.t%d", i);
-        snprintf(last[i], sizeof last[i], "0-0");
-    }
-    while (!__atomic_load_n(&x->stop, __ATOMIC_ACQUIRE)) {
-        int a = 0;
-        redisReply *r;
-        int64_t now;
-        argv[a++] = "XREAD";
-        argv[a++] = "COUNT";
-        argv[a++] = "1000";
-        argv[a++] = "BLOCK";
-        argv[a++] = "100";
-        argv[a++] = "STREAMS";
-        for (i = 0; i < BENCH_TOPICS; i++)
-            argv[a++] = names[i];
-        for (i = 0; i < BENCH_TOPICS; i++)
-            argv[a++] = last[i];
-        r = redisCommandArgv(c, a, argv, NULL);
-        now = bench_wall_us();
-        if (!r) {
-            snprintf(x->reader_err, sizeof x->reader_err, "reader: connection lost");
-            break;
-        }
-        if (r->type == REDIS_REPLY_ARRAY) {
-            for (size_t s = 0; s < r->elements; s++) {
-                redisReply *sr = r->element[s], *entries;
-                int si = -1;
-                if (sr->type != REDIS_REPLY_ARRAY || sr->elements != 2)
-                    continue;
-                for (i = 0; i < BENCH_TOPICS; i++)
-                    if (!strcmp(sr->element[0]->str, names[i]))
-                        si = i;
-                entries = sr->element[1];
-                if (si < 0 || entries->type != REDIS_REPLY_ARRAY)
-                    continue;
-                for (size_t e = 0; e < entries->elements; e++) {
-                    redisReply *en = entries->element[e], *fields;
-                    int64_t ms;
-                    if (en->type != REDIS_REPLY_ARRAY || en->elements != 2)
-                        continue;
-                    snprintf(last[si], sizeof last[si], "%s", en->element[0]->str);
-                    ms = strtoll(en->element[0]->str, NULL, 10);
-                    fields = en->element[1];
-                    for (size_t k = 0; k + 1 < fields->elements; k += 2) {
-                        const char *id;
-                        uint64_t seq;
-                        if (strcmp(fields->element[k]->str, "id") != 0)
-                            continue;
-                        id = fields->element[k + 1]->str;
-                        if (strncmp(id, ID_PREFIX, sizeof ID_PREFIX - 1) != 0)
-                            break;
-                        seq = strtoull(id + sizeof ID_PREFIX - 1, NULL, 10);
-                        if (seq <= x->n && x->seen_us[seq] == 0) {
-                            x->seen_us[seq] = now;
-                            x->entry_ms[seq] = ms;
-                            __atomic_add_fetch(&x->seen, 1, __ATOMIC_RELEASE);
-                        }
-                        break;
-                    }
-                }
-            }
-        }
-        freeReplyObject(r);
-    }
-    redisFree(c);
-    return NULL;
 }
 
 /* Commits messages [from, to] in one transaction. */
@@ -244,11 +159,11 @@ static void on_tick(uv_timer_t *t)
 static void on_watch(uv_timer_t *t)
 {
     lat_run *x = t->data;
-    uint64_t seen = __atomic_load_n(&x->seen, __ATOMIC_ACQUIRE);
+    uint64_t seen = __atomic_load_n(&x->rd.seen, __ATOMIC_ACQUIRE);
     uint64_t now = bench_mono_us();
-    if (x->reader_err[0]) {
+    if (x->rd.err[0]) {
         x->failed = 1;
-        snprintf(x->err, sizeof x->err, "%s", x->reader_err);
+        snprintf(x->err, sizeof x->err, "%s", x->rd.err);
         finish(x);
         return;
     }
@@ -302,13 +217,13 @@ static int run_one(bench *b, int daemon, unsigned rate, double duration_s, lat_r
     x.sh.payload_len = BENCH_PAYLOAD;
     x.sh.keys = b->keys;
     x.commit_us = calloc(x.n + 1, sizeof *x.commit_us);
-    x.seen_us = calloc(x.n + 1, sizeof *x.seen_us);
-    x.entry_ms = calloc(x.n + 1, sizeof *x.entry_ms);
+    x.rd.seen_us = calloc(x.n + 1, sizeof *x.rd.seen_us);
+    x.rd.entry_ms = calloc(x.n + 1, sizeof *x.rd.entry_ms);
     x.capcommit = (size_t)(duration_s * 1000 * 2) + 64; /* one commit per 1 ms tick at most, and slack */
     x.commit_ms = calloc(x.capcommit, sizeof *x.commit_ms);
     lat = calloc(x.n + 1, sizeof *lat);
     ent = calloc(x.n + 1, sizeof *ent);
-    if (!x.commit_us || !x.seen_us || !x.entry_ms || !x.commit_ms || !lat || !ent) {
+    if (!x.commit_us || !x.rd.seen_us || !x.rd.entry_ms || !x.commit_ms || !lat || !ent) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
@@ -355,7 +270,11 @@ static int run_one(bench *b, int daemon, unsigned rate, double duration_s, lat_r
         outbox_relay_attach(x.relay, x.db);
         outbox_relay_start(x.relay);
     }
-    if (pthread_create(&x.reader, NULL, reader_main, &x) != 0) {
+    x.rd.b = b;
+    x.rd.id_prefix = ID_PREFIX;
+    x.rd.n = x.n;
+    x.rd.count = 1000;
+    if (pthread_create(&x.reader, NULL, bench_reader_main, &x.rd) != 0) {
         snprintf(err, errlen, "cannot start the reader thread");
         x.failed = 1;
     } else {
@@ -383,7 +302,7 @@ static int run_one(bench *b, int daemon, unsigned rate, double duration_s, lat_r
         bench_stop(x.relay_pid, &status, NULL, 20000);
     }
     if (x.reader_started) {
-        __atomic_store_n(&x.stop, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&x.rd.stop, 1, __ATOMIC_RELEASE);
         pthread_join(x.reader, NULL);
     }
     if (x.failed) {
@@ -391,12 +310,12 @@ static int run_one(bench *b, int daemon, unsigned rate, double duration_s, lat_r
         goto out;
     }
     for (s = 1; s <= x.n; s++) {
-        if (!x.seen_us[s]) {
+        if (!x.rd.seen_us[s]) {
             res->missing++;
             continue;
         }
-        lat[nl] = (double)(x.seen_us[s] - x.commit_us[s]) / 1000.0;
-        ent[nl] = ((double)x.entry_ms[s] * 1000.0 + 500.0 - (double)x.commit_us[s]) / 1000.0;
+        lat[nl] = (double)(x.rd.seen_us[s] - x.commit_us[s]) / 1000.0;
+        ent[nl] = ((double)x.rd.entry_ms[s] * 1000.0 + 500.0 - (double)x.commit_us[s]) / 1000.0;
         nl++;
     }
     bench_sort(lat, nl);
@@ -422,8 +341,8 @@ out:
     sqlite3_close_v2(x.db);
     bench_unlink_db(db);
     free(x.commit_us);
-    free(x.seen_us);
-    free(x.entry_ms);
+    free(x.rd.seen_us);
+    free(x.rd.entry_ms);
     free(x.commit_ms);
     free(lat);
     free(ent);

@@ -53,87 +53,8 @@ typedef struct sus_run {
     int writer_done;    /* atomic */
     char writer_err[256];
 
-    int stop; /* atomic: reader */
-    uint64_t seen; /* atomic */
-    int64_t *seen_us;
-    char reader_err[256];
+    bench_reader rd;
 } sus_run;
-
-static void *sus_reader(void *arg)
-{
-    sus_run *x = arg;
-    redisContext *c = bench_redis_connect(x->b);
-    char names[BENCH_TOPICS][32], last[BENCH_TOPICS][48];
-    const char *argv[6 + 2 * BENCH_TOPICS];
-    int i;
-
-    if (!c) {
-        snprintf(x->reader_err, sizeof x->reader_err, "reader cannot connect to Redis");
-        return NULL;
-    }
-    for (i = 0; i < BENCH_TOPICS; i++) {
-        snprintf(names[i], sizeof names[i], "outbox:bench.t%d", i);
-        snprintf(last[i], sizeof last[i], "0-0");
-    }
-    while (!__atomic_load_n(&x->stop, __ATOMIC_ACQUIRE)) {
-        int a = 0;
-        redisReply *r;
-        int64_t now;
-        argv[a++] = "XREAD";
-        argv[a++] = "COUNT";
-        argv[a++] = "2000";
-        argv[a++] = "BLOCK";
-        argv[a++] = "100";
-        argv[a++] = "STREAMS";
-        for (i = 0; i < BENCH_TOPICS; i++)
-            argv[a++] = names[i];
-        for (i = 0; i < BENCH_TOPICS; i++)
-            argv[a++] = last[i];
-        r = redisCommandArgv(c, a, argv, NULL);
-        now = bench_wall_us();
-        if (!r) {
-            snprintf(x->reader_err, sizeof x->reader_err, "reader: connection lost");
-            break;
-        }
-        for (size_t s = 0; r->type == REDIS_REPLY_ARRAY && s < r->elements; s++) {
-            redisReply *sr = r->element[s], *entries;
-            int si = -1;
-            if (sr->type != REDIS_REPLY_ARRAY || sr->elements != 2)
-                continue;
-            for (i = 0; i < BENCH_TOPICS; i++)
-                if (!strcmp(sr->element[0]->str, names[i]))
-                    si = i;
-            entries = sr->element[1];
-            if (si < 0 || entries->type != REDIS_REPLY_ARRAY)
-                continue;
-            for (size_t e = 0; e < entries->elements; e++) {
-                redisReply *en = entries->element[e], *fields;
-                if (en->type != REDIS_REPLY_ARRAY || en->elements != 2)
-                    continue;
-                snprintf(last[si], sizeof last[si], "%s", en->element[0]->str);
-                fields = en->element[1];
-                for (size_t k = 0; k + 1 < fields->elements; k += 2) {
-                    const char *id;
-                    uint64_t seq;
-                    if (strcmp(fields->element[k]->str, "id") != 0)
-                        continue;
-                    id = fields->element[k + 1]->str;
-                    if (strncmp(id, SUS_ID_PREFIX, sizeof SUS_ID_PREFIX - 1) != 0)
-                        break;
-                    seq = strtoull(id + sizeof SUS_ID_PREFIX - 1, NULL, 10);
-                    if (seq <= x->n && x->seen_us[seq] == 0) {
-                        x->seen_us[seq] = now;
-                        __atomic_add_fetch(&x->seen, 1, __ATOMIC_RELEASE);
-                    }
-                    break;
-                }
-            }
-        }
-        freeReplyObject(r);
-    }
-    redisFree(c);
-    return NULL;
-}
 
 /* Commits messages [from, to] in one transaction; the commit's wall clock. */
 static int sus_commit(sus_run *x, uint64_t from, uint64_t to, int64_t *at, double *took_ms)
@@ -244,10 +165,10 @@ int sc_sustained(bench *b, bench_report *r)
              SUS_TXN_RATE, SUS_ROWS, duration, SUS_RETENTION_MS);
     x.txn_commit_us = calloc(x.ntxn, sizeof *x.txn_commit_us);
     x.commit_ms = calloc(x.ntxn, sizeof *x.commit_ms);
-    x.seen_us = calloc(x.n + 1, sizeof *x.seen_us);
+    x.rd.seen_us = calloc(x.n + 1, sizeof *x.rd.seen_us);
     lat = calloc(x.n, sizeof *lat);
     samp = calloc((size_t)duration + 64, sizeof *samp);
-    if (!x.txn_commit_us || !x.commit_ms || !x.seen_us || !lat || !samp) {
+    if (!x.txn_commit_us || !x.commit_ms || !x.rd.seen_us || !lat || !samp) {
         bench_fail(r, "out of memory");
         goto out;
     }
@@ -281,7 +202,11 @@ int sc_sustained(bench *b, bench_report *r)
             goto out;
         }
     }
-    if (pthread_create(&reader, NULL, sus_reader, &x) != 0) {
+    x.rd.b = b;
+    x.rd.id_prefix = SUS_ID_PREFIX;
+    x.rd.n = x.n;
+    x.rd.count = 2000;
+    if (pthread_create(&reader, NULL, bench_reader_main, &x.rd) != 0) {
         bench_fail(r, "cannot start the reader thread");
         goto out;
     }
@@ -296,11 +221,11 @@ int sc_sustained(bench *b, bench_report *r)
             bench_fail(r, "writer: %s", x.writer_err);
             goto out;
         }
-        while (__atomic_load_n(&x.seen, __ATOMIC_ACQUIRE) == 0 && !x.reader_err[0] && bench_mono_us() - t < 15000000u)
+        while (__atomic_load_n(&x.rd.seen, __ATOMIC_ACQUIRE) == 0 && !x.rd.err[0] && bench_mono_us() - t < 15000000u)
             bench_sleep_ms(5);
-        if (__atomic_load_n(&x.seen, __ATOMIC_ACQUIRE) == 0) {
-            bench_fail(r, "the warm-up message was not published within 15 s%s%s", x.reader_err[0] ? ": " : "",
-                       x.reader_err);
+        if (__atomic_load_n(&x.rd.seen, __ATOMIC_ACQUIRE) == 0) {
+            bench_fail(r, "the warm-up message was not published within 15 s%s%s", x.rd.err[0] ? ": " : "",
+                       x.rd.err);
             goto out;
         }
     }
@@ -331,11 +256,11 @@ int sc_sustained(bench *b, bench_report *r)
             s = &samp[nsamp++];
             s->t = (double)(now - start) / 1e6;
             s->backlog = (long long)__atomic_load_n(&x.committed, __ATOMIC_ACQUIRE) -
-                         (long long)__atomic_load_n(&x.seen, __ATOMIC_ACQUIRE) + 1;
+                         (long long)__atomic_load_n(&x.rd.seen, __ATOMIC_ACQUIRE) + 1;
             s->db_bytes = file_bytes(db);
             s->wal_bytes = file_bytes(wal);
             table_span(rd, &s->min_seq, &s->rows);
-            if (x.reader_err[0])
+            if (x.rd.err[0])
                 break;
             if (done && (s->backlog == 0 || s->t > duration + 30))
                 break;
@@ -349,16 +274,16 @@ int sc_sustained(bench *b, bench_report *r)
         bench_fail(r, "writer: %s", x.writer_err);
         goto out;
     }
-    if (x.reader_err[0]) {
-        bench_fail(r, "%s", x.reader_err);
+    if (x.rd.err[0]) {
+        bench_fail(r, "%s", x.rd.err);
         goto out;
     }
     for (uint64_t s = 1; s <= x.n; s++) {
-        if (!x.seen_us[s]) {
+        if (!x.rd.seen_us[s]) {
             missing++;
             continue;
         }
-        lat[nl++] = (double)(x.seen_us[s] - x.txn_commit_us[(s - 1) / SUS_ROWS]) / 1000.0;
+        lat[nl++] = (double)(x.rd.seen_us[s] - x.txn_commit_us[(s - 1) / SUS_ROWS]) / 1000.0;
     }
     bench_sort(lat, nl);
     bench_sort(x.commit_ms, x.ntxn);
@@ -483,7 +408,7 @@ out:
         }
     }
     if (reader_started) {
-        __atomic_store_n(&x.stop, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&x.rd.stop, 1, __ATOMIC_RELEASE);
         pthread_join(reader, NULL);
     }
     sqlite3_close_v2(rd);
@@ -492,7 +417,7 @@ out:
     bench_unlink_db(db);
     free(x.txn_commit_us);
     free(x.commit_ms);
-    free(x.seen_us);
+    free(x.rd.seen_us);
     free(lat);
     free(samp);
     return rc;
