@@ -78,20 +78,6 @@ static void rolled_back(void)
 
 static bg_writer writer;
 
-/* The sum of a metric family's samples in a /metrics text. */
-static unsigned long long metric_sum(const char *text, const char *name)
-{
-    unsigned long long sum = 0;
-    size_t n = strlen(name);
-    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (strncmp(p, name, n) == 0 && (p[n] == '{' || p[n] == ' ')) {
-            const char *v = strchr(p, ' ');
-            if (v)
-                sum += strtoull(v + 1, NULL, 10);
-        }
-    return sum;
-}
-
 static int64_t unsettled(void)
 {
     return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state < 2");
@@ -303,15 +289,15 @@ static void test_faults(const char *run, const char *mode)
         char *m = NULL;
         int st = ot_http_get(mport, "/metrics", &m);
         is_int(st, 200, "%s: /metrics answers", what);
-        ok(metric_sum(m, "outbox_redis_node_moved_total") > 0, "%s: MOVED redirections counted (%llu)", what,
-           metric_sum(m, "outbox_redis_node_moved_total"));
-        ok(metric_sum(m, "outbox_redis_slot_map_refreshes_total") > 1, "%s: slot map refreshed (%llu times)", what,
-           metric_sum(m, "outbox_redis_slot_map_refreshes_total"));
-        ok(metric_sum(m, "outbox_redis_node_connected") >= 3, "%s: connected to the masters (%llu nodes)", what,
-           metric_sum(m, "outbox_redis_node_connected"));
-        diag("%s: ask %llu, tryagain/clusterdown %llu, node errors %llu", what,
-             metric_sum(m, "outbox_redis_node_ask_total"), metric_sum(m, "outbox_redis_node_tryagain_total"),
-             metric_sum(m, "outbox_redis_node_errors_total"));
+        ok(ot_prom_sum(m, "outbox_redis_node_moved_total", NULL) > 0, "%s: MOVED redirections counted (%.0f)", what,
+           ot_prom_sum(m, "outbox_redis_node_moved_total", NULL));
+        ok(ot_prom_sum(m, "outbox_redis_slot_map_refreshes_total", NULL) > 1, "%s: slot map refreshed (%.0f times)", what,
+           ot_prom_sum(m, "outbox_redis_slot_map_refreshes_total", NULL));
+        ok(ot_prom_sum(m, "outbox_redis_node_connected", NULL) >= 3, "%s: connected to the masters (%.0f nodes)", what,
+           ot_prom_sum(m, "outbox_redis_node_connected", NULL));
+        diag("%s: ask %.0f, tryagain/clusterdown %.0f, node errors %.0f", what,
+             ot_prom_sum(m, "outbox_redis_node_ask_total", NULL), ot_prom_sum(m, "outbox_redis_node_tryagain_total", NULL),
+             ot_prom_sum(m, "outbox_redis_node_errors_total", NULL));
         free(m);
     }
     is_int(th_stop(pid, SIGTERM, 20000), 0, "%s: the relay stops cleanly on SIGTERM", what);

@@ -42,19 +42,6 @@ static int settled(void *arg)
     return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state < 2") == 0;
 }
 
-static unsigned long long metric_sum(const char *text, const char *name)
-{
-    unsigned long long sum = 0;
-    size_t n = strlen(name);
-    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-        if (strncmp(p, name, n) == 0 && (p[n] == '{' || p[n] == ' ')) {
-            const char *v = strchr(p, ' ');
-            if (v)
-                sum += strtoull(v + 1, NULL, 10);
-        }
-    return sum;
-}
-
 static void test_faults(void)
 {
     int masters[CE_MAX_NODES], nm = ce_master_list(&env, masters), mport = th_free_port(), from, to, k;
@@ -98,12 +85,12 @@ static void test_faults(void)
 
     ok(th_wait_until(60000 * th_slow(), settled, NULL), "tls: every row settled");
     is_int(ot_http_get(mport, "/metrics", &m), 200, "tls: /metrics answers");
-    ok(metric_sum(m, "outbox_redis_node_connected") >= 3, "tls: connected to every master over TLS (%llu)",
-       metric_sum(m, "outbox_redis_node_connected"));
-    ok(metric_sum(m, "outbox_redis_node_moved_total") > 0, "tls: MOVED followed (%llu)",
-       metric_sum(m, "outbox_redis_node_moved_total"));
-    diag("tls: ask %llu, tryagain & co %llu", metric_sum(m, "outbox_redis_node_ask_total"),
-         metric_sum(m, "outbox_redis_node_tryagain_total"));
+    ok(ot_prom_sum(m, "outbox_redis_node_connected", NULL) >= 3, "tls: connected to every master over TLS (%.0f)",
+       ot_prom_sum(m, "outbox_redis_node_connected", NULL));
+    ok(ot_prom_sum(m, "outbox_redis_node_moved_total", NULL) > 0, "tls: MOVED followed (%.0f)",
+       ot_prom_sum(m, "outbox_redis_node_moved_total", NULL));
+    diag("tls: ask %.0f, tryagain & co %.0f", ot_prom_sum(m, "outbox_redis_node_ask_total", NULL),
+         ot_prom_sum(m, "outbox_redis_node_tryagain_total", NULL));
     free(m);
     is_int(th_stop(pid, SIGTERM, 20000), 0, "tls: the relay stops cleanly");
     for (int i = 0; i < TOPICS; i++) {

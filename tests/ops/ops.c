@@ -269,7 +269,7 @@ double ot_prom_val(const char *text, const char *series)
 
 double ot_prom_sum(const char *text, const char *name, int *n)
 {
-    const char *p = text;
+    const char *p = text ? text : "";
     size_t nlen = strlen(name);
     double sum = 0;
     int count = 0;

@@ -40,7 +40,8 @@ int ot_prom_check(const char *text, const char **why);
 int ot_prom_get(const char *text, const char *series, double *v);
 /* The value of series, or -1 when text is NULL or has no such sample. */
 double ot_prom_val(const char *text, const char *series);
-/* The sum over samples named name (any labels); count in *n (may be NULL). */
+/* The sum over samples named name (any labels); count in *n (may be NULL).
+ * A NULL text has no samples. */
 double ot_prom_sum(const char *text, const char *name, int *n);
 
 
