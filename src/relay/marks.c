@@ -44,12 +44,26 @@ static int batch_published(outbox_relay *r, relay_batch *b, int64_t now)
     return 0;
 }
 
+/* Runs a message's bound mark statement; notes what it was and whether it
+ * changed the row (a fenced mark changes nothing). */
+static int step_mark(outbox_relay *r, sqlite3_stmt *st, msg *m, const char *what)
+{
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    if (rc != SQLITE_DONE)
+        return outbox__relay_sqlerr(r, rc);
+    m->mark_what = what;
+    m->mark_applied = sqlite3_changes(r->db.conn) > 0;
+    return 0;
+}
+
 /* A batch message's own mark: its row leaves the batch. */
 static int batch_row_mark(outbox_relay *r, msg *m, int64_t now)
 {
     sqlite3_stmt *st;
     int64_t due = now, attempts = m->attempts;
-    int state = OUTBOX_STATE_PENDING, rc;
+    int state = OUTBOX_STATE_PENDING;
     const char *what, *text = NULL;
 
     switch (m->outcome) {
@@ -94,14 +108,7 @@ static int batch_row_mark(outbox_relay *r, msg *m, int64_t now)
     }
     sqlite3_bind_int64(st, 7, attempts);
     sqlite3_bind_int64(st, 8, m->batch->lo);
-    rc = sqlite3_step(st);
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-    if (rc != SQLITE_DONE)
-        return outbox__relay_sqlerr(r, rc);
-    m->mark_what = what;
-    m->mark_applied = sqlite3_changes(r->db.conn) > 0;
-    return 0;
+    return step_mark(r, st, m, what);
 }
 
 int outbox__mark_write(outbox_relay *r, msg *m, int64_t now)
@@ -165,14 +172,7 @@ int outbox__mark_write(outbox_relay *r, msg *m, int64_t now)
         what = "released";
         break;
     }
-    rc = sqlite3_step(st);
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-    if (rc != SQLITE_DONE)
-        return outbox__relay_sqlerr(r, rc);
-    m->mark_what = what;
-    m->mark_applied = sqlite3_changes(r->db.conn) > 0;
-    return 0;
+    return step_mark(r, st, m, what);
 }
 
 void outbox__mark_account(outbox_relay *r, msg *m)
