@@ -224,6 +224,17 @@ static void fail_list(ccmd *k, int status)
     }
 }
 
+/* Drops n's connection (its pending commands get their callbacks from
+ * outbox__redis_close); the node connects again on demand. */
+static void node_drop_conn(outbox__cluster *c, outbox__cluster_node *n)
+{
+    outbox__redis *conn = n->conn;
+    n->conn = NULL;
+    n->state = NS_IDLE;
+    c->handles++;
+    outbox__redis_close(conn, on_conn_closed, c);
+}
+
 static int node_send(outbox__cluster_node *n, ccmd *k);
 
 static void on_node_disconnect(outbox__redis *r, int status, void *data)
@@ -232,12 +243,9 @@ static void on_node_disconnect(outbox__redis *r, int status, void *data)
     outbox__cluster *c = n->c;
     (void)status;
     /* Its pending commands have had their callbacks (unknown outcome). */
-    n->conn = NULL;
-    n->state = NS_IDLE;
+    node_drop_conn(c, n);
     n->errors++;
     n->down_until = uv_now(c->loop) + c->opt.node_retry_min_ms;
-    c->handles++;
-    outbox__redis_close(r, on_conn_closed, c);
     outbox__log(c->log, OUTBOX_LOG_WARN, "msg=\"cluster node connection lost\" conn=%s node=%s err=%s detail=\"%s\"",
                 c->what, n->name, outbox_err_name(status), outbox__redis_errstr(r));
     if (!c->closing)
@@ -279,13 +287,10 @@ static void on_node_connect(outbox__redis *r, int status, void *data)
                 "err=%s detail=\"%s\"",
                 c->what, n->name, outbox_err_name(status), outbox__redis_errstr(r));
     snprintf(c->errstr, sizeof c->errstr, "%s: %s", n->name, outbox__redis_errstr(r));
-    n->conn = NULL;
-    n->state = NS_IDLE;
+    node_drop_conn(c, n);
     n->errors++;
     n->down_until = uv_now(c->loop) +
                     outbox__backoff_ms(c->opt.node_retry_min_ms, c->opt.node_retry_max_ms, ++n->failures);
-    c->handles++;
-    outbox__redis_close(r, on_conn_closed, c);
     k = n->wait_head;
     n->wait_head = n->wait_tail = NULL;
     /* Never sent: not executed. */
@@ -652,10 +657,7 @@ void outbox__cluster_reset(outbox__cluster *c, const char *why)
         if (conn) {
             outbox__log(c->log, OUTBOX_LOG_INFO, "msg=\"cluster node connection dropped\" conn=%s node=%s why=\"%s\"",
                         c->what, n->name, why ? why : "");
-            n->conn = NULL;
-            n->state = NS_IDLE;
-            c->handles++;
-            outbox__redis_close(conn, on_conn_closed, c);
+            node_drop_conn(c, n);
         }
         fail_list(k, OUTBOX_ECLOSED);
         outbox__cluster_map_node_event(c, n, OUTBOX_ECLOSED); /* a refresh waiting for its connect */
@@ -683,10 +685,7 @@ void outbox__cluster_close(outbox__cluster *c, void (*cb)(void *data), void *dat
         n->wait_head = n->wait_tail = NULL;
         fail_list(k, OUTBOX_ECLOSED);
         if (conn) {
-            n->conn = NULL;
-            n->state = NS_IDLE;
-            c->handles++;
-            outbox__redis_close(conn, on_conn_closed, c);
+            node_drop_conn(c, n);
         }
     }
     if (c->started) {
