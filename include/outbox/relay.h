@@ -158,11 +158,14 @@ typedef struct outbox_relay_settings {
     /* /healthz answers 503 once Redis has been unreachable this long;
      * default 30000 ms. */
     uint64_t health_redis_down_ms;
-    /* Published rows older than this are deleted, oldest first, in batches
-     * of retention_batch from a timer; default 86400000 ms (24 h), 0 keeps
-     * them forever. Dead rows are never deleted. */
+    /* Published rows older than this are deleted, oldest first, from a
+     * timer, in transactions of at most retention_batch rows and about 2 ms
+     * on a libuv worker thread with a database connection of its own (never
+     * on the loop); default 86400000 ms (24 h), 0 keeps them forever. Dead
+     * rows are never deleted. */
     uint64_t retention_ms;
-    /* Rows deleted per retention transaction; default 1000. */
+    /* Rows deleted per retention transaction at most (a transaction also
+     * ends after about 2 ms with the write lock); default 1000. */
     unsigned retention_batch;
     /* The user for AUTH to the sentinels, when redis_url is a
      * redis-sentinel:// URL and the sentinels need other credentials than

@@ -45,12 +45,8 @@ static const struct {
     STMT(q_published, OUTBOX__SQL_PUBLISHED),
     STMT(q_failed, OUTBOX__SQL_FAILED),
     STMT(q_release, OUTBOX__SQL_RELEASE),
-    /* Scheduling, wake-ups, retention. */
+    /* Scheduling, wake-ups (retention has a connection of its own). */
     STMT(q_data_version, "PRAGMA data_version"),
-    STMT(q_retention, OUTBOX__SQL_RETENTION),
-    STMT(q_ret_batches, OUTBOX__SQL_RETENTION_BATCHES),
-    STMT(q_ret_batch_rows, OUTBOX__SQL_RETENTION_BATCH_ROWS),
-    STMT(q_ret_batch, OUTBOX__SQL_RETENTION_BATCH),
     STMT(q_next_due, OUTBOX__SQL_NEXT_DUE),
     STMT(q_next_lease, OUTBOX__SQL_NEXT_LEASE),
     STMT(q_drain, OUTBOX__SQL_DRAIN),

@@ -274,7 +274,7 @@ static void stop_check(outbox_relay *r)
     msg *m;
     if (r->state != R_STOPPING || r->stop.closing)
         return;
-    if (r->win.awaiting > 0 || r->ckpt.running || r->ops.dbstat_running || r->sched.running)
+    if (r->win.awaiting > 0 || r->ckpt.running || r->ops.dbstat_running || r->ret.running || r->sched.running)
         return;
     if (r->win.marks_head) {
         /* Marks still to write: a unit writes them (or its busy retry does).

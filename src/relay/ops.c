@@ -1,6 +1,6 @@
 /*
- * ops.c: what operating the relay needs: the loop-stall measure, retention
- * of published rows, the database figures (refreshed on a worker thread
+ * ops.c: what operating the relay needs: the loop-stall measure, the
+ * database figures (refreshed on a worker thread
  * with a read-only connection of their own), /metrics and /healthz, and
  * outbox_relay_stats_get. Loop thread, except dbstat_run.
  */
@@ -56,102 +56,6 @@ static void on_stall_prepare(uv_prepare_t *h)
     outbox__hist_observe(&r->stats.h_stall, (double)d / 1e9);
 }
 
-/*
- * One retention step, in one transaction of at most retention_batch rows
- * (and at least one batch): rows published on their own, then whole
- * published batches, oldest first, each with its rows that have no state of
- * their own (a dead or waiting row in a batch's range stays). Returns the
- * rows deleted, or -1 (rc: the SQLite code).
- */
-static int64_t retention_step(outbox_relay *r, int64_t cutoff, int64_t limit, int *rc)
-{
-    sqlite3_stmt *b = r->db.q_ret_batches;
-    int64_t n = 0;
-    int step;
-
-    *rc = sqlite3_exec(r->db.conn, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-    if (*rc != SQLITE_OK)
-        return -1;
-    sqlite3_bind_int64(r->db.q_retention, 1, cutoff);
-    sqlite3_bind_int64(r->db.q_retention, 2, limit);
-    *rc = sqlite3_step(r->db.q_retention);
-    sqlite3_reset(r->db.q_retention);
-    if (*rc != SQLITE_DONE)
-        goto fail;
-    n = sqlite3_changes(r->db.conn);
-    while (n < limit) {
-        int64_t lo, hi;
-        sqlite3_bind_int64(b, 1, cutoff);
-        sqlite3_bind_int64(b, 2, 1);
-        step = sqlite3_step(b);
-        lo = step == SQLITE_ROW ? sqlite3_column_int64(b, 0) : 0;
-        hi = step == SQLITE_ROW ? sqlite3_column_int64(b, 1) : 0;
-        sqlite3_reset(b);
-        if (step == SQLITE_DONE)
-            break;
-        if (step != SQLITE_ROW) {
-            *rc = step;
-            goto fail;
-        }
-        sqlite3_bind_int64(r->db.q_ret_batch_rows, 1, lo);
-        sqlite3_bind_int64(r->db.q_ret_batch_rows, 2, hi);
-        *rc = sqlite3_step(r->db.q_ret_batch_rows);
-        sqlite3_reset(r->db.q_ret_batch_rows);
-        if (*rc != SQLITE_DONE)
-            goto fail;
-        n += sqlite3_changes(r->db.conn);
-        sqlite3_bind_int64(r->db.q_ret_batch, 1, lo);
-        *rc = sqlite3_step(r->db.q_ret_batch);
-        sqlite3_reset(r->db.q_ret_batch);
-        if (*rc != SQLITE_DONE)
-            goto fail;
-    }
-    *rc = sqlite3_exec(r->db.conn, "COMMIT", NULL, NULL, NULL);
-    if (*rc == SQLITE_OK)
-        return n;
-fail:
-    sqlite3_exec(r->db.conn, "ROLLBACK", NULL, NULL, NULL);
-    return -1;
-}
-
-static void on_retention(uv_timer_t *t)
-{
-    outbox_relay *r = t->data;
-    int rc, pages, busy = 0;
-    int64_t n;
-    if (r->state != R_RUNNING || !r->db.q_retention)
-        return;
-    if (r->sched.running) {
-        uv_timer_start(&r->ops.retention_timer, on_retention, 5, 0); /* the connection is the unit's */
-        return;
-    }
-    n = retention_step(r, outbox_now_ms() - (int64_t)r->cfg.s.retention_ms, (int64_t)r->cfg.s.retention_batch, &rc);
-    if (n >= 0) {
-        r->stats.retention_deleted += (uint64_t)n;
-        if (n)
-            LOG(r, OUTBOX_LOG_DEBUG, "msg=\"retention deleted published rows\" count=%lld", (long long)n);
-    } else if ((rc & 0xff) != SQLITE_BUSY) {
-        LOG(r, OUTBOX_LOG_WARN, "msg=\"retention delete failed\" error=\"%s\"", sqlite3_errstr(rc));
-    } else {
-        busy = 1;
-    }
-    pages = r->ckpt.own_pages;
-    r->ckpt.own_pages = 0;
-    if (pages)
-        outbox__wake_checkpoint(r, pages);
-    /* A full step means more are due: continue soon, in small steps, so the
-     * application's writers are never held up for long. A step that found
-     * the write lock taken (an application's transaction: this connection
-     * does not wait outside a unit) is tried again soon (5 ms): with a writer
-     * committing all the time, waiting the full interval would put off
-     * retention again and again while the table grows. A pass that
-     * deleted rows comes again in a second (rows are coming in: small,
-     * even passes keep the table, and so the file, at its size); one that
-     * found nothing waits the full interval. */
-    uv_timer_start(&r->ops.retention_timer, on_retention,
-                   busy ? 5 : n >= (int64_t)r->cfg.s.retention_batch ? 20 : n > 0 ? 1000 : 10000, 0);
-}
-
 /* Runs on a libuv worker thread with its own read-only connection: a count
  * over a large table must never hold up publishing. */
 static void dbstat_run(uv_work_t *w)
@@ -167,6 +71,7 @@ static void dbstat_run(uv_work_t *w)
             snprintf(d->err, sizeof d->err, "cannot open the database: %s",
                      r->ops.dbstat_db ? sqlite3_errmsg(r->ops.dbstat_db) : sqlite3_errstr(rc));
             sqlite3_close_v2(r->ops.dbstat_db);
+    outbox__retention_close_db(&r->ret);
             r->ops.dbstat_db = NULL;
             return;
         }
@@ -482,28 +387,25 @@ int outbox__ops_start(outbox_relay *r)
     uv_loop_configure(r->loop, UV_METRICS_IDLE_TIME);
     uv_prepare_init(r->loop, &r->ops.stall_prepare);
     uv_check_init(r->loop, &r->ops.stall_check);
-    uv_timer_init(r->loop, &r->ops.retention_timer);
-    r->ops.stall_prepare.data = r->ops.stall_check.data = r->ops.retention_timer.data = r;
+    r->ops.stall_prepare.data = r->ops.stall_check.data = r;
     uv_prepare_start(&r->ops.stall_prepare, on_stall_prepare);
     uv_check_start(&r->ops.stall_check, on_stall_check);
     /* The stall probes must not keep the loop alive by themselves. */
     uv_unref((uv_handle_t *)&r->ops.stall_prepare);
     uv_unref((uv_handle_t *)&r->ops.stall_check);
-    if (r->cfg.s.retention_ms)
-        uv_timer_start(&r->ops.retention_timer, on_retention, 1000, 0);
-    return 3 + (r->ops.http ? 1 : 0);
+    return 2 + outbox__retention_start(r) + (r->ops.http ? 1 : 0);
 }
 
 void outbox__ops_stop(outbox_relay *r)
 {
-    uv_timer_stop(&r->ops.retention_timer);
+    outbox__retention_stop(r);
 }
 
 void outbox__ops_close(outbox_relay *r, uv_close_cb cb)
 {
     uv_close((uv_handle_t *)&r->ops.stall_prepare, cb);
     uv_close((uv_handle_t *)&r->ops.stall_check, cb);
-    uv_close((uv_handle_t *)&r->ops.retention_timer, cb);
+    outbox__retention_close(r, cb);
     if (r->ops.http) {
         outbox__http *h = r->ops.http;
         outbox__http_close(h, on_http_closed, r);
@@ -513,6 +415,7 @@ void outbox__ops_close(outbox_relay *r, uv_close_cb cb)
 void outbox__ops_free(outbox_relay *r)
 {
     sqlite3_close_v2(r->ops.dbstat_db);
+    outbox__retention_close_db(&r->ret);
     outbox__topics_free(&r->stats.topics);
     free(r->ops.waiting_reqs);
     free(r->ops.waiting_paths);

@@ -5,9 +5,9 @@
  * has a paragraph on each. Calls run one way, from the top down:
  *
  *   lifecycle.c      create, start, stop, destroy; the Redis up/down events
- *   sched.c  ops.c  attach.c
+ *   sched.c  ops.c  retention.c  attach.c
  *                    units of work and their timers; metrics, HTTP,
- *                    retention, database figures; attached connections
+ *                    database figures; retention; attached connections
  *   wake.c  publish.c  idem_publish.c
  *                    WAL watch, data_version and checkpoints; XADD and WAIT;
  *                    idempotent publishing
@@ -155,10 +155,10 @@ struct relay_config {
 struct relay_db {
     sqlite3 *conn;
     sqlite3_stmt *q_new, *q_due, *q_expired, *q_key_prev, *q_defer, *q_claim, *q_published, *q_failed, *q_release,
-        *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention, *q_cursor, *q_cursor_set, *q_top, *q_stray,
+        *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_cursor, *q_cursor_set, *q_top, *q_stray,
         *q_batch_new, *q_batch_rows, *q_batch_cands, *q_batch_expired, *q_batch_take, *q_batch_drop, *q_batch_leased,
-        *q_batch_keys, *q_batch_leave, *q_batch_published, *q_batch_failed, *q_batch_release, *q_ret_batches,
-        *q_ret_batch_rows, *q_ret_batch, *q_batch_row_published;
+        *q_batch_keys, *q_batch_leave, *q_batch_published, *q_batch_failed, *q_batch_release,
+        *q_batch_row_published;
     int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
 };
 
@@ -301,6 +301,25 @@ struct relay_ckpt {
     sqlite3 *db;
 };
 
+/* Retention (retention.c): the timer and the loop's fields are the loop
+ * thread's; db, the statements and the step's results are the worker's
+ * while running. */
+struct relay_retention {
+    uv_timer_t timer;
+    uv_work_t work;
+    int running;
+    int64_t cutoff, limit; /* the step's: published before cutoff, limit rows at most */
+    sqlite3 *db;
+    sqlite3_stmt *q_rows, *q_batches, *q_batch_rows, *q_batch;
+    uint64_t wait_start; /* when the step began to wait for the lock (its busy handler) */
+    int64_t deleted;     /* rows the step deleted */
+    uint64_t held_ns;    /* how long it held the write lock */
+    int full;            /* it stopped at its budget or limit: more may be due */
+    int rc;              /* SQLITE_OK, or the code of its failure */
+    int pages;           /* the WAL's size after its commit */
+    char err[160];       /* the connection could not be opened: why */
+};
+
 /* Counters and histograms (loop thread): every module counts, ops.c shows. */
 struct relay_stats {
     uint64_t published_total, failed_total, dead_total, fenced_total, reconnects;
@@ -322,7 +341,6 @@ struct relay_ops {
     uint64_t stall_max_ns, loop_mark_ns, loop_idle_ns;
     uv_prepare_t stall_prepare;
     uv_check_t stall_check;
-    uv_timer_t retention_timer;
     outbox__http *http;
     uv_work_t dbstat_work;
     int dbstat_running;
@@ -358,6 +376,7 @@ struct outbox_relay {
     struct relay_lock lock;
     struct relay_wake wake;
     struct relay_ckpt ckpt;
+    struct relay_retention ret;
     struct relay_stats stats;
     struct relay_ops ops;
     struct relay_stop stop;
@@ -578,10 +597,21 @@ void outbox__ops_init(outbox_relay *r);
 void outbox__ops_free(outbox_relay *r);
 /* Binds metrics_listen, if set. 0 or OUTBOX_E* with err. */
 int outbox__ops_listen(outbox_relay *r, char *err, size_t errlen);
-/* Starts the stall probes and the retention timer; returns the number of
- * handles (the HTTP server's included). Stops the timer; closes with cb. */
+/* Starts the stall probes and retention; returns the number of handles
+ * (the HTTP server's included). Stops retention; closes with cb. */
 int outbox__ops_start(outbox_relay *r);
 void outbox__ops_stop(outbox_relay *r);
 void outbox__ops_close(outbox_relay *r, uv_close_cb cb);
+
+/* ---- retention.c ---- */
+
+/* Initialises the retention timer and starts it if retention_ms is set;
+ * returns 1 (the handles). Stops it; closes it with cb. A step running on
+ * a worker thread is r->ret.running (a stop waits for it). */
+int outbox__retention_start(outbox_relay *r);
+void outbox__retention_stop(outbox_relay *r);
+void outbox__retention_close(outbox_relay *r, uv_close_cb cb);
+/* Closes retention's connection (destroy, or a failed open; NULL-safe). */
+void outbox__retention_close_db(struct relay_retention *rt);
 
 #endif
