@@ -258,11 +258,13 @@ static void write_metrics(outbox_relay *r, outbox__sbuf *b)
                         "# HELP outbox_retention_deleted_total Published rows deleted by retention.\n"
                         "# TYPE outbox_retention_deleted_total counter\noutbox_retention_deleted_total %llu\n"
                         "# HELP outbox_claims_total Claim transactions that claimed at least one row.\n"
-                        "# TYPE outbox_claims_total counter\noutbox_claims_total %llu\n",
+                        "# TYPE outbox_claims_total counter\noutbox_claims_total %llu\n"
+                        "# HELP outbox_checkpoints_total WAL checkpoints the relay ran (worker thread).\n"
+                        "# TYPE outbox_checkpoints_total counter\noutbox_checkpoints_total %llu\n",
                         (unsigned long long)r->stats.retries_total, (unsigned long long)r->stats.fenced_total,
                         (unsigned long long)r->stats.duplicates_total, (unsigned long long)r->stats.reconnects,
                         outbox__link_up(r), (unsigned long long)r->stats.retention_deleted,
-                        (unsigned long long)r->stats.claims_total);
+                        (unsigned long long)r->stats.claims_total, (unsigned long long)r->stats.checkpoints_total);
     cluster_metrics(r, b);
     outbox__sbuf_printf(b, "# HELP outbox_publish_latency_seconds From commit (created_at) to Redis accepting it.\n"
                            "# TYPE outbox_publish_latency_seconds histogram\n");

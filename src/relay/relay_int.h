@@ -298,6 +298,7 @@ struct relay_ckpt {
     int restart;   /* the next checkpoint is a RESTART (the WAL grew large) */
     int pages;     /* the WAL's size after an attached connection's commit (atomic) */
     int own_pages; /* set by the WAL hook of the relay's own commits, on the committing thread */
+    int last_pages; /* the WAL's size when the last checkpoint started */
     sqlite3 *db;
 };
 
@@ -310,13 +311,14 @@ struct relay_retention {
     int running;
     int64_t cutoff, limit; /* the step's: published before cutoff, limit rows at most */
     sqlite3 *db;
-    sqlite3_stmt *q_rows, *q_batches, *q_batch_rows, *q_batch;
+    sqlite3_stmt *q_rows, *q_batches, *q_batch_rows, *q_batch, *q_oldest;
     uint64_t wait_start; /* when the step began to wait for the lock (its busy handler) */
     int64_t deleted;     /* rows the step deleted */
     uint64_t held_ns;    /* how long it held the write lock */
     int full;            /* it stopped at its budget or limit: more may be due */
     int rc;              /* SQLITE_OK, or the code of its failure */
     int pages;           /* the WAL's size after its commit */
+    int64_t oldest;      /* after a step that was not full: the oldest published_at left, or -1 */
     char err[160];       /* the connection could not be opened: why */
 };
 
@@ -324,6 +326,7 @@ struct relay_retention {
 struct relay_stats {
     uint64_t published_total, failed_total, dead_total, fenced_total, reconnects;
     uint64_t retries_total, duplicates_total, held_back_total, claims_total, retention_deleted;
+    uint64_t checkpoints_total;
     outbox__topics topics;
     outbox__hist h_latency, h_claim_size, h_claim_secs, h_stall;
 };

@@ -23,6 +23,15 @@
  * the budget is checked often. */
 #define RET_CHUNK 128
 
+/* After a full step (more rows due), the next waits this many times as
+ * long as the step held the write lock, at least RET_PAUSE_MIN_MS: the
+ * lock is retention's a tenth of the time at most, so an application's
+ * writer, whose busy handler sleeps for milliseconds between tries (SQLite's
+ * own does), rarely meets a step twice. At about 2 us a row that is some
+ * 50,000 rows a second. */
+#define RET_PAUSE_FACTOR 9
+#define RET_PAUSE_MIN_MS 5
+
 /* A step waits for the write lock this long (ns) at most, in naps of
  * RET_NAP_NS, before it gives up and comes again from the timer. */
 #define RET_WAIT_NS 100000000u
@@ -70,6 +79,7 @@ static int ret_open(outbox_relay *r, struct relay_retention *rt)
         {&rt->q_batches, OUTBOX__SQL_RETENTION_BATCHES},
         {&rt->q_batch_rows, OUTBOX__SQL_RETENTION_BATCH_ROWS},
         {&rt->q_batch, OUTBOX__SQL_RETENTION_BATCH},
+        {&rt->q_oldest, OUTBOX__SQL_RETENTION_OLDEST},
     };
     size_t i;
     int e = outbox_db_open(r->cfg.db_path, OUTBOX_OPEN_RELAY, &rt->db, rt->err, sizeof rt->err);
@@ -160,6 +170,13 @@ static void ret_step(struct relay_retention *rt)
     if (n >= rt->limit)
         rt->full = 1;
 commit:
+    /* When the oldest row left becomes due, if none is now. */
+    if (!rt->full) {
+        step = sqlite3_step(rt->q_oldest);
+        if (step == SQLITE_ROW && sqlite3_column_type(rt->q_oldest, 0) != SQLITE_NULL)
+            rt->oldest = sqlite3_column_int64(rt->q_oldest, 0);
+        sqlite3_reset(rt->q_oldest);
+    }
     rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     if (rc == SQLITE_OK) {
         rt->deleted = n;
@@ -181,6 +198,7 @@ static void ret_run(uv_work_t *w)
     rt->full = 0;
     rt->pages = 0;
     rt->held_ns = 0;
+    rt->oldest = -1;
     rt->err[0] = '\0';
     if (!rt->db && ret_open(r, rt) != 0) {
         rt->rc = SQLITE_CANTOPEN;
@@ -205,13 +223,26 @@ static void ret_done(uv_work_t *w, int status)
         if (rt->deleted)
             LOG(r, OUTBOX_LOG_DEBUG, "msg=\"retention deleted published rows\" count=%lld held_us=%llu",
                 (long long)rt->deleted, (unsigned long long)(rt->held_ns / 1000));
-        /* A full step means more are due: the next one after a pause as
-         * long as this one held the lock (at least 1 ms), so that the lock
-         * stays free at least half the time for the application's writers
-         * and the relay's units. A pass that deleted rows comes again in a
-         * second (rows are coming in: small, even passes keep the table,
-         * and so the file, at its size); one that found nothing waits ten. */
-        delay = rt->full ? 1 + rt->held_ns / 1000000 : rt->deleted ? 1000 : 10000;
+        /* A full step means more are due: the next after a pause (see
+         * RET_PAUSE_FACTOR). A pass that deleted rows comes again in half
+         * a second: rows are coming in, and small, even passes keep the
+         * table at its size. One that found nothing comes a second after
+         * the oldest published row becomes due (between 1 and 10 s from
+         * now), so that the first pass under a steady writer finds the
+         * table larger than the later passes, every half second, leave
+         * it: the file does not grow after it. */
+        if (rt->full) {
+            delay = RET_PAUSE_FACTOR * rt->held_ns / 1000000;
+            if (delay < RET_PAUSE_MIN_MS)
+                delay = RET_PAUSE_MIN_MS;
+        } else if (rt->deleted) {
+            delay = 500;
+        } else if (rt->oldest < 0) {
+            delay = 10000;
+        } else {
+            int64_t due = rt->oldest + (int64_t)r->cfg.s.retention_ms + 1000 - outbox_now_ms();
+            delay = due < 1000 ? 1000 : due > 10000 ? 10000 : (uint64_t)due;
+        }
     } else if ((rt->rc & 0xff) == SQLITE_BUSY) {
         /* The lock stayed taken for RET_WAIT_NS: again soon, or a writer
          * committing all the time would put retention off again and again. */
@@ -265,7 +296,8 @@ void outbox__retention_close_db(struct relay_retention *rt)
     sqlite3_finalize(rt->q_batches);
     sqlite3_finalize(rt->q_batch_rows);
     sqlite3_finalize(rt->q_batch);
-    rt->q_rows = rt->q_batches = rt->q_batch_rows = rt->q_batch = NULL;
+    sqlite3_finalize(rt->q_oldest);
+    rt->q_rows = rt->q_batches = rt->q_batch_rows = rt->q_batch = rt->q_oldest = NULL;
     if (rt->db) {
         sqlite3_wal_hook(rt->db, NULL, NULL);
         sqlite3_close_v2(rt->db);

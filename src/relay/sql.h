@@ -147,6 +147,11 @@
     "SELECT lo, hi FROM outbox_batch WHERE state = 2 AND published_at < ?1 ORDER BY published_at LIMIT ?2"
 #define OUTBOX__SQL_RETENTION_BATCH_ROWS "DELETE FROM outbox WHERE seq BETWEEN ?1 AND ?2 AND " OUTBOX__SQL_BARE
 #define OUTBOX__SQL_RETENTION_BATCH "DELETE FROM outbox_batch WHERE lo = ?1 AND state = 2"
+/* The oldest published_at of a row published on its own or of a published
+ * batch (NULL: none), from outbox_published and outbox_batch_published. */
+#define OUTBOX__SQL_RETENTION_OLDEST                                                                                  \
+    "SELECT min(m) FROM (SELECT min(published_at) AS m FROM outbox WHERE state = 2 "                                  \
+    "UNION ALL SELECT min(published_at) FROM outbox_batch WHERE state = 2)"
 /* When the next waiting row becomes due after ?1, and the next foreign lease
  * expires. */
 #define OUTBOX__SQL_NEXT_DUE                                                                                          \

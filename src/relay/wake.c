@@ -52,16 +52,26 @@ static void ckpt_done(uv_work_t *w, int status)
     outbox_relay *r = w->data;
     (void)status;
     r->ckpt.running = 0;
+    if (r->ckpt.db)
+        r->stats.checkpoints_total++; /* opened: the checkpoint ran */
     r->hooks.stop_check(r);
 }
 
 /* A checkpoint starts from 1000 WAL pages (SQLite's own default), or from
  * 8000 while a backlog drains (its last claim was full), where fewer copies
- * of the same pages pay (docs/ARCHITECTURE.md, "Checkpoints"). */
+ * of the same pages pay (docs/ARCHITECTURE.md, "Checkpoints"); and, while
+ * the WAL was not started over since the last checkpoint (a writer that
+ * never pauses keeps it from that), only once it grew by as much again:
+ * every checkpoint ends in an fsync of the database file, and one after
+ * every commit slowed the fsyncs of the application's durable commits. */
 void outbox__wake_checkpoint(outbox_relay *r, int pages)
 {
-    if (pages < (r->sched.last_claim_full ? 8000 : 1000) || r->ckpt.running || r->state != R_RUNNING)
+    int at = r->sched.last_claim_full ? 8000 : 1000;
+    if (pages < at || r->ckpt.running || r->state != R_RUNNING)
         return;
+    if (pages >= r->ckpt.last_pages && pages - r->ckpt.last_pages < at)
+        return;
+    r->ckpt.last_pages = pages;
     __atomic_store_n(&r->ckpt.pages, 0, __ATOMIC_RELAXED);
     r->ckpt.restart = pages >= 16000; /* about 64 MiB of WAL with 4 KiB pages */
     r->ckpt.work.data = r;
