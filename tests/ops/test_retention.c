@@ -155,7 +155,11 @@ static void time_budget(void)
     long long sum, max_held;
     int steps;
     char *log;
+    int64_t others;
 
+    /* Rows of the earlier cases that are not old enough yet may become so
+     * during this one on a slow run (valgrind): counted in the log too. */
+    others = th_sql_int(db, "SELECT count(*) FROM outbox_messages");
     rows("big", 20000, 2, 600000);
     rt_insert_rows(db, "live", 0, 2000, "ret3", 0);
     if (truncate(logpath, 0) != 0)
@@ -176,7 +180,9 @@ static void time_budget(void)
     is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     log = th_slurp(logpath);
     retention_lines(log, &sum, &steps, &max_held);
-    is_int(sum, 20000, "the retention lines of the log add up to the 20,000 rows");
+    others -= th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id NOT LIKE 'big-%%' AND id NOT LIKE 'live-%%'");
+    is_int(sum, 20000 + others, "the retention lines of the log add up to the 20,000 rows (and %lld older ones)",
+           (long long)others);
     ok(steps >= 3, "in %d transactions, not one: --retention-batch 100000 allows all at once, the time budget "
                    "cuts them", steps);
     ok(max_held > 0 && max_held < 50000 * th_slow(),
