@@ -159,13 +159,13 @@ typedef struct outbox_relay_settings {
      * default 30000 ms. */
     uint64_t health_redis_down_ms;
     /* Published rows older than this are deleted, oldest first, from a
-     * timer, in transactions of at most retention_batch rows and about 2 ms
+     * timer, in transactions of at most retention_batch rows and about 1 ms
      * on a libuv worker thread with a database connection of its own (never
      * on the loop); default 86400000 ms (24 h), 0 keeps them forever. Dead
      * rows are never deleted. */
     uint64_t retention_ms;
     /* Rows deleted per retention transaction at most (a transaction also
-     * ends after about 2 ms with the write lock); default 1000. */
+     * ends after about 1 ms with the write lock); default 1000. */
     unsigned retention_batch;
     /* The user for AUTH to the sentinels, when redis_url is a
      * redis-sentinel:// URL and the sentinels need other credentials than

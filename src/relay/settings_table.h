@@ -120,7 +120,7 @@
     X("retention-ms", U64, retention_ms, OUTBOX__OPT_ZERO, 86400000, 1000, 3650ull * 86400000, "MS", NULL,            \
       "delete published rows older than this (never dead rows); 0 keeps them")                                       \
     X("retention-batch", UINT, retention_batch, 0, 1000, 1, 100000, "N", NULL,                                        \
-      "rows deleted per retention transaction at most (it also ends after about 2 ms)")                                                                      \
+      "rows deleted per retention transaction at most (it also ends after about 1 ms)")                                                                      \
     X("tls-ca-file", STR, tls.ca_file, 0, NULL, 0, 0, "FILE", "the system's trust store",                            \
       "rediss:// only: PEM file of the certificate authorities that verify the server")                            \
     X("tls-ca-dir", STR, tls.ca_dir, 0, NULL, 0, 0, "DIR", "the system's trust store",                               \

@@ -4,7 +4,7 @@
  * recent published rows. The first pass runs a second after start; a full
  * step is followed by the next one after a pause, so a large set goes in
  * several small transactions while publishing goes on; a step ends after
- * about 2 ms with the write lock even when --retention-batch allows more;
+ * about 1 ms with the write lock even when --retention-batch allows more;
  * a step that could not get the lock comes again 5 ms later. --retention-ms
  * 0 keeps everything.
  */
@@ -145,7 +145,7 @@ static void retention_lines(const char *log, long long *sum, int *steps, long lo
 }
 
 /* --retention-batch large enough for everything at once: the steps are
- * cut by time instead (about 2 ms of the lock each), so that neither an
+ * cut by time instead (about 1 ms of the lock each), so that neither an
  * application's writer nor the relay's own transactions wait long, and
  * publishing goes on while retention works through them. */
 static void time_budget(void)
