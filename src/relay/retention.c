@@ -9,7 +9,6 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "relay_int.h"
 #include "sql.h"
@@ -34,28 +33,14 @@
 #define RET_PAUSE_FACTOR 9
 #define RET_PAUSE_MIN_MS 5
 
-/* A step waits for the write lock this long (ns) at most, in naps of
- * RET_NAP_NS, before it gives up and comes again from the timer. */
-#define RET_WAIT_NS 100000000u
-#define RET_NAP_NS 200000
+/* A step that found the write lock taken comes again this much later
+ * (ms); it never waits for the lock (the connection's busy timeout is 0):
+ * waiting in short naps, it won the lock over an application's writer,
+ * whose busy handler sleeps milliseconds between tries, again and again,
+ * and the writer fell behind (docs/ARCHITECTURE.md, "retention.c"). */
+#define RET_BUSY_RETRY_MS 2
 
 static void on_retention(uv_timer_t *t);
-
-/* Worker thread: the connection waits for the lock in short naps, so that
- * it takes the lock in the moment an application's writer or a unit lets
- * go of it (SQLite's own handler sleeps up to 100 ms at a time). */
-static int ret_busy(void *arg, int count)
-{
-    struct relay_retention *rt = arg;
-    struct timespec nap = {0, RET_NAP_NS};
-    uint64_t now = uv_hrtime();
-    if (count == 0)
-        rt->wait_start = now;
-    if (now - rt->wait_start >= RET_WAIT_NS)
-        return 0;
-    nanosleep(&nap, NULL);
-    return 1;
-}
 
 /* Worker thread, after the step's commit: the WAL's size, for the
  * checkpoint the loop starts once the step is done. The hook turns
@@ -87,7 +72,6 @@ static int ret_open(outbox_relay *r, struct relay_retention *rt)
     int e = outbox_db_open(r->cfg.db_path, OUTBOX_OPEN_RELAY, &rt->db, rt->err, sizeof rt->err);
     if (e != 0)
         return e;
-    sqlite3_busy_handler(rt->db, ret_busy, rt);
     sqlite3_wal_hook(rt->db, ret_wal_hook, rt);
     for (i = 0; i < OUTBOX_ARRAY_LEN(stmts); i++)
         if (sqlite3_prepare_v3(rt->db, stmts[i].sql, -1, SQLITE_PREPARE_PERSISTENT, stmts[i].st, NULL) != SQLITE_OK) {
@@ -226,19 +210,19 @@ static void ret_done(uv_work_t *w, int status)
             LOG(r, OUTBOX_LOG_DEBUG, "msg=\"retention deleted published rows\" count=%lld held_us=%llu",
                 (long long)rt->deleted, (unsigned long long)(rt->held_ns / 1000));
         /* A full step means more are due: the next after a pause (see
-         * RET_PAUSE_FACTOR). A pass that deleted rows comes again in half
-         * a second: rows are coming in, and small, even passes keep the
-         * table at its size. One that found nothing comes a second after
+         * RET_PAUSE_FACTOR). A pass that deleted rows comes again in a
+         * quarter of a second: rows are coming in, and small, even passes
+         * keep the table at its size. One that found nothing comes a second after
          * the oldest published row becomes due (between 1 and 10 s from
          * now), so that the first pass under a steady writer finds the
-         * table larger than the later passes, every half second, leave
-         * it: the file does not grow after it. */
+         * table larger than the later passes, every quarter of a second,
+         * leave it: the file does not grow after it. */
         if (rt->full) {
             delay = RET_PAUSE_FACTOR * rt->held_ns / 1000000;
             if (delay < RET_PAUSE_MIN_MS)
                 delay = RET_PAUSE_MIN_MS;
         } else if (rt->deleted) {
-            delay = 500;
+            delay = 250;
         } else if (rt->oldest < 0) {
             delay = 10000;
         } else {
@@ -246,9 +230,9 @@ static void ret_done(uv_work_t *w, int status)
             delay = due < 1000 ? 1000 : due > 10000 ? 10000 : (uint64_t)due;
         }
     } else if ((rt->rc & 0xff) == SQLITE_BUSY) {
-        /* The lock stayed taken for RET_WAIT_NS: again soon, or a writer
-         * committing all the time would put retention off again and again. */
-        delay = 5;
+        /* Again soon, or a writer committing all the time would put
+         * retention off again and again. */
+        delay = RET_BUSY_RETRY_MS;
     } else {
         LOG(r, OUTBOX_LOG_WARN, "msg=\"retention delete failed\" error=\"%s\"", sqlite3_errstr(rt->rc));
         delay = 10000;

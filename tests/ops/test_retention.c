@@ -5,7 +5,7 @@
  * step is followed by the next one after a pause, so a large set goes in
  * several small transactions while publishing goes on; a step ends after
  * about 1 ms with the write lock even when --retention-batch allows more;
- * a step that could not get the lock comes again 5 ms later. --retention-ms
+ * a step that found the lock taken comes again 2 ms later. --retention-ms
  * 0 keeps everything.
  */
 #include <signal.h>
@@ -191,9 +191,8 @@ static void time_budget(void)
 }
 
 /* An application holding the write lock nearly all the time (9 ms of every
- * 10): retention's step waits for the lock only briefly, so it must take
- * it in the moments it is free, and come again soon when it did not, not
- * after the full interval (10 s). */
+ * 10): retention's step does not wait for the lock, so it must come again
+ * soon when it found it taken (2 ms), not after the full interval (10 s). */
 static void busy_writer(void)
 {
     pid_t pid;
