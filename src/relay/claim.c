@@ -150,10 +150,21 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
         km = NULL; /* not before it (the same row's last claim, its mark just written) */
     if (!km && !r->win.keymap_cap && r->win.batches)
         return D_HELD_OURS; /* no key map (out of memory): our batches' keys are unknown */
-    sqlite3_bind_text(st, 1, c->topic, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, c->key, (int)c->klen, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, c->seq);
-    step = sqlite3_step(st);
+    if (x->key_rows == KEYS_UNKNOWN) {
+        int64_t any;
+        *rc = outbox__relay_step_int(r, r->db.q_key_any, 0, &any);
+        if (*rc != 0)
+            return D_HELD;
+        x->key_rows = any ? KEYS_SOME : KEYS_NONE;
+    }
+    if (x->key_rows == KEYS_NONE) {
+        step = SQLITE_DONE; /* no leased or waiting keyed row at all */
+    } else {
+        sqlite3_bind_text(st, 1, c->topic, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, c->key, (int)c->klen, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, c->seq);
+        step = sqlite3_step(st);
+    }
     if (step != SQLITE_ROW) {
         sqlite3_reset(st);
         if (step != SQLITE_DONE) {
@@ -317,6 +328,27 @@ static int scan_taken(claim_ctx *x)
     return e;
 }
 
+/* Where OUTBOX__SQL_NEW has a row's columns for outbox__encode_row (its
+ * lease_token and attempts before the claim). */
+static const outbox__row_cols walk_cols = {.seq = 0, .id = 6, .topic = 1, .key = 2, .payload = 7, .headers = 8,
+                                           .created_at = 5, .token = 3, .attempts = 9, .replay_count = 10};
+
+/* A new row chosen: its message, from the walk's row. It goes in the new
+ * batch lease, token 1 and one attempt more (OUTBOX__SQL_BATCH_NEW), which
+ * claim_chosen writes once the walks are done; under the write lock the
+ * row stays as the walk read it. */
+static int encode_new(claim_ctx *x, sqlite3_stmt *st, cand *c)
+{
+    msg *m;
+    int e = outbox__encode_row(x->r, st, &walk_cols, &m);
+    if (m) {
+        m->token = 1;
+        m->attempts++;
+        c->m = m;
+    }
+    return e;
+}
+
 /*
  * Walks the waiting rows that are due (outbox_due) and the new rows (the
  * table from outbox_cursor.new_from) together, oldest available_at first,
@@ -336,6 +368,8 @@ static int scan_pending(claim_ctx *x)
     rc = outbox__relay_step_done(r, r->db.q_stray);
     if (rc != 0)
         return rc;
+    if (sqlite3_changes(r->db.conn) > 0)
+        x->key_rows = KEYS_UNKNOWN; /* they are waiting rows now, in outbox_key */
     rc = sqlite3_step(r->db.q_cursor);
     if (rc == SQLITE_ROW) {
         int64_t after_batches = sqlite3_column_int64(r->db.q_cursor, 1); /* 0 when NULL */
@@ -363,6 +397,8 @@ static int scan_pending(claim_ctx *x)
         rc = add_cand(x, take_new ? n : w, take_new ? S_NEW : S_WAITING);
         if (rc == 0)
             rc = consider(x, (int)x->n - 1);
+        if (rc == 0 && take_new && x->encode && x->cs[x->n - 1].fate == C_CHOSEN)
+            rc = encode_new(x, n, &x->cs[x->n - 1]);
         if (rc != 0)
             break;
         if (take_new) {
@@ -440,7 +476,7 @@ static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index, relay_
     if (!hit)
         return OUTBOX_ESQLITE; /* a row not chosen: impossible under the write lock */
     c = &x->cs[hit[1]];
-    e = outbox__encode_row(x->r, st, &m);
+    e = outbox__encode_row(x->r, st, &outbox__claim_cols, &m);
     if (m) {
         m->took_over = c->source == S_EXPIRED || c->source == S_TAKEN;
         c->m = m;
@@ -549,8 +585,17 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
         sqlite3_bind_text(n, 3, r->cfg.worker_id, -1, SQLITE_STATIC);
         sqlite3_bind_int64(n, 4, until);
         e = outbox__relay_step_done(r, n);
-        if (e == 0)
-            e = batch_rows(x, b, index);
+        /* Its rows are the new rows chosen (every other row of the range
+         * was made to wait), encoded by the walk: in seq order. */
+        for (i = 0; e == 0 && i < x->nchosen; i++) {
+            cand *c = &x->cs[index[2 * i + 1]];
+            if (c->source != S_NEW)
+                continue;
+            if (!c->m)
+                e = OUTBOX_ESQLITE; /* not encoded: cannot happen (outbox__claim sets encode) */
+            else
+                outbox__batch_join(b, c->m);
+        }
     }
     if (e == 0 && nrow) {
         sqlite3_bind_text(r->db.q_claim, 1, r->cfg.worker_id, -1, SQLITE_STATIC);
@@ -630,13 +675,16 @@ void outbox__claim_free(outbox_relay *r)
     memset(&r->cw, 0, sizeof r->cw);
 }
 
-int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now)
+/* outbox__claim_select; encode: the new rows chosen get their messages
+ * (encode_new), as a claim needs them. */
+static int select_rows(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now, int encode)
 {
     int64_t ntaken;
     int rc;
 
     memset(x, 0, sizeof *x);
     x->r = r;
+    x->encode = encode;
     x->now = now;
     x->want = want;
     /* The strings of the previous claim's candidates go. */
@@ -667,6 +715,11 @@ int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t n
     return rc;
 }
 
+int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now)
+{
+    return select_rows(x, r, want, now, 0);
+}
+
 int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead,
                   msg **settled, size_t *ndeferred)
 {
@@ -680,7 +733,7 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
     *nout = 0;
     *ndead = 0;
     *ndeferred = 0;
-    rc = outbox__claim_select(&x, r, want, now);
+    rc = select_rows(&x, r, want, now, 1);
     if (rc == 0)
         *ndeferred = x.ndefer;
     if (rc != 0 || x.nchosen == 0)

@@ -25,6 +25,7 @@ static const struct {
     STMT(q_due, OUTBOX__SQL_DUE),
     STMT(q_expired, OUTBOX__SQL_EXPIRED),
     STMT(q_key_prev, OUTBOX__SQL_KEY_PREV),
+    STMT(q_key_any, OUTBOX__SQL_KEY_ANY),
     STMT(q_defer, OUTBOX__SQL_DEFER),
     STMT(q_claim, OUTBOX__SQL_CLAIM),
     /* Batch leases (claim.c, marks.c). */
