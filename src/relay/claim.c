@@ -50,15 +50,16 @@ static int add_cand(claim_ctx *x, sqlite3_stmt *st, enum cand_source source)
     return 0;
 }
 
-static void choose(claim_ctx *x, int idx, int prev, msg *after)
+/* bs: the candidate's key slot (NULL for a row without a key). */
+static void choose(claim_ctx *x, int idx, int prev, msg *after, bslot *bs)
 {
     cand *c = &x->cs[idx];
     c->prev = prev;
     c->after = after;
     c->fate = C_CHOSEN;
     x->chosen[x->nchosen++] = idx;
-    if (c->klen)
-        bslot_find(x, c->topic, c->key, c->klen)->last_chosen = idx;
+    if (bs)
+        bs->last_chosen = idx;
 }
 
 /* A pending row held back by a row made to wait becomes due no earlier than
@@ -251,7 +252,7 @@ static int consider(claim_ctx *x, int idx)
             defer(x, c, NULL, 0);
         return 0;
     }
-    choose(x, idx, prev, after);
+    choose(x, idx, prev, after, bs);
     return 0;
 }
 
@@ -519,7 +520,7 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
     int64_t *index, lo = INT64_MAX, hi = 0, until = x->now + (int64_t)r->cfg.s.lease_ms;
     char *list, *p;
     size_t i, nrow = 0, ntaken = 0;
-    int step, e = 0;
+    int step, e = 0, sorted = 1;
 
     *nb = 0;
     index = malloc(x->nchosen * 2 * sizeof *index);
@@ -537,6 +538,8 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
         const cand *c = &x->cs[x->chosen[i]];
         index[2 * i] = c->seq;
         index[2 * i + 1] = x->chosen[i];
+        if (i && c->seq < index[2 * i - 2])
+            sorted = 0;
         if (c->source == S_NEW) {
             lo = c->seq < lo ? c->seq : lo;
             hi = c->seq > hi ? c->seq : hi;
@@ -548,7 +551,8 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
         }
     }
     *p++ = ']';
-    qsort(index, x->nchosen, 2 * sizeof *index, cmp_seq_idx);
+    if (!sorted) /* chosen in seq order unless waiting or expired rows were */
+        qsort(index, x->nchosen, 2 * sizeof *index, cmp_seq_idx);
     if (x->taken && ntaken) {
         sqlite3_stmt *t = r->db.q_batch_take;
         relay_batch *b = outbox__batch_new(x->t_lo, x->t_hi, x->t_token + 1, x->t_attempts + 1);

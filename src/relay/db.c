@@ -46,6 +46,9 @@ static const struct {
     STMT(q_published, OUTBOX__SQL_PUBLISHED),
     STMT(q_failed, OUTBOX__SQL_FAILED),
     STMT(q_release, OUTBOX__SQL_RELEASE),
+    /* A unit's transaction (sched.c): prepared once, not parsed per unit. */
+    STMT(q_begin, "BEGIN IMMEDIATE"),
+    STMT(q_commit, "COMMIT"),
     /* Scheduling, wake-ups, retention. */
     STMT(q_data_version, "PRAGMA data_version"),
     STMT(q_retention, OUTBOX__SQL_RETENTION),

@@ -158,7 +158,7 @@ struct relay_db {
         *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_retention, *q_cursor, *q_cursor_set, *q_top, *q_stray,
         *q_batch_new, *q_batch_rows, *q_batch_cands, *q_batch_expired, *q_batch_take, *q_batch_drop, *q_batch_leased,
         *q_batch_keys, *q_batch_leave, *q_batch_published, *q_batch_failed, *q_batch_release, *q_ret_batches,
-        *q_ret_batch_rows, *q_ret_batch, *q_batch_row_published, *q_key_any;
+        *q_ret_batch_rows, *q_ret_batch, *q_batch_row_published, *q_key_any, *q_begin, *q_commit;
     int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
 };
 
