@@ -50,15 +50,16 @@ static int add_cand(claim_ctx *x, sqlite3_stmt *st, enum cand_source source)
     return 0;
 }
 
-static void choose(claim_ctx *x, int idx, int prev, msg *after)
+/* bs: the candidate's key slot (NULL for a row without a key). */
+static void choose(claim_ctx *x, int idx, int prev, msg *after, bslot *bs)
 {
     cand *c = &x->cs[idx];
     c->prev = prev;
     c->after = after;
     c->fate = C_CHOSEN;
     x->chosen[x->nchosen++] = idx;
-    if (c->klen)
-        bslot_find(x, c->topic, c->key, c->klen)->last_chosen = idx;
+    if (bs)
+        bs->last_chosen = idx;
 }
 
 /* A pending row held back by a row made to wait becomes due no earlier than
@@ -150,10 +151,21 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
         km = NULL; /* not before it (the same row's last claim, its mark just written) */
     if (!km && !r->win.keymap_cap && r->win.batches)
         return D_HELD_OURS; /* no key map (out of memory): our batches' keys are unknown */
-    sqlite3_bind_text(st, 1, c->topic, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, c->key, (int)c->klen, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, c->seq);
-    step = sqlite3_step(st);
+    if (x->key_rows == KEYS_UNKNOWN) {
+        int64_t any;
+        *rc = outbox__relay_step_int(r, r->db.q_key_any, 0, &any);
+        if (*rc != 0)
+            return D_HELD;
+        x->key_rows = any ? KEYS_SOME : KEYS_NONE;
+    }
+    if (x->key_rows == KEYS_NONE) {
+        step = SQLITE_DONE; /* no leased or waiting keyed row at all */
+    } else {
+        sqlite3_bind_text(st, 1, c->topic, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, c->key, (int)c->klen, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, c->seq);
+        step = sqlite3_step(st);
+    }
     if (step != SQLITE_ROW) {
         sqlite3_reset(st);
         if (step != SQLITE_DONE) {
@@ -240,7 +252,7 @@ static int consider(claim_ctx *x, int idx)
             defer(x, c, NULL, 0);
         return 0;
     }
-    choose(x, idx, prev, after);
+    choose(x, idx, prev, after, bs);
     return 0;
 }
 
@@ -317,6 +329,27 @@ static int scan_taken(claim_ctx *x)
     return e;
 }
 
+/* Where OUTBOX__SQL_NEW has a row's columns for outbox__encode_row (its
+ * lease_token and attempts before the claim). */
+static const outbox__row_cols walk_cols = {.seq = 0, .id = 6, .topic = 1, .key = 2, .payload = 7, .headers = 8,
+                                           .created_at = 5, .token = 3, .attempts = 9, .replay_count = 10};
+
+/* A new row chosen: its message, from the walk's row. It goes in the new
+ * batch lease, token 1 and one attempt more (OUTBOX__SQL_BATCH_NEW), which
+ * claim_chosen writes once the walks are done; under the write lock the
+ * row stays as the walk read it. */
+static int encode_new(claim_ctx *x, sqlite3_stmt *st, cand *c)
+{
+    msg *m;
+    int e = outbox__encode_row(x->r, st, &walk_cols, &m);
+    if (m) {
+        m->token = 1;
+        m->attempts++;
+        c->m = m;
+    }
+    return e;
+}
+
 /*
  * Walks the waiting rows that are due (outbox_due) and the new rows (the
  * table from outbox_cursor.new_from) together, oldest available_at first,
@@ -336,6 +369,8 @@ static int scan_pending(claim_ctx *x)
     rc = outbox__relay_step_done(r, r->db.q_stray);
     if (rc != 0)
         return rc;
+    if (sqlite3_changes(r->db.conn) > 0)
+        x->key_rows = KEYS_UNKNOWN; /* they are waiting rows now, in outbox_key */
     rc = sqlite3_step(r->db.q_cursor);
     if (rc == SQLITE_ROW) {
         int64_t after_batches = sqlite3_column_int64(r->db.q_cursor, 1); /* 0 when NULL */
@@ -363,6 +398,8 @@ static int scan_pending(claim_ctx *x)
         rc = add_cand(x, take_new ? n : w, take_new ? S_NEW : S_WAITING);
         if (rc == 0)
             rc = consider(x, (int)x->n - 1);
+        if (rc == 0 && take_new && x->encode && x->cs[x->n - 1].fate == C_CHOSEN)
+            rc = encode_new(x, n, &x->cs[x->n - 1]);
         if (rc != 0)
             break;
         if (take_new) {
@@ -440,7 +477,7 @@ static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index, relay_
     if (!hit)
         return OUTBOX_ESQLITE; /* a row not chosen: impossible under the write lock */
     c = &x->cs[hit[1]];
-    e = outbox__encode_row(x->r, st, &m);
+    e = outbox__encode_row(x->r, st, &outbox__claim_cols, &m);
     if (m) {
         m->took_over = c->source == S_EXPIRED || c->source == S_TAKEN;
         c->m = m;
@@ -483,7 +520,7 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
     int64_t *index, lo = INT64_MAX, hi = 0, until = x->now + (int64_t)r->cfg.s.lease_ms;
     char *list, *p;
     size_t i, nrow = 0, ntaken = 0;
-    int step, e = 0;
+    int step, e = 0, sorted = 1;
 
     *nb = 0;
     index = malloc(x->nchosen * 2 * sizeof *index);
@@ -501,6 +538,8 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
         const cand *c = &x->cs[x->chosen[i]];
         index[2 * i] = c->seq;
         index[2 * i + 1] = x->chosen[i];
+        if (i && c->seq < index[2 * i - 2])
+            sorted = 0;
         if (c->source == S_NEW) {
             lo = c->seq < lo ? c->seq : lo;
             hi = c->seq > hi ? c->seq : hi;
@@ -512,7 +551,8 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
         }
     }
     *p++ = ']';
-    qsort(index, x->nchosen, 2 * sizeof *index, cmp_seq_idx);
+    if (!sorted) /* chosen in seq order unless waiting or expired rows were */
+        qsort(index, x->nchosen, 2 * sizeof *index, cmp_seq_idx);
     if (x->taken && ntaken) {
         sqlite3_stmt *t = r->db.q_batch_take;
         relay_batch *b = outbox__batch_new(x->t_lo, x->t_hi, x->t_token + 1, x->t_attempts + 1);
@@ -549,8 +589,17 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
         sqlite3_bind_text(n, 3, r->cfg.worker_id, -1, SQLITE_STATIC);
         sqlite3_bind_int64(n, 4, until);
         e = outbox__relay_step_done(r, n);
-        if (e == 0)
-            e = batch_rows(x, b, index);
+        /* Its rows are the new rows chosen (every other row of the range
+         * was made to wait), encoded by the walk: in seq order. */
+        for (i = 0; e == 0 && i < x->nchosen; i++) {
+            cand *c = &x->cs[index[2 * i + 1]];
+            if (c->source != S_NEW)
+                continue;
+            if (!c->m)
+                e = OUTBOX_ESQLITE; /* not encoded: cannot happen (outbox__claim sets encode) */
+            else
+                outbox__batch_join(b, c->m);
+        }
     }
     if (e == 0 && nrow) {
         sqlite3_bind_text(r->db.q_claim, 1, r->cfg.worker_id, -1, SQLITE_STATIC);
@@ -573,70 +622,16 @@ done:
     return e;
 }
 
-/*
- * The arrays outlive the claim and key slots are emptied by generation (a
- * slot of an older one reads as empty): allocated and cleared per claim,
- * they made some claims in an application's process take milliseconds
- * (docs/BENCHMARKS.md, item 12).
- */
-int outbox__claim_arrays(outbox_relay *r, size_t cap)
-{
-    size_t scap = 16;
-    if (cap > r->cw.cap) {
-        cand *cs = realloc(r->cw.cs, cap * sizeof *cs);
-        int *chosen;
-        int64_t *defer;
-        if (!cs)
-            return OUTBOX_ENOMEM;
-        r->cw.cs = cs;
-        chosen = realloc(r->cw.chosen, cap * sizeof *chosen);
-        if (!chosen)
-            return OUTBOX_ENOMEM;
-        r->cw.chosen = chosen;
-        defer = realloc(r->cw.defer, cap * 2 * sizeof *defer);
-        if (!defer)
-            return OUTBOX_ENOMEM;
-        r->cw.defer = defer;
-        r->cw.cap = cap;
-    }
-    while (scap < cap * 2)
-        scap *= 2;
-    if (scap > r->cw.scap) {
-        bslot *slots = calloc(scap, sizeof *slots);
-        if (!slots)
-            return OUTBOX_ENOMEM;
-        free(r->cw.slots);
-        r->cw.slots = slots;
-        r->cw.scap = scap;
-        r->cw.gen = 0;
-    }
-    if (++r->cw.gen == 0) {
-        memset(r->cw.slots, 0, r->cw.scap * sizeof *r->cw.slots);
-        r->cw.gen = 1;
-    }
-    return 0;
-}
-
-void outbox__claim_free(outbox_relay *r)
-{
-    free(r->cw.cs);
-    free(r->cw.chosen);
-    free(r->cw.defer);
-    free(r->cw.slots);
-    free(r->cw.fk);
-    outbox__win_free_parked(r);
-    outbox__claim_arena_free(r->cw.arena);
-    outbox__encode_free(r);
-    memset(&r->cw, 0, sizeof r->cw);
-}
-
-int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now)
+/* outbox__claim_select; encode: the new rows chosen get their messages
+ * (encode_new), as a claim needs them. */
+static int select_rows(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now, int encode)
 {
     int64_t ntaken;
     int rc;
 
     memset(x, 0, sizeof *x);
     x->r = r;
+    x->encode = encode;
     x->now = now;
     x->want = want;
     /* The strings of the previous claim's candidates go. */
@@ -667,6 +662,11 @@ int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t n
     return rc;
 }
 
+int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now)
+{
+    return select_rows(x, r, want, now, 0);
+}
+
 int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_t *nout, size_t *ndead,
                   msg **settled, size_t *ndeferred)
 {
@@ -680,7 +680,7 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
     *nout = 0;
     *ndead = 0;
     *ndeferred = 0;
-    rc = outbox__claim_select(&x, r, want, now);
+    rc = select_rows(&x, r, want, now, 1);
     if (rc == 0)
         *ndeferred = x.ndefer;
     if (rc != 0 || x.nchosen == 0)

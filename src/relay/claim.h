@@ -84,7 +84,13 @@ typedef struct claim_ctx {
     int fk_loaded;
     struct fkey *fk;
     size_t fk_cap, fk_len;
+    /* Whether outbox_key holds a row (OUTBOX__SQL_KEY_ANY), looked up at the
+     * first keyed row that needs it: KEYS_UNKNOWN, KEYS_NONE, KEYS_SOME. */
+    int key_rows;
+    int encode; /* the new rows chosen get their messages (outbox__claim) */
 } claim_ctx;
+
+enum { KEYS_UNKNOWN, KEYS_NONE, KEYS_SOME };
 
 /* ---- claim_batch.c ---- */
 
@@ -107,8 +113,9 @@ int outbox__claim_find_taken(claim_ctx *x, int64_t *nrows);
  * decides each one (per-key order, see decide in claim.c), writes the later
  * due times of the rows it made wait and moves the cursor. x->chosen lists
  * the chosen candidates' indexes in x->cs, in the order chosen. x is set up
- * from r->cw (outbox__claim_arrays first). Worker thread. Returns 0 or an
- * OUTBOX_E* code (the transaction must then be rolled back).
+ * from r->cw (outbox__claim_arrays first); no messages are made (the claim,
+ * outbox__claim, makes the new rows' ones during the walk). Worker thread.
+ * Returns 0 or an OUTBOX_E* code (the transaction must then be rolled back).
  */
 int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now);
 

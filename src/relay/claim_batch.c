@@ -2,7 +2,8 @@
  * claim_batch.c: what the claim (claim.c) needs for batch leases: the keys
  * of the batch leases other relays hold (their rows as written are in no
  * index), finding an expired batch lease to take over, and the arena the
- * claim copies strings into. Worker thread, inside the unit's transaction.
+ * claim copies strings into and its arrays. Worker thread, inside the unit's
+ * transaction.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -193,4 +194,61 @@ int outbox__claim_find_taken(claim_ctx *x, int64_t *nrows)
     if (step != SQLITE_DONE)
         rc = outbox__relay_sqlerr(r, step);
     return rc;
+}
+
+/*
+ * The arrays outlive the claim and key slots are emptied by generation (a
+ * slot of an older one reads as empty): allocated and cleared per claim,
+ * they made some claims in an application's process take milliseconds
+ * (docs/BENCHMARKS.md, item 12).
+ */
+int outbox__claim_arrays(outbox_relay *r, size_t cap)
+{
+    size_t scap = 16;
+    if (cap > r->cw.cap) {
+        cand *cs = realloc(r->cw.cs, cap * sizeof *cs);
+        int *chosen;
+        int64_t *defer;
+        if (!cs)
+            return OUTBOX_ENOMEM;
+        r->cw.cs = cs;
+        chosen = realloc(r->cw.chosen, cap * sizeof *chosen);
+        if (!chosen)
+            return OUTBOX_ENOMEM;
+        r->cw.chosen = chosen;
+        defer = realloc(r->cw.defer, cap * 2 * sizeof *defer);
+        if (!defer)
+            return OUTBOX_ENOMEM;
+        r->cw.defer = defer;
+        r->cw.cap = cap;
+    }
+    while (scap < cap * 2)
+        scap *= 2;
+    if (scap > r->cw.scap) {
+        bslot *slots = calloc(scap, sizeof *slots);
+        if (!slots)
+            return OUTBOX_ENOMEM;
+        free(r->cw.slots);
+        r->cw.slots = slots;
+        r->cw.scap = scap;
+        r->cw.gen = 0;
+    }
+    if (++r->cw.gen == 0) {
+        memset(r->cw.slots, 0, r->cw.scap * sizeof *r->cw.slots);
+        r->cw.gen = 1;
+    }
+    return 0;
+}
+
+void outbox__claim_free(outbox_relay *r)
+{
+    free(r->cw.cs);
+    free(r->cw.chosen);
+    free(r->cw.defer);
+    free(r->cw.slots);
+    free(r->cw.fk);
+    outbox__win_free_parked(r);
+    outbox__claim_arena_free(r->cw.arena);
+    outbox__encode_free(r);
+    memset(&r->cw, 0, sizeof r->cw);
 }

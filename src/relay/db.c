@@ -25,6 +25,7 @@ static const struct {
     STMT(q_due, OUTBOX__SQL_DUE),
     STMT(q_expired, OUTBOX__SQL_EXPIRED),
     STMT(q_key_prev, OUTBOX__SQL_KEY_PREV),
+    STMT(q_key_any, OUTBOX__SQL_KEY_ANY),
     STMT(q_defer, OUTBOX__SQL_DEFER),
     STMT(q_claim, OUTBOX__SQL_CLAIM),
     /* Batch leases (claim.c, marks.c). */
@@ -45,6 +46,9 @@ static const struct {
     STMT(q_published, OUTBOX__SQL_PUBLISHED),
     STMT(q_failed, OUTBOX__SQL_FAILED),
     STMT(q_release, OUTBOX__SQL_RELEASE),
+    /* A unit's transaction (sched.c): prepared once, not parsed per unit. */
+    STMT(q_begin, "BEGIN IMMEDIATE"),
+    STMT(q_commit, "COMMIT"),
     /* Scheduling, wake-ups (retention has a connection of its own). */
     STMT(q_data_version, "PRAGMA data_version"),
     STMT(q_next_due, OUTBOX__SQL_NEXT_DUE),

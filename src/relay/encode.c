@@ -240,7 +240,10 @@ static const char *row_problem(const outbox_relay *r, const rowview *v, char *bu
     return NULL;
 }
 
-int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, msg **out)
+const outbox__row_cols outbox__claim_cols = {.seq = 0, .id = 1, .topic = 2, .key = 3, .payload = 4, .headers = 5,
+                                              .created_at = 6, .token = 7, .attempts = 8, .replay_count = 9};
+
+int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, const outbox__row_cols *cols, msg **out)
 {
     rowview v;
     outbox_envelope e;
@@ -251,21 +254,21 @@ int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, msg **out)
 
     *out = NULL;
     memset(&v, 0, sizeof v);
-    v.id = (const char *)sqlite3_column_text(st, 1);
-    idl = (size_t)sqlite3_column_bytes(st, 1);
-    v.topic = (const char *)sqlite3_column_text(st, 2);
-    tl = (size_t)sqlite3_column_bytes(st, 2);
-    if (sqlite3_column_type(st, 3) != SQLITE_NULL) {
-        v.key = (const char *)sqlite3_column_text(st, 3);
-        v.klen = (size_t)sqlite3_column_bytes(st, 3);
+    v.id = (const char *)sqlite3_column_text(st, cols->id);
+    idl = (size_t)sqlite3_column_bytes(st, cols->id);
+    v.topic = (const char *)sqlite3_column_text(st, cols->topic);
+    tl = (size_t)sqlite3_column_bytes(st, cols->topic);
+    if (sqlite3_column_type(st, cols->key) != SQLITE_NULL) {
+        v.key = (const char *)sqlite3_column_text(st, cols->key);
+        v.klen = (size_t)sqlite3_column_bytes(st, cols->key);
     }
-    v.payload = sqlite3_column_blob(st, 4);
-    v.plen = (size_t)sqlite3_column_bytes(st, 4);
-    if (sqlite3_column_type(st, 5) != SQLITE_NULL) {
-        v.headers = sqlite3_column_blob(st, 5);
-        v.hlen = (size_t)sqlite3_column_bytes(st, 5);
+    v.payload = sqlite3_column_blob(st, cols->payload);
+    v.plen = (size_t)sqlite3_column_bytes(st, cols->payload);
+    if (sqlite3_column_type(st, cols->headers) != SQLITE_NULL) {
+        v.headers = sqlite3_column_blob(st, cols->headers);
+        v.hlen = (size_t)sqlite3_column_bytes(st, cols->headers);
     }
-    v.created_at = sqlite3_column_int64(st, 6);
+    v.created_at = sqlite3_column_int64(st, cols->created_at);
     if (!v.id || !v.topic)
         return OUTBOX_ENOMEM; /* NOT NULL columns: only a failed text conversion is NULL */
     /* Never publishable: dead in this same transaction (no command). */
@@ -287,10 +290,10 @@ int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, msg **out)
     if (!m)
         return OUTBOX_ENOMEM;
     m->r = r;
-    m->seq = sqlite3_column_int64(st, 0);
-    m->token = sqlite3_column_int64(st, 7);
-    m->attempts = sqlite3_column_int64(st, 8);
-    m->replay_count = sqlite3_column_int64(st, 9);
+    m->seq = sqlite3_column_int64(st, cols->seq);
+    m->token = sqlite3_column_int64(st, cols->token);
+    m->attempts = sqlite3_column_int64(st, cols->attempts);
+    m->replay_count = sqlite3_column_int64(st, cols->replay_count);
     m->created_at = v.created_at;
     m->id = (char *)(m + 1);
     memcpy(m->id, v.id, idl + 1);

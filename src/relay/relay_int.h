@@ -158,7 +158,7 @@ struct relay_db {
         *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_cursor, *q_cursor_set, *q_top, *q_stray,
         *q_batch_new, *q_batch_rows, *q_batch_cands, *q_batch_expired, *q_batch_take, *q_batch_drop, *q_batch_leased,
         *q_batch_keys, *q_batch_leave, *q_batch_published, *q_batch_failed, *q_batch_release,
-        *q_batch_row_published;
+        *q_batch_row_published, *q_key_any, *q_begin, *q_commit;
     int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
 };
 
@@ -424,12 +424,18 @@ int outbox__relay_exec(outbox_relay *r, const char *sql);
 char *outbox__safe_text(const char *s, size_t len);
 /* The same into out, which has room for len + 1 bytes (s may be out). */
 char *outbox__safe_text_into(char *out, const char *s, size_t len);
-/* Builds *out from the current row of the claim's UPDATE ... RETURNING
- * (columns as OUTBOX__SQL_CLAIM returns them): the row's fields and its XADD
- * command (the envelope alone in idempotent mode). A row the relay cannot
- * publish gets outcome OUT_DEAD and the reason as its result. Returns 0 or
- * OUTBOX_ENOMEM (*out, if set, is the caller's to free either way). */
-int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, msg **out);
+/* Where a statement has the columns of a row to send (outbox__encode_row). */
+typedef struct outbox__row_cols {
+    int seq, id, topic, key, payload, headers, created_at, token, attempts, replay_count;
+} outbox__row_cols;
+/* As OUTBOX__SQL_CLAIM and OUTBOX__SQL_BATCH_ROWS return them. */
+extern const outbox__row_cols outbox__claim_cols;
+/* Builds *out from the current row of st (its columns at cols): the row's
+ * fields and its XADD command (the envelope alone in idempotent mode). A
+ * row the relay cannot publish gets outcome OUT_DEAD and the reason as its
+ * result. Returns 0 or OUTBOX_ENOMEM (*out, if set, is the caller's to free
+ * either way). */
+int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, const outbox__row_cols *cols, msg **out);
 /* Messages and their commands are carved out of shared chunks, each freed
  * when its last message is: gives m's share back (any thread). */
 void outbox__msg_release(msg *m);

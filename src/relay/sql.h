@@ -9,9 +9,13 @@
 #ifndef OUTBOX_RELAY_SQL_H
 #define OUTBOX_RELAY_SQL_H
 
-/* The walk of new rows from the cursor: ?1 limit, ?2 new_from. */
+/* The walk of new rows from the cursor: ?1 limit, ?2 new_from. The first
+ * six columns as add_cand reads them, then what a row to send has besides
+ * (the claim encodes a chosen new row from the walk, see walk_cols in
+ * claim.c: a new batch's rows are not read again). */
 #define OUTBOX__SQL_NEW                                                                                               \
-    "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "                                     \
+    "SELECT seq, topic, key, lease_token, available_at, created_at, id, payload, headers, attempts, replay_count "    \
+    "FROM outbox "                                                                                                    \
     "WHERE seq >= ?2 AND state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1"
 /* Where the walk starts: the cursor, and never before the end of the last
  * batch's range (whose rows as written are not new). The cursor's row, NULL
@@ -41,6 +45,11 @@
     "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL "                                                             \
     "AND (state = 1 OR (state = 0 AND available_at > created_at)) AND seq < ?3 "                                     \
     "ORDER BY seq DESC LIMIT 1"
+/* Whether outbox_key holds any row (a leased or waiting keyed row): while it
+ * holds none, OUTBOX__SQL_KEY_PREV finds nothing for any key, and a claim
+ * runs this once instead of that once per keyed row. */
+#define OUTBOX__SQL_KEY_ANY                                                                                           \
+    "SELECT 1 FROM outbox WHERE key IS NOT NULL AND (state = 1 OR (state = 0 AND available_at > created_at)) LIMIT 1"
 /* The claim of the chosen rows: ?1 owner, ?2 lease expiry, ?3 their seqs
  * as a JSON array, ?4 now (an expired lease may be taken over). */
 #define OUTBOX__SQL_CLAIM                                                                                             \
@@ -65,7 +74,8 @@
 #define OUTBOX__SQL_BATCH_NEW                                                                                         \
     "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) VALUES (?1, ?2, 1, ?3, 1, ?4, 1)"
 /* A batch's rows, as OUTBOX__SQL_CLAIM returns them: ?1 lo, ?2 hi, ?3 its
- * token, ?4 its attempts. */
+ * token, ?4 its attempts (a taken-over batch's; a new one's rows come from
+ * the walk). */
 #define OUTBOX__SQL_BATCH_ROWS                                                                                        \
     "SELECT seq, id, topic, key, payload, headers, created_at, ?3, attempts + ?4, replay_count FROM outbox "        \
     "WHERE seq BETWEEN ?1 AND ?2 AND " OUTBOX__SQL_BARE " ORDER BY seq"

@@ -618,6 +618,41 @@ static void test_taken_batch(void)
     world_end(&w);
 }
 
+/* A keyed row decided before outbox_stray runs (a taken-over batch's), while
+ * outbox_key holds no row, then a row made pending again by hand that the
+ * stray update makes a waiting row of another key: a later row of that key
+ * must still find it (the claim looks at outbox_key again after the update,
+ * OUTBOX__SQL_KEY_ANY). */
+static void test_stray_key(void)
+{
+    world w;
+    claim_ctx x;
+    int64_t t1, s, n;
+    const cand *c;
+
+    world_start(&w, 0);
+    t1 = put_row(&w, "t-1", "a", -1000, -1000);
+    th_sql_exec(w.db, "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) VALUES (%lld, "
+                      "%lld, 1, '%s', 5, %lld, 1); UPDATE outbox_cursor SET new_from = %lld",
+                (long long)t1, (long long)t1, OTHER, (long long)(w.now - 1), (long long)t1 + 1);
+    s = put_row(&w, "s", "k", -500, -500);
+    th_sql_exec(w.db, "UPDATE outbox SET lease_token = 1, attempts = 1 WHERE seq = %lld", (long long)s);
+    /* Written after it with an earlier created_at: walked before it. */
+    n = put_row(&w, "n", "k", -800, -800);
+
+    is_int(select_rows(&w, &x, 10), 0, "stray key: the choice succeeds");
+    c = cand_of(&x, t1);
+    ok(c && c->source == S_TAKEN && c->fate == C_CHOSEN, "stray key: the taken batch's keyed row goes");
+    c = cand_of(&x, s);
+    ok(c && c->source == S_WAITING && c->fate == C_CHOSEN, "stray key: the stray row is a waiting row and goes");
+    c = cand_of(&x, n);
+    ok(c && c->source == S_NEW && c->fate == C_SEEN && c->deferred,
+       "stray key: the later row of its key is held and made to wait");
+    ok(avail_of(&w, n) >= avail_of(&w, s), "stray key: due no earlier than the stray row (%lld, it %lld ms)",
+       (long long)avail_of(&w, n), (long long)avail_of(&w, s));
+    world_end(&w);
+}
+
 int main(void)
 {
     test_unkeyed();
@@ -633,6 +668,7 @@ int main(void)
     test_foreign_lease();
     test_foreign_batch();
     test_taken_batch();
+    test_stray_key();
     test_claim_full();
     return tap_done();
 }

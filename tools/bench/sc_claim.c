@@ -11,11 +11,12 @@
  * SQL path: the relay's claim statements run directly (bench_sql_claim in
  * sqlpath.c): one BEGIN IMMEDIATE, the update of stray rows (outbox_stray,
  * empty), the walk of the waiting rows (empty here), the read of the cursor
- * (outbox_cursor), the walk of the new rows (the table from the cursor) read
+ * (outbox_cursor), whether outbox_key holds any row, the walk of the new
+ * rows (the table from the cursor, with what is to be sent of each) read
  * until B rows are chosen (the relay may look up to 4 x B ahead), for each
- * keyed row the lookup of its key's newest leased or waiting row before it
- * (outbox_key), one UPDATE ... WHERE seq IN (json_each) RETURNING for the B
- * rows, the cursor moved past them, COMMIT. Median of 40 claims.
+ * keyed row, when outbox_key holds any, the lookup of its key's newest
+ * leased or waiting row before it, the batch lease record of the B rows,
+ * the cursor moved past them, COMMIT. Median of 40 claims.
  *
  * Both databases are built the same way: one transaction of raw prepared
  * INSERTs, synchronous=OFF, WAL, 16-byte payloads, the drain's topics and

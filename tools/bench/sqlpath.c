@@ -6,8 +6,9 @@
  *
  * Two sets of statements:
  * - the relay's own (src/relay/sql.h, the text the relay runs), in the
- *   order a unit runs them: the walk, one batch lease record and the read of
- *   its rows, and one write of the record when the batch is published;
+ *   order a unit runs them: the walk (which reads what is to be sent of the
+ *   rows it chooses), one batch lease record, and one write of the record
+ *   when the batch is published;
  * - the least any per-row lifecycle of DESIGN.md writes: one UPDATE ...
  *   RETURNING that leases a range of rows (owner, token, expiry) and reads
  *   what is to be sent, then one UPDATE per row that marks it published
@@ -22,7 +23,7 @@
 
 struct bench_sql {
     sqlite3 *h;
-    sqlite3_stmt *stray, *wait, *cur, *walk, *prev, *claim, *rows, *setcur, *mark;
+    sqlite3_stmt *stray, *wait, *cur, *walk, *any, *prev, *claim, *setcur, *mark;
     sqlite3_stmt *bare_claim, *bare_mark;
     char *list; /* the claim's seqs as a JSON array */
     int64_t bare_next;
@@ -55,9 +56,9 @@ static const struct {
     S(wait, OUTBOX__SQL_DUE),
     S(cur, OUTBOX__SQL_CURSOR),
     S(walk, OUTBOX__SQL_NEW),
+    S(any, OUTBOX__SQL_KEY_ANY),
     S(prev, OUTBOX__SQL_KEY_PREV),
     S(claim, OUTBOX__SQL_BATCH_NEW),
-    S(rows, OUTBOX__SQL_BATCH_ROWS),
     S(setcur, OUTBOX__SQL_CURSOR_SET),
     S(mark, OUTBOX__SQL_BATCH_PUBLISHED),
     S(bare_claim, "UPDATE outbox SET state = 1, lease_owner = ?1, lease_token = lease_token + 1, lease_until = ?2 "
@@ -133,11 +134,29 @@ static void read_claimed(sqlite3_stmt *st, int64_t *seq, int64_t *token, int tok
     *token = sqlite3_column_int64(st, token_col);
 }
 
+/* Reads a walked row's columns as the relay's encode_new does (walk_cols
+ * in src/relay/claim.c). */
+static void read_walked(sqlite3_stmt *st)
+{
+    (void)sqlite3_column_text(st, 6);
+    (void)sqlite3_column_bytes(st, 6);
+    (void)sqlite3_column_text(st, 1);
+    (void)sqlite3_column_bytes(st, 1);
+    if (sqlite3_column_type(st, 2) != SQLITE_NULL)
+        (void)sqlite3_column_text(st, 2);
+    (void)sqlite3_column_blob(st, 7);
+    (void)sqlite3_column_bytes(st, 7);
+    if (sqlite3_column_type(st, 8) != SQLITE_NULL)
+        (void)sqlite3_column_blob(st, 8);
+    (void)sqlite3_column_int64(st, 9);
+    (void)sqlite3_column_int64(st, 10);
+}
+
 int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t *token, int *n, char *err,
                     size_t errlen)
 {
     int64_t from = 0, first = -1, last = -1;
-    int chosen = 0, got = 0, rc;
+    int chosen = 0, rc, keyed;
     char *p;
 
     *n = 0;
@@ -160,14 +179,19 @@ int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t 
     }
     sqlite3_reset(s->cur);
     /* The new rows from the cursor (the relay looks up to 4 x batch ahead),
-     * and for each keyed one its key's newest leased or waiting row. */
+     * and for each keyed one its key's newest leased or waiting row when
+     * any row is leased or waiting. */
+    keyed = sqlite3_step(s->any);
+    sqlite3_reset(s->any);
+    if (keyed != SQLITE_ROW && keyed != SQLITE_DONE)
+        goto sqlerr;
     sqlite3_bind_int64(s->walk, 1, (int64_t)batch * 4);
     sqlite3_bind_int64(s->walk, 2, from);
     p = s->list;
     *p++ = '[';
     while (chosen < batch && sqlite3_step(s->walk) == SQLITE_ROW) {
         int64_t q = sqlite3_column_int64(s->walk, 0);
-        if (sqlite3_column_type(s->walk, 2) != SQLITE_NULL) {
+        if (keyed == SQLITE_ROW && sqlite3_column_type(s->walk, 2) != SQLITE_NULL) {
             sqlite3_bind_text(s->prev, 1, (const char *)sqlite3_column_text(s->walk, 1), -1, SQLITE_TRANSIENT);
             sqlite3_bind_text(s->prev, 2, (const char *)sqlite3_column_text(s->walk, 2), -1, SQLITE_TRANSIENT);
             sqlite3_bind_int64(s->prev, 3, q);
@@ -175,6 +199,9 @@ int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t 
                 ;
             sqlite3_reset(s->prev);
         }
+        read_walked(s->walk);
+        seq[chosen] = q;
+        token[chosen] = 1;
         p += sprintf(p, "%s%lld", chosen ? "," : "", (long long)q);
         if (first < 0)
             first = q;
@@ -185,7 +212,7 @@ int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t 
     sqlite3_reset(s->walk);
     if (!chosen)
         return 0;
-    /* One batch lease record for the range, then its rows. */
+    /* One batch lease record for the range. */
     sqlite3_bind_int64(s->claim, 1, first);
     sqlite3_bind_int64(s->claim, 2, last);
     sqlite3_bind_text(s->claim, 3, owner, -1, SQLITE_STATIC);
@@ -195,24 +222,11 @@ int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t 
         goto sqlerr;
     }
     sqlite3_reset(s->claim);
-    sqlite3_bind_int64(s->rows, 1, first);
-    sqlite3_bind_int64(s->rows, 2, last);
-    sqlite3_bind_int64(s->rows, 3, 1);
-    sqlite3_bind_int64(s->rows, 4, 1);
-    while (got < batch && sqlite3_step(s->rows) == SQLITE_ROW) {
-        read_claimed(s->rows, &seq[got], &token[got], 7);
-        got++;
-    }
-    sqlite3_reset(s->rows);
-    if (got != chosen) {
-        snprintf(err, errlen, "claim: %d of %d rows: %s", got, chosen, sqlite3_errmsg(s->h));
-        return -1;
-    }
     sqlite3_bind_int64(s->setcur, 1, last + 1);
     if (sqlite3_step(s->setcur) != SQLITE_DONE)
         goto sqlerr;
     sqlite3_reset(s->setcur);
-    *n = got;
+    *n = chosen;
     return 0;
 sqlerr:
     snprintf(err, errlen, "claim: %s", sqlite3_errmsg(s->h));
