@@ -317,7 +317,7 @@ struct relay_retention {
     int full;            /* it stopped at its budget or limit: more may be due */
     int rc;              /* SQLITE_OK, or the code of its failure */
     int pages;           /* the WAL's size after its commit */
-    int64_t oldest;      /* after a step that was not full: the oldest published_at left, or -1 */
+    int64_t oldest;      /* the oldest published_at left after the step, or -1 */
     char err[160];       /* the connection could not be opened: why */
 };
 

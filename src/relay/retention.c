@@ -7,6 +7,7 @@
  * writer never waits long for the lock either. The timer that starts steps
  * and the accounting of their results are the loop thread's.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,14 +25,20 @@
  * the budget is checked often. */
 #define RET_CHUNK 128
 
-/* After a full step (more rows due), the next waits this many times as
- * long as the step held the write lock, at least RET_PAUSE_MIN_MS: the
- * lock is retention's a tenth of the time at most, so an application's
- * writer, whose busy handler sleeps for milliseconds between tries (SQLite's
- * own does), rarely meets a step twice. At about 2 us a row that is some
- * 50,000 rows a second. */
-#define RET_PAUSE_FACTOR 9
-#define RET_PAUSE_MIN_MS 5
+/* After a full step (more rows due), the next waits a multiple of the time
+ * the step held the write lock, and at least a few ms, by how far
+ * retention is behind (the oldest published row left against the cutoff):
+ * while less than a second, nine times (the lock is retention's a tenth of
+ * the time at most, so an application's writer, whose busy handler sleeps
+ * for milliseconds between tries, as SQLite's own does, rarely meets a step
+ * twice); up to 5 s behind, three times; further behind, as long as the
+ * step (half the lock), so that retention catches up with any writer the
+ * relay keeps up with. A step deletes some 200-500 rows a millisecond here
+ * (its connection's cache is cold after every other connection's commit). */
+static const struct {
+    int64_t behind_ms; /* this far behind at most */
+    unsigned factor, min_ms;
+} ret_pace[] = {{1000, 9, 5}, {5000, 3, 2}, {INT64_MAX, 1, 1}};
 
 /* A step that found the write lock taken comes again this much later
  * (ms); it never waits for the lock (the connection's busy timeout is 0):
@@ -156,13 +163,12 @@ static void ret_step(struct relay_retention *rt)
     if (n >= rt->limit)
         rt->full = 1;
 commit:
-    /* When the oldest row left becomes due, if none is now. */
-    if (!rt->full) {
-        step = sqlite3_step(rt->q_oldest);
-        if (step == SQLITE_ROW && sqlite3_column_type(rt->q_oldest, 0) != SQLITE_NULL)
-            rt->oldest = sqlite3_column_int64(rt->q_oldest, 0);
-        sqlite3_reset(rt->q_oldest);
-    }
+    /* The oldest row left: how far behind retention is, or when the next
+     * becomes due. */
+    step = sqlite3_step(rt->q_oldest);
+    if (step == SQLITE_ROW && sqlite3_column_type(rt->q_oldest, 0) != SQLITE_NULL)
+        rt->oldest = sqlite3_column_int64(rt->q_oldest, 0);
+    sqlite3_reset(rt->q_oldest);
     rc = sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     if (rc == SQLITE_OK) {
         rt->deleted = n;
@@ -210,7 +216,7 @@ static void ret_done(uv_work_t *w, int status)
             LOG(r, OUTBOX_LOG_DEBUG, "msg=\"retention deleted published rows\" count=%lld held_us=%llu",
                 (long long)rt->deleted, (unsigned long long)(rt->held_ns / 1000));
         /* A full step means more are due: the next after a pause (see
-         * RET_PAUSE_FACTOR). A pass that deleted rows comes again in a
+         * ret_pace). A pass that deleted rows comes again in a
          * quarter of a second: rows are coming in, and small, even passes
          * keep the table at its size. One that found nothing comes a second after
          * the oldest published row becomes due (between 1 and 10 s from
@@ -218,9 +224,13 @@ static void ret_done(uv_work_t *w, int status)
          * table larger than the later passes, every quarter of a second,
          * leave it: the file does not grow after it. */
         if (rt->full) {
-            delay = RET_PAUSE_FACTOR * rt->held_ns / 1000000;
-            if (delay < RET_PAUSE_MIN_MS)
-                delay = RET_PAUSE_MIN_MS;
+            int64_t behind = rt->oldest >= 0 ? rt->cutoff - rt->oldest : 0;
+            size_t i = 0;
+            while (behind > ret_pace[i].behind_ms)
+                i++;
+            delay = ret_pace[i].factor * rt->held_ns / 1000000;
+            if (delay < ret_pace[i].min_ms)
+                delay = ret_pace[i].min_ms;
         } else if (rt->deleted) {
             delay = 250;
         } else if (rt->oldest < 0) {

@@ -37,6 +37,7 @@ typedef struct sus_sample {
     long long rows;        /* rows in the table (max seq - min seq + 1) */
     long long min_seq;
     long long db_bytes, wal_bytes;
+    long long db_pages, free_pages; /* the database's size with what the WAL holds, and its free pages */
 } sus_sample;
 
 typedef struct sus_run {
@@ -109,6 +110,17 @@ static long long file_bytes(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0 ? (long long)st.st_size : 0;
+}
+
+/* A one-integer PRAGMA on the sampler's read connection, or -1. */
+static long long pragma_ll(sqlite3 *rd, const char *sql)
+{
+    sqlite3_stmt *st = NULL;
+    long long v = -1;
+    if (sqlite3_prepare_v2(rd, sql, -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW)
+        v = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return v;
 }
 
 /* min and max seq of the table on the sampler's own read connection. */
@@ -260,6 +272,8 @@ int sc_sustained(bench *b, bench_report *r)
             s->db_bytes = file_bytes(db);
             s->wal_bytes = file_bytes(wal);
             table_span(rd, &s->min_seq, &s->rows);
+            s->db_pages = pragma_ll(rd, "PRAGMA page_count");
+            s->free_pages = pragma_ll(rd, "PRAGMA freelist_count");
             if (x.rd.err[0])
                 break;
             if (done && (s->backlog == 0 || s->t > duration + 30))
@@ -380,6 +394,10 @@ int sc_sustained(bench *b, bench_report *r)
         bench_json_int(r, "missing", (long long)missing);
         bench_json_int(r, "db_bytes_first_pass", db_first);
         bench_json_int(r, "db_bytes_end", samp[wsamp - 1].db_bytes);
+        bench_json_int(r, "db_pages_first_pass", first_pass >= 0 ? samp[first_pass].db_pages : -1);
+        bench_json_int(r, "db_pages_end", samp[wsamp - 1].db_pages);
+        bench_json_int(r, "free_pages_first_pass", first_pass >= 0 ? samp[first_pass].free_pages : -1);
+        bench_json_int(r, "free_pages_end", samp[wsamp - 1].free_pages);
         bench_json_int(r, "wal_bytes_first_pass", wal_first);
         bench_json_int(r, "wal_bytes_end", samp[wsamp - 1].wal_bytes);
         bench_json_bool(r, "db_no_growth", nogrow);
@@ -393,6 +411,15 @@ int sc_sustained(bench *b, bench_report *r)
             bench_str_printf(&bl, "]");
             bench_json_raw(r, "backlog_per_s", bl.p);
             bench_str_free(&bl);
+        }
+        {
+            bench_str pg = {0};
+            bench_str_printf(&pg, "[");
+            for (int i = 0; i < nsamp; i++)
+                bench_str_printf(&pg, "%s%lld", i ? "," : "", samp[i].db_pages);
+            bench_str_printf(&pg, "]");
+            bench_json_raw(r, "db_pages_per_s", pg.p);
+            bench_str_free(&pg);
         }
     }
     rc = 0;
