@@ -193,8 +193,6 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
     if (km && km->seq > pseq) {
         /* Behind this relay's own message, of a batch or not: chained to
          * it (settle_chain decides once the claim is back). */
-        if (r->cfg.s.idempotent)
-            return D_HELD_OURS;
         *after = km;
         return D_AFTER;
     }
@@ -202,11 +200,8 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
         msg *m = outbox__win_key_get(r, c->topic, c->key, c->klen);
         d = D_HELD_OURS;
         /* Its state changes on the loop thread meanwhile: only the chain is
-         * decided here, unit_done settles it (settle_chain). Idempotent mode
-         * sends a stream's batch in one script call that stops at the first
-         * failure: a later call could not know that an earlier one failed,
-         * so it never chains. */
-        if (m && m->seq == pseq && m->token == ptoken && !r->cfg.s.idempotent) {
+         * decided here, unit_done settles it (settle_chain). */
+        if (m && m->seq == pseq && m->token == ptoken) {
             *after = m;
             d = D_AFTER;
         }
@@ -737,7 +732,13 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
                 goto done;
             continue;
         }
-        if (after && !r->cfg.s.idempotent) {
+        /* Idempotent mode sends a stream's messages of one claim in one
+         * script call, in seq order, which stops at the first failure: a
+         * row behind one of the same claim goes in the same call, unless
+         * that one is held itself. A later call could not know that an
+         * earlier one failed: a row behind a message of an earlier claim is
+         * chained, and sent once that one is appended (on_idem_reply). */
+        if (after && (!r->cfg.s.idempotent || !in_batch || after->behind)) {
             c->m->behind = 1;
             if (in_batch)
                 after->key_next = c->m;

@@ -1,8 +1,9 @@
 /*
  * idem_publish.c: idempotent publishing (--idempotent): one script call per
  * stream per batch appends each message only if its publish marker does not
- * exist (src/idem.c has the script and its reply format). The stream and
- * its markers share a slot, so on a cluster each call goes to one node; the
+ * exist (src/idem.c has the script and its reply format). A message behind
+ * one of its key from an earlier call is sent once that one is appended.
+ * The stream and its markers share a slot, so on a cluster each call goes to one node; the
  * script is loaded on each node as it connects. Loop thread.
  */
 #include <stdio.h>
@@ -16,19 +17,36 @@
 typedef struct idem_call {
     outbox_relay *r;
     size_t n;
-    msg *msgs[]; /* in seq order */
+    msg **next;  /* room for n: the messages chained behind these (on_idem_reply) */
+    msg *msgs[]; /* in seq order, then next */
 } idem_call;
+
+/* A message of the call is done with outcome o: the messages of its key
+ * chained behind it (sent only once it is appended, see claim.c) go into
+ * next when it was appended, and are handed back with it otherwise. */
+static void settle(outbox_relay *r, msg *m, enum outcome o, const char *text, size_t len, msg **next, size_t *nnext)
+{
+    if (o == OUT_PUBLISHED && m->key_next) {
+        next[(*nnext)++] = m->key_next; /* its own chain follows it */
+        m->key_next = NULL;
+    } else if (o != OUT_PUBLISHED) {
+        outbox__win_release_chain(r, m, o == OUT_RELEASE ? "held back: an earlier message of its key was handed back"
+                                                         : "held back: an earlier message of its key failed");
+    }
+    outbox__win_queue_mark(r, m, o, text, len);
+}
 
 static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     idem_call *call = data;
     outbox_relay *r = call->r;
-    size_t i;
+    size_t i, nnext = 0;
+    msg **next = call->next;
     r->win.awaiting -= call->n;
     if (status != 0 || !reply || outbox__link_lost(r, conn, reply)) {
         const char *why = status ? outbox_strerror(status) : reply ? reply->str : "no reply";
         for (i = 0; i < call->n; i++)
-            outbox__win_queue_mark(r, call->msgs[i], OUT_RELEASE, why, strlen(why));
+            settle(r, call->msgs[i], OUT_RELEASE, why, strlen(why), next, &nnext);
     } else if (reply->type == REDIS_REPLY_ERROR) {
         /* The whole call failed before appending anything (a script error
          * aborts at once; OOM refuses the call). NOSCRIPT is not the
@@ -50,11 +68,11 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
             r->redis.idem_sha[0] = '\0';
         }
         for (i = 0; i < call->n; i++)
-            outbox__win_queue_mark(r, call->msgs[i], noscript ? OUT_RELEASE : OUT_RETRY, reply->str, reply->len);
+            settle(r, call->msgs[i], noscript ? OUT_RELEASE : OUT_RETRY, reply->str, reply->len, next, &nnext);
     } else if (reply->type != REDIS_REPLY_ARRAY || reply->elements != call->n) {
         static const char bad[] = "unexpected reply from the publish script";
         for (i = 0; i < call->n; i++)
-            outbox__win_queue_mark(r, call->msgs[i], OUT_RETRY, bad, sizeof bad - 1);
+            settle(r, call->msgs[i], OUT_RETRY, bad, sizeof bad - 1, next, &nnext);
     } else {
         for (i = 0; i < call->n; i++) {
             const char *text;
@@ -66,20 +84,29 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
                 LOG(r, OUTBOX_LOG_INFO, "msg=\"duplicate publish suppressed\" id=%s entry=%.*s", m->id, (int)len,
                     text);
                 /* It is in the stream. */
-                outbox__win_queue_mark(r, m, OUT_PUBLISHED, text, len);
+                settle(r, m, OUT_PUBLISHED, text, len, next, &nnext);
                 break;
             case OUTBOX_IDEM_APPENDED:
-                outbox__win_queue_mark(r, m, OUT_PUBLISHED, text, len);
+                settle(r, m, OUT_PUBLISHED, text, len, next, &nnext);
                 break;
             default:
                 if (len >= 8 && memcmp(text, "HELDBACK", 8) == 0) {
                     r->stats.held_back_total++;
-                    outbox__win_queue_mark(r, m, OUT_RELEASE, text, len);
+                    settle(r, m, OUT_RELEASE, text, len, next, &nnext);
                 } else {
-                    outbox__win_queue_mark(r, m, OUT_RETRY, text, len);
+                    settle(r, m, OUT_RETRY, text, len, next, &nnext);
                 }
                 break;
             }
+        }
+    }
+    /* The messages that waited for these: in calls of their own streams. */
+    if (nnext && r->state == R_RUNNING && outbox__link_up(r)) {
+        outbox__pub_idem_send(r, next, nnext);
+    } else {
+        for (i = 0; i < nnext; i++) {
+            outbox__win_release_chain(r, next[i], "held back: relay stopping");
+            outbox__win_queue_mark(r, next[i], OUT_RELEASE, "held back: relay stopping", 25);
         }
     }
     free(call);
@@ -100,7 +127,7 @@ void outbox__pub_idem_send(outbox_relay *r, msg **ms, size_t n)
         int e;
         if (done && done[i])
             continue;
-        call = malloc(sizeof *call + (n - i) * sizeof(msg *));
+        call = malloc(sizeof *call + 2 * (n - i) * sizeof(msg *));
         if (!call || !done || !im) {
             free(call);
             for (j = i; j < n; j++)
@@ -120,6 +147,7 @@ void outbox__pub_idem_send(outbox_relay *r, msg **ms, size_t n)
             }
         call->r = r;
         call->n = cnt;
+        call->next = call->msgs + cnt;
         snprintf(stream, sizeof stream, "%s%s", r->cfg.stream_prefix, ms[i]->topic);
         len = outbox__idem_format(&cmd, r->redis.idem_sha[0] ? r->redis.idem_sha : NULL, r->cfg.stream_prefix, stream,
                                   r->cfg.s.idempotent_retention_ms, r->cfg.s.maxlen, im, cnt);

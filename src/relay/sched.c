@@ -15,8 +15,13 @@
 #include "relay_int.h"
 
 /* Published messages of a batch wait for the rest of it at most this long
- * (ms) before they are marked on their own rows (outbox__win_flush_parked). */
+ * (ms) before they are marked on their own rows (outbox__win_flush_parked).
+ * Longer in idempotent mode: a message published again after a crash is
+ * not appended again (its marker), and its batch finishes later there (a
+ * message behind one of its key from an earlier call waits for that call's
+ * reply, see idem_publish.c). */
 #define PARKED_MS 20
+#define PARKED_IDEM_MS 250
 
 /* Marks handed to one unit at most (see do_work); the unit stops writing
  * them earlier when its budget runs out (TXN_BUDGET_NS). A published
@@ -514,7 +519,7 @@ static void do_work(outbox_relay *r)
     }
     if (uv_is_active((uv_handle_t *)&r->sched.busy_timer) || r->state == R_STOPPED || r->state == R_CREATED)
         return;
-    outbox__win_flush_parked(r, PARKED_MS);
+    outbox__win_flush_parked(r, r->cfg.s.idempotent ? PARKED_IDEM_MS : PARKED_MS);
     /* The marks written below leave the window in this same transaction,
      * so their room can be claimed now; otherwise a window emptied by one
      * batch of marks would wait for the scan timer. */
