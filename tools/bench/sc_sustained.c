@@ -17,6 +17,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,18 @@ static void table_span(sqlite3 *rd, long long *min_seq, long long *rows)
         *rows = 0;
     }
     sqlite3_finalize(st);
+}
+
+/* One figure of every sample as a JSON array (the field at off, a long long). */
+static void json_per_s(bench_report *r, const char *name, const sus_sample *samp, int nsamp, size_t off)
+{
+    bench_str b = {0};
+    bench_str_printf(&b, "[");
+    for (int i = 0; i < nsamp; i++)
+        bench_str_printf(&b, "%s%lld", i ? "," : "", *(const long long *)(const void *)((const char *)&samp[i] + off));
+    bench_str_printf(&b, "]");
+    bench_json_raw(r, name, b.p);
+    bench_str_free(&b);
 }
 
 static double window_mean(const sus_sample *s, int from, int to)
@@ -403,24 +416,8 @@ int sc_sustained(bench *b, bench_report *r)
         bench_json_bool(r, "db_no_growth", nogrow);
         bench_json_num(r, "relay_cpu_pct", 100.0 * relay_cpu_s / secs, 1);
         bench_json_num(r, "relay_cpu_us_per_msg", relay_cpu_s * 1e6 / (double)x.n, 2);
-        {
-            bench_str bl = {0};
-            bench_str_printf(&bl, "[");
-            for (int i = 0; i < nsamp; i++)
-                bench_str_printf(&bl, "%s%lld", i ? "," : "", samp[i].backlog);
-            bench_str_printf(&bl, "]");
-            bench_json_raw(r, "backlog_per_s", bl.p);
-            bench_str_free(&bl);
-        }
-        {
-            bench_str pg = {0};
-            bench_str_printf(&pg, "[");
-            for (int i = 0; i < nsamp; i++)
-                bench_str_printf(&pg, "%s%lld", i ? "," : "", samp[i].db_pages);
-            bench_str_printf(&pg, "]");
-            bench_json_raw(r, "db_pages_per_s", pg.p);
-            bench_str_free(&pg);
-        }
+        json_per_s(r, "backlog_per_s", samp, nsamp, offsetof(sus_sample, backlog));
+        json_per_s(r, "db_pages_per_s", samp, nsamp, offsetof(sus_sample, db_pages));
     }
     rc = 0;
 out:
