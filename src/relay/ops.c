@@ -71,7 +71,6 @@ static void dbstat_run(uv_work_t *w)
             snprintf(d->err, sizeof d->err, "cannot open the database: %s",
                      r->ops.dbstat_db ? sqlite3_errmsg(r->ops.dbstat_db) : sqlite3_errstr(rc));
             sqlite3_close_v2(r->ops.dbstat_db);
-    outbox__retention_close_db(&r->ret);
             r->ops.dbstat_db = NULL;
             return;
         }
