@@ -7,6 +7,7 @@
  * writer never waits long for the lock either. The timer that starts steps
  * and the accounting of their results are the loop thread's.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -62,26 +63,36 @@ static int ret_wal_hook(void *arg, sqlite3 *db, const char *name, int pages)
     return SQLITE_OK;
 }
 
+/* Retention's statements, prepared on its connection (SQL in sql.h). */
+static const struct {
+    size_t off;
+    const char *sql;
+} ret_stmts[] = {
+#define STMT(field, sql) {offsetof(struct relay_retention, field), sql}
+    STMT(q_rows, OUTBOX__SQL_RETENTION),
+    STMT(q_batches, OUTBOX__SQL_RETENTION_BATCHES),
+    STMT(q_batch_rows, OUTBOX__SQL_RETENTION_BATCH_ROWS),
+    STMT(q_batch, OUTBOX__SQL_RETENTION_BATCH),
+    STMT(q_oldest, OUTBOX__SQL_RETENTION_OLDEST),
+#undef STMT
+};
+
+static sqlite3_stmt **ret_stmt_at(struct relay_retention *rt, size_t i)
+{
+    return (sqlite3_stmt **)(void *)((char *)rt + ret_stmts[i].off);
+}
+
 /* Worker thread: the connection and its statements, on the first step. */
 static int ret_open(outbox_relay *r, struct relay_retention *rt)
 {
-    const struct {
-        sqlite3_stmt **st;
-        const char *sql;
-    } stmts[] = {
-        {&rt->q_rows, OUTBOX__SQL_RETENTION},
-        {&rt->q_batches, OUTBOX__SQL_RETENTION_BATCHES},
-        {&rt->q_batch_rows, OUTBOX__SQL_RETENTION_BATCH_ROWS},
-        {&rt->q_batch, OUTBOX__SQL_RETENTION_BATCH},
-        {&rt->q_oldest, OUTBOX__SQL_RETENTION_OLDEST},
-    };
     size_t i;
     int e = outbox_db_open(r->cfg.db_path, OUTBOX_OPEN_RELAY, &rt->db, rt->err, sizeof rt->err);
     if (e != 0)
         return e;
     sqlite3_wal_hook(rt->db, ret_wal_hook, rt);
-    for (i = 0; i < OUTBOX_ARRAY_LEN(stmts); i++)
-        if (sqlite3_prepare_v3(rt->db, stmts[i].sql, -1, SQLITE_PREPARE_PERSISTENT, stmts[i].st, NULL) != SQLITE_OK) {
+    for (i = 0; i < OUTBOX_ARRAY_LEN(ret_stmts); i++)
+        if (sqlite3_prepare_v3(rt->db, ret_stmts[i].sql, -1, SQLITE_PREPARE_PERSISTENT, ret_stmt_at(rt, i), NULL) !=
+            SQLITE_OK) {
             snprintf(rt->err, sizeof rt->err, "cannot prepare a retention statement: %s", sqlite3_errmsg(rt->db));
             return OUTBOX_ESQLITE;
         }
@@ -289,12 +300,11 @@ void outbox__retention_close(outbox_relay *r, uv_close_cb cb)
 
 void outbox__retention_close_db(struct relay_retention *rt)
 {
-    sqlite3_finalize(rt->q_rows);
-    sqlite3_finalize(rt->q_batches);
-    sqlite3_finalize(rt->q_batch_rows);
-    sqlite3_finalize(rt->q_batch);
-    sqlite3_finalize(rt->q_oldest);
-    rt->q_rows = rt->q_batches = rt->q_batch_rows = rt->q_batch = rt->q_oldest = NULL;
+    size_t i;
+    for (i = 0; i < OUTBOX_ARRAY_LEN(ret_stmts); i++) {
+        sqlite3_finalize(*ret_stmt_at(rt, i));
+        *ret_stmt_at(rt, i) = NULL;
+    }
     if (rt->db) {
         sqlite3_wal_hook(rt->db, NULL, NULL);
         sqlite3_close_v2(rt->db);
