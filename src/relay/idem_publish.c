@@ -3,8 +3,9 @@
  * stream per batch appends each message only if its publish marker does not
  * exist (src/idem.c has the script and its reply format). A message behind
  * one of its key from an earlier call is sent once that one is appended.
- * The stream and its markers share a slot, so on a cluster each call goes to one node; the
- * script is loaded on each node as it connects. Loop thread.
+ * The stream and its markers share a slot, so on a cluster each call goes
+ * to one node; the script is loaded on each node as it connects. Loop
+ * thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
