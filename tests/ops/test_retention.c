@@ -42,12 +42,31 @@ static int64_t count_prefix(const char *prefix)
     return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE id LIKE '%q-%%'", prefix);
 }
 
+/* Waits, in naps of nap_ms, until no row of prefix is left or timeout_ms
+ * after start; returns when they were gone (ms after start) or -1. */
+static int64_t gone_after(const char *prefix, int64_t start, int64_t timeout_ms, unsigned nap_ms)
+{
+    while (th_now_ms() - start < timeout_ms && count_prefix(prefix) > 0)
+        th_sleep_ms(nap_ms);
+    return count_prefix(prefix) == 0 ? th_now_ms() - start : -1;
+}
+
+/* The published rows of topic, once want of them are (or timeout_ms after
+ * start). */
+static int64_t published_by(const char *topic, int64_t want, int64_t start, int64_t timeout_ms)
+{
+    const char *q = "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state = 2";
+    while (th_now_ms() - start < timeout_ms && th_sql_int(db, q, topic) < want)
+        th_sleep_ms(10);
+    return th_sql_int(db, q, topic);
+}
+
 static void only_eligible(void)
 {
     char listen[64], *log, *text = NULL;
     int port = th_free_port();
     pid_t pid;
-    int64_t start, gone_at = -1;
+    int64_t start, gone_at;
 
     rows("old", 20, 2, 120000);        /* published two minutes ago: deleted */
     rows("recent", 5, 2, 30000);       /* published 30 s ago: kept */
@@ -63,10 +82,7 @@ static void only_eligible(void)
                          "--log-level", "debug", "--metrics-listen", listen, NULL);
     th_sleep_ms(500);
     is_int(count_prefix("old"), 20, "nothing is deleted before the first pass, a second after start");
-    while (th_now_ms() - start < 8000 && count_prefix("old") > 0)
-        th_sleep_ms(5);
-    if (count_prefix("old") == 0)
-        gone_at = th_now_ms() - start;
+    gone_at = gone_after("old", start, 8000, 5);
     is_int(count_prefix("old"), 0, "the published rows older than 60 s are deleted (%lld ms after start)",
            (long long)gone_at);
     ok(gone_at >= 900 && gone_at < 3000, "by the first pass and its immediate follow-ups (%lld ms)",
@@ -93,7 +109,7 @@ static void only_eligible(void)
 static void large_set(void)
 {
     pid_t pid;
-    int64_t start, gone_at = -1;
+    int64_t start, gone_at;
     char *log;
     int batches;
 
@@ -104,15 +120,9 @@ static void large_set(void)
     start = th_now_ms();
     pid = rt_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "60000", "--retention-batch", "100",
                          "--log-level", "debug", NULL);
-    while (th_now_ms() - start < 10000 && count_prefix("bulk") > 0)
-        th_sleep_ms(10);
-    if (count_prefix("bulk") == 0)
-        gone_at = th_now_ms() - start;
+    gone_at = gone_after("bulk", start, 10000, 10);
     is_int(count_prefix("bulk"), 0, "3,000 old published rows are gone within 10 s (%lld ms)", (long long)gone_at);
-    while (th_now_ms() - start < 10000 &&
-           th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'ret2' AND state = 2") < 1000)
-        th_sleep_ms(10);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'ret2' AND state = 2"), 1000,
+    is_int(published_by("ret2", 1000, start, 10000), 1000,
            "1,000 rows committed at the same time are published meanwhile, and kept");
     is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     log = th_slurp(logpath);
@@ -151,7 +161,7 @@ static void retention_lines(const char *log, long long *sum, int *steps, long lo
 static void time_budget(void)
 {
     pid_t pid;
-    int64_t start, gone_at = -1;
+    int64_t start, gone_at;
     long long sum, max_held;
     int steps;
     char *log;
@@ -167,15 +177,9 @@ static void time_budget(void)
     start = th_now_ms();
     pid = rt_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "60000", "--retention-batch", "100000",
                          "--log-level", "debug", NULL);
-    while (th_now_ms() - start < 20000 * th_slow() && count_prefix("big") > 0)
-        th_sleep_ms(10);
-    if (count_prefix("big") == 0)
-        gone_at = th_now_ms() - start;
+    gone_at = gone_after("big", start, 20000 * th_slow(), 10);
     is_int(count_prefix("big"), 0, "20,000 old published rows are gone (%lld ms)", (long long)gone_at);
-    while (th_now_ms() - start < 20000 * th_slow() &&
-           th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'ret3' AND state = 2") < 2000)
-        th_sleep_ms(10);
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'ret3' AND state = 2"), 2000,
+    is_int(published_by("ret3", 2000, start, 20000 * th_slow()), 2000,
            "the 2,000 rows committed with them are published meanwhile, and kept");
     is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     log = th_slurp(logpath);
