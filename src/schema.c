@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "internal.h"
 #include "outbox/schema.h"
@@ -50,12 +51,77 @@ int outbox__sqlite_code(int rc)
     }
 }
 
+/*
+ * outbox_db_busy_wait's handler (why naps: see the header). arg is the total
+ * wait in ms. A connection waits on one thread at a time, so the start of
+ * the current wait is the thread's.
+ */
+static int busy_naps(void *arg, int count)
+{
+    static __thread uint64_t start;
+    struct timespec ts, nap = {0, 0};
+    uint64_t now, waited, total = (uint64_t)(uintptr_t)arg * 1000000u;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    if (count == 0)
+        start = now;
+    waited = now - start;
+    if (waited >= total)
+        return 0;
+    nap.tv_nsec = waited < 2000000u ? 50000 : waited < 20000000u ? 200000 : 1000000;
+    nanosleep(&nap, NULL);
+    return 1;
+}
+
+/* SELECT outbox_busy_wait_ms(): the wait outbox_db_busy_wait set on the
+ * connection (a busy handler cannot be read back; outbox__busy_ms). */
+static void busy_ms_fn(sqlite3_context *ctx, int argc, sqlite3_value **argv)
+{
+    (void)argc;
+    (void)argv;
+    sqlite3_result_int(ctx, (int)(uintptr_t)sqlite3_user_data(ctx));
+}
+
+int outbox_db_busy_wait(sqlite3 *db, int ms)
+{
+    int rc;
+    if (!db || ms < 0)
+        return OUTBOX_EINVAL;
+    /* With ms 0 the function goes (a NULL xFunc deletes it). */
+    rc = sqlite3_create_function_v2(db, "outbox_busy_wait_ms", 0, SQLITE_UTF8 | SQLITE_DIRECTONLY,
+                                    (void *)(uintptr_t)ms, ms ? busy_ms_fn : NULL, NULL, NULL, NULL);
+    if (rc != SQLITE_OK)
+        return outbox__sqlite_code(rc);
+    if (ms == 0)
+        return outbox__sqlite_code(sqlite3_busy_timeout(db, 0));
+    outbox__busy_naps_set(db, ms);
+    return 0;
+}
+
+void outbox__busy_naps_set(sqlite3 *db, int ms)
+{
+    sqlite3_busy_handler(db, busy_naps, (void *)(uintptr_t)ms);
+}
+
+int outbox__busy_ms(sqlite3 *db, int *naps)
+{
+    int64_t ms = 0;
+    *naps = 0;
+    if (outbox__sqlite_int(db, "PRAGMA busy_timeout", &ms) == 0 && ms > 0)
+        return ms > INT32_MAX ? INT32_MAX : (int)ms;
+    /* No such function (an error): the connection does not wait. */
+    if (outbox__sqlite_int(db, "SELECT outbox_busy_wait_ms()", &ms) == 0 && ms > 0) {
+        *naps = 1;
+        return (int)ms;
+    }
+    return 0;
+}
+
 int outbox_db_open(const char *path, int flags, sqlite3 **out, char *err, size_t errlen)
 {
     sqlite3 *db = NULL;
     struct stat st;
     int oflags, rc, e;
-    char sql[128];
 
     if (out)
         *out = NULL;
@@ -100,8 +166,10 @@ int outbox_db_open(const char *path, int flags, sqlite3 **out, char *err, size_t
         goto fail;
     }
     sqlite3_extended_result_codes(db, 1);
-    snprintf(sql, sizeof sql, "PRAGMA busy_timeout=%d", (flags & OUTBOX_OPEN_RELAY) ? 0 : 5000);
-    sqlite3_exec(db, sql, NULL, NULL, NULL);
+    if ((e = outbox_db_busy_wait(db, (flags & OUTBOX_OPEN_RELAY) ? 0 : OUTBOX__BUSY_MS)) != 0) {
+        set_err(err, errlen, "cannot set the busy wait of '%s': %s", path, sqlite3_errmsg(db));
+        goto fail;
+    }
 
     /* Reading the schema is what tells a database from another file. */
     rc = sqlite3_exec(db, "SELECT count(*) FROM sqlite_master", NULL, NULL, NULL);

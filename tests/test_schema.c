@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <uv.h>
+
 #include "harness.h"
 #include "outbox.h"
 #include "tap.h"
@@ -140,7 +142,8 @@ static void test_create_and_idempotent(void)
     }
     is_int(one_int(db, "PRAGMA synchronous"), 2, "writer connection: synchronous=FULL");
     is_int(outbox_db_is_durable(db), 1, "durable");
-    is_int(one_int(db, "PRAGMA busy_timeout"), 5000, "writer connection: busy_timeout 5000");
+    is_int(one_int(db, "SELECT outbox_busy_wait_ms()"), 5000, "writer connection: a busy wait of 5000 ms");
+    is_int(one_int(db, "PRAGMA busy_timeout"), 0, "writer connection: no busy timeout (a busy handler instead)");
 
     /* A plain INSERT from any client is a complete message. */
     ok(sqlite3_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('m1', 'orders', x'0102')", NULL, NULL,
@@ -172,6 +175,7 @@ static void test_create_and_idempotent(void)
         is_int(outbox_db_open(path, 0, &a, err, sizeof err), 0, "reopen without CREATE");
         is_int(outbox_db_open(path, OUTBOX_OPEN_RELAY, &b, err, sizeof err), 0, "relay connection");
         is_int(one_int(b, "PRAGMA busy_timeout"), 0, "relay connection: busy_timeout 0");
+        is_int(one_int(b, "SELECT outbox_busy_wait_ms()"), -2, "relay connection: no busy wait");
         is_int(one_int(b, "PRAGMA synchronous"), 1, "relay connection: synchronous=NORMAL");
         is_int(outbox_db_is_durable(b), 0, "relay connection is not durable (by design)");
         is_int(outbox_schema_apply(a, err, sizeof err), 0, "apply on a current schema from conn a");
@@ -502,6 +506,92 @@ static void test_durability(void)
     free(p);
 }
 
+typedef struct lock_holder {
+    const char *path;
+    int hold_ms;
+    uint64_t released_ns; /* uv_hrtime() right after its COMMIT */
+} lock_holder;
+
+/* Holds the write lock through a plain connection of its own for hold_ms. */
+static void hold_lock(void *arg)
+{
+    lock_holder *h = arg;
+    sqlite3 *db = raw_open(h->path);
+    if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        bail("cannot take the lock: %s", sqlite3_errmsg(db));
+    uv_sleep((unsigned)h->hold_ms);
+    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    h->released_ns = uv_hrtime();
+    sqlite3_close(db);
+}
+
+/* BEGIN IMMEDIATE on db while another connection holds the lock for hold_ms
+ * (taken 20 ms before); its result, how long it took, and how long after
+ * the release it got the lock (negative: it gave up first). */
+static int begin_while_locked(sqlite3 *db, const char *path, int hold_ms, double *took_ms, double *late_ms)
+{
+    lock_holder h = {path, hold_ms, 0};
+    uv_thread_t t;
+    uint64_t t0, t1;
+    int rc;
+    uv_thread_create(&t, hold_lock, &h);
+    uv_sleep(20);
+    t0 = uv_hrtime();
+    rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    t1 = uv_hrtime();
+    uv_thread_join(&t);
+    if (rc == SQLITE_OK)
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    *took_ms = (double)(t1 - t0) / 1e6;
+    *late_ms = ((double)t1 - (double)h.released_ns) / 1e6;
+    return rc;
+}
+
+/* outbox_db_busy_wait: the wait outbox_db_open gives writers tries again in
+ * short naps, so the lock is taken soon after its release (SQLite's busy
+ * timeout, whose sleeps grow to 25 ms, would take a lock released 80 ms into
+ * the wait 23 ms late); a shorter total gives up after it; 0 does not wait. */
+static void test_busy_wait(void)
+{
+    char *p = th_path(dir, "busy.db"), err[256];
+    sqlite3 *db = NULL;
+    double took, late;
+    int rc;
+    if (outbox_db_open(p, OUTBOX_OPEN_CREATE, &db, err, sizeof err) != 0 || outbox_schema_apply(db, err, sizeof err) != 0)
+        bail("schema: %s", err);
+    rc = begin_while_locked(db, p, 100, &took, &late);
+    is_int(rc, SQLITE_OK, "busy wait: a lock held 100 ms is waited out");
+    ok(late >= 0 && late < 10 * th_slow(), "busy wait: taken %.2f ms after its release", late);
+
+    is_int(outbox_db_busy_wait(db, 100), 0, "busy wait of 100 ms");
+    is_int(one_int(db, "SELECT outbox_busy_wait_ms()"), 100, "busy wait: outbox_busy_wait_ms() says 100");
+    rc = begin_while_locked(db, p, 400, &took, &late);
+    is_int(rc & 0xff, SQLITE_BUSY, "busy wait of 100 ms, lock held 400 ms: SQLITE_BUSY");
+    ok(took >= 95 && took < 300 * th_slow(), "after about 100 ms (%.1f ms)", took);
+
+    is_int(outbox_db_busy_wait(db, 0), 0, "no busy wait");
+    is_int(one_int(db, "SELECT outbox_busy_wait_ms()"), -2, "no busy wait: the function is gone");
+    rc = begin_while_locked(db, p, 200, &took, &late);
+    is_int(rc & 0xff, SQLITE_BUSY, "no busy wait: SQLITE_BUSY");
+    ok(took < 50, "no busy wait: at once (%.1f ms)", took);
+
+    {
+        /* A statement running: the wait cannot change (SQLite will not
+         * change a function then), and stays as it was. */
+        sqlite3_stmt *st = NULL;
+        is_int(outbox_db_busy_wait(db, 200), 0, "busy wait of 200 ms");
+        sqlite3_prepare_v2(db, "SELECT 1 UNION ALL SELECT 2", -1, &st, NULL);
+        is_int(sqlite3_step(st), SQLITE_ROW, "a statement running");
+        is_int(outbox_db_busy_wait(db, 300), OUTBOX_EBUSY, "busy wait changed meanwhile: OUTBOX_EBUSY");
+        sqlite3_finalize(st);
+        is_int(one_int(db, "SELECT outbox_busy_wait_ms()"), 200, "and the wait is still 200 ms");
+    }
+    is_int(outbox_db_busy_wait(NULL, 10), OUTBOX_EINVAL, "busy wait without a connection: OUTBOX_EINVAL");
+    is_int(outbox_db_busy_wait(db, -1), OUTBOX_EINVAL, "negative busy wait: OUTBOX_EINVAL");
+    sqlite3_close_v2(db);
+    free(p);
+}
+
 /* The public state constants are the values the table's CHECK admits, and
  * the indexes name: SQL spells them as literals (partial indexes need it). */
 static void test_state_constants(void)
@@ -538,6 +628,7 @@ int main(void)
     test_refusals();
     test_cursor_trigger();
     test_durability();
+    test_busy_wait();
     th_rmtree(dir);
     free(dir);
     return tap_done();

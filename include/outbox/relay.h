@@ -248,7 +248,8 @@ OUTBOX_API void outbox_relay_wake(outbox_relay *r);
  * through sqlite3_wal_hook(). Registering a WAL hook turns SQLite's automatic
  * checkpointing off on db, so the relay takes it over (PASSIVE checkpoints on
  * a worker thread when the WAL passes 1000 pages, 8000 while draining). If db waits for locks
- * (PRAGMA busy_timeout > 0), its busy timeout is replaced by a busy handler
+ * (a busy timeout, PRAGMA busy_timeout > 0, or the busy wait outbox_db_open
+ * sets, outbox_db_busy_wait), its wait is replaced by a busy handler
  * with the same total wait that wakes the moment the relay's own transaction
  * ends, instead of SQLite's default sleeps of up to 100 ms (on a loop
  * thread, such a sleep holds up everything); while such a connection is
@@ -268,7 +269,7 @@ OUTBOX_API void outbox_relay_wake(outbox_relay *r);
  * Call attach and detach from the thread that owns db, and
  * outbox_relay_detach(db) before closing db or destroying the relay. Detach
  * removes the relay's hooks and gives db back what it had at attach: its
- * busy timeout (unless a busy timeout was set on db since: that one stays; a
+ * busy wait (unless a busy timeout was set on db since: that one stays; a
  * busy handler set since is replaced by it) and its auto-checkpoint (PRAGMA
  * wal_autocheckpoint, 1000 pages unless changed; a WAL hook of the
  * application's that db had before attach is not restored). After PRAGMA

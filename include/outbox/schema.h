@@ -40,8 +40,8 @@ enum {
     /* A connection for the relay: busy_timeout 0 (the relay adds a busy
      * handler that waits only on its worker thread) and synchronous=NORMAL (a relay commit
      * lost in a power cut only causes a duplicate publish, never a loss).
-     * Without this flag: busy_timeout 5000 ms and synchronous=FULL, the
-     * settings a writer needs. */
+     * Without this flag: a busy wait of 5000 ms (outbox_db_busy_wait) and
+     * synchronous=FULL, the settings a writer needs. */
     OUTBOX_OPEN_RELAY = 1 << 2,
 };
 
@@ -55,7 +55,8 @@ enum {
  *                      already published (guarantee 2). With NORMAL, WAL mode
  *                      survives application crashes but not power loss.
  *                      (OUTBOX_OPEN_RELAY: NORMAL, see above.)
- *   busy_timeout       5000 ms for writers; 0 for the relay.
+ *   busy wait          5000 ms in short naps (outbox_db_busy_wait) for
+ *                      writers and tools; none for the relay (busy_timeout 0).
  *   cache_size         8 MiB (SQLite's default is 2 MiB): the working pages
  *                      of the outbox table and its indexes outgrow 2 MiB.
  * It checks that the file is a SQLite database (OUTBOX_ENOTDB otherwise) but
@@ -95,6 +96,30 @@ OUTBOX_API int outbox_schema_apply(sqlite3 *db, char *err, size_t errlen);
  * OUTBOX_ENOTDB, OUTBOX_ESQLITE.
  */
 OUTBOX_API int outbox_schema_check(sqlite3 *db, char *err, size_t errlen);
+
+/*
+ * Makes db wait up to ms for a lock held by another connection, trying again
+ * in short naps: 50 us for the first 2 ms of a wait, 200 us up to 20 ms, then
+ * 1 ms. outbox_db_open sets 5000 ms on every connection but the relay's.
+ * SQLite's busy timeout (sqlite3_busy_timeout) waits as long, but sleeps 1, 2,
+ * 5, 10, 15, 20, 25 ms ... between tries: a writer that met a relay
+ * transaction of 2 ms usually slept until 8 ms, fell behind, then committed
+ * back to back and kept the relay from the lock while it caught up. Locks are
+ * not queued, so trying often is the only way to get one soon after its
+ * release; the growing naps keep a long wait cheap.
+ *
+ * It is a busy handler, so PRAGMA busy_timeout reads 0 while it is set;
+ * sqlite3_busy_timeout() or sqlite3_busy_handler() replaces it. ms 0 removes
+ * it (db then fails at once with SQLITE_BUSY). outbox_relay_attach counts db
+ * as waiting ms while it is set: to make a connection from outbox_db_open
+ * fail at once, use outbox_db_busy_wait(db, 0), not sqlite3_busy_timeout(db,
+ * 0), which the library cannot tell from this handler.
+ *
+ * Call it from the thread that owns db, with no statement of db running.
+ * Returns 0, OUTBOX_EINVAL (db NULL, ms < 0), OUTBOX_EBUSY (a statement of db
+ * is running: nothing changed), OUTBOX_ENOMEM, OUTBOX_ESQLITE.
+ */
+OUTBOX_API int outbox_db_busy_wait(sqlite3 *db, int ms);
 
 /*
  * 1 if commits on db are durable across power loss (PRAGMA synchronous is

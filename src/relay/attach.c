@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include "relay_int.h"
+#include "sqlite_util.h"
 
 /* One attached connection. Its address is the WAL hook's and the busy
  * handler's argument, so records are never moved while attached. */
@@ -18,7 +19,8 @@ typedef struct attachment {
     struct attachment *next;
     sqlite3 *db;
     outbox_relay *r;
-    int busy_ms;  /* its busy timeout at attach, restored by detach; 0: it never waited */
+    int busy_ms;  /* its busy wait at attach, restored by detach; 0: it never waited */
+    int naps;     /* that wait was outbox_db_busy_wait's, not a busy timeout */
     int autockpt; /* its PRAGMA wal_autocheckpoint at attach, restored by detach; 0: off */
 } attachment;
 
@@ -119,7 +121,7 @@ int outbox_relay_attach(outbox_relay *r, sqlite3 *db)
     }
     a->db = db;
     a->r = r;
-    a->busy_ms = pragma_int(db, "PRAGMA busy_timeout");
+    a->busy_ms = outbox__busy_ms(db, &a->naps);
     a->autockpt = pragma_int(db, "PRAGMA wal_autocheckpoint");
     if (!r->lock.sync_ok)
         a->busy_ms = 0; /* no way to wait for the relay's transaction: the timeout stays */
@@ -162,11 +164,15 @@ void outbox_relay_detach(sqlite3 *db)
             sqlite3_wal_autocheckpoint(db, a->autockpt);
     }
     if (a->busy_ms > 0) {
-        /* The busy timeout it had at attach, unless the application set one
-         * since (PRAGMA busy_timeout reads 0 while the relay's handler is
-         * installed). */
-        if (pragma_int(db, "PRAGMA busy_timeout") == 0)
-            sqlite3_busy_timeout(db, a->busy_ms);
+        /* The busy wait it had at attach, unless the application set a
+         * busy timeout since (PRAGMA busy_timeout reads 0 while the relay's
+         * handler is installed). */
+        if (pragma_int(db, "PRAGMA busy_timeout") == 0) {
+            if (a->naps)
+                outbox__busy_naps_set(db, a->busy_ms);
+            else
+                sqlite3_busy_timeout(db, a->busy_ms);
+        }
         __atomic_sub_fetch(&a->r->lock.attached, 1, __ATOMIC_RELAXED);
     }
     free(a);

@@ -106,8 +106,7 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
         outbox__pub_idem_send(r, next, nnext);
     } else {
         for (i = 0; i < nnext; i++) {
-            outbox__win_release_chain(r, next[i], "held back: relay stopping");
-            outbox__win_queue_mark(r, next[i], OUT_RELEASE, "held back: relay stopping", 25);
+            outbox__win_hand_back(r, next[i], "held back: relay stopping", "held back: relay stopping");
         }
     }
     free(call);

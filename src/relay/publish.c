@@ -160,9 +160,8 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
         /* The outcome is unknown: it may be appended, it may not. Retrying
          * risks a duplicate, never a loss. (A node that stopped being the
          * master is the connection's failure too, not the message's.) */
-        outbox__win_release_chain(r, m, "held back: connection lost");
         leave_group(m);
-        outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
+        outbox__win_hand_back(r, m, why, "held back: connection lost");
     } else if (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS) {
         void *node = outbox__link_node_of(r, conn);
         if (r->cfg.s.wait_replicas) {
@@ -203,8 +202,7 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
                 outbox__pub_send(r, n, &ws);
                 outbox__pub_flush_groups(r, &ws);
             } else {
-                outbox__win_release_chain(r, n, "held back: relay stopping");
-                outbox__win_queue_mark(r, n, OUT_RELEASE, "held back: relay stopping", 25);
+                outbox__win_hand_back(r, n, "held back: relay stopping", "held back: relay stopping");
             }
         }
     } else {
@@ -228,8 +226,7 @@ void outbox__pub_send(outbox_relay *r, msg *m, wait_set *ws)
     int e = outbox__link_send(r, m->topic, m->cmd, m->cmdlen, on_xadd_reply, m, &node);
     wait_group *g;
     if (e != 0) {
-        outbox__win_release_chain(r, m, "held back: connection lost");
-        outbox__win_queue_mark(r, m, OUT_RELEASE, outbox_strerror(e), strlen(outbox_strerror(e)));
+        outbox__win_hand_back(r, m, outbox_strerror(e), "held back: connection lost");
         return;
     }
     m->cmd = NULL;

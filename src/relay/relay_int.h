@@ -488,6 +488,8 @@ void outbox__win_flush_parked(outbox_relay *r, uint64_t ms);
 void outbox__win_free_parked(outbox_relay *r);
 /* Hands back m's held-back successors (they were never sent). */
 void outbox__win_release_chain(outbox_relay *r, msg *m, const char *why);
+/* Hands back m (OUT_RELEASE, why) and its held-back successors (chain_why). */
+void outbox__win_hand_back(outbox_relay *r, msg *m, const char *why, const char *chain_why);
 /* Puts a detached list of marks back at the head of the queue. */
 void outbox__win_requeue(outbox_relay *r, msg *first);
 

@@ -332,8 +332,8 @@ static void settle_chain(outbox_relay *r, msg *c)
     if (a->state == MSG_WAITING || (a->state == MSG_DONE && a->outcome == OUT_PUBLISHED))
         return; /* appended already: it may go now */
     /* That one failed or was handed back: this one must not overtake it. */
-    outbox__win_release_chain(r, c, "held back: an earlier message of its key failed");
-    outbox__win_queue_mark(r, c, OUT_RELEASE, "held back: an earlier message of its key failed", 47);
+    outbox__win_hand_back(r, c, "held back: an earlier message of its key failed",
+                          "held back: an earlier message of its key failed");
 }
 
 static void unit_done(uv_work_t *w, int status)
@@ -448,13 +448,11 @@ static void unit_done(uv_work_t *w, int status)
             continue; /* handed back by settle_chain, or chained */
         if (!outbox__link_up(r)) {
             unsent = 1;
-            outbox__win_release_chain(r, c, "held back: connection lost");
-            outbox__win_queue_mark(r, c, OUT_RELEASE, "connection lost", 15);
+            outbox__win_hand_back(r, c, "connection lost", "held back: connection lost");
         } else if (send) {
             send[nsend++] = c;
         } else {
-            outbox__win_release_chain(r, c, "held back: out of memory");
-            outbox__win_queue_mark(r, c, OUT_RELEASE, "out of memory", 13);
+            outbox__win_hand_back(r, c, "out of memory", "held back: out of memory");
         }
     }
     free(u->claimed);

@@ -267,6 +267,12 @@ void outbox__win_release_chain(outbox_relay *r, msg *m, const char *why)
         n = next;
     }
 }
+void outbox__win_hand_back(outbox_relay *r, msg *m, const char *why, const char *chain_why)
+{
+    outbox__win_release_chain(r, m, chain_why);
+    outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
+}
+
 /* Puts a detached list of marks (first to its end) back at the head of the
  * queue, ahead of those queued since. */
 void outbox__win_requeue(outbox_relay *r, msg *first)

@@ -1,20 +1,23 @@
 /*
  * test_attach.c: what outbox_relay_attach does to the application's
- * connection besides the wake-up hook: its busy timeout becomes a busy
- * handler with the same total wait (one that wakes as soon as the relay's
- * own transaction ends), and outbox_relay_detach restores the timeout.
- *   - busy_timeout 5000: replaced at attach (PRAGMA busy_timeout reads 0),
- *     5000 again after detach;
- *   - busy_timeout 0: left alone (the connection keeps not waiting);
+ * connection besides the wake-up hook: its busy wait (outbox_db_open's
+ * outbox_db_busy_wait of 5000 ms, or a busy timeout) becomes a busy handler
+ * with the same total wait (one that wakes as soon as the relay's own
+ * transaction ends), and outbox_relay_detach restores the wait it had.
+ *   - outbox_db_open's wait: replaced at attach, back after detach (a lock
+ *     held 150 ms is waited out again);
+ *   - busy_timeout 300: replaced at attach, 300 again after detach;
+ *   - outbox_db_busy_wait(db, 0): left alone (the connection keeps not
+ *     waiting);
  *   - a lock held by another connection for 150 ms: the attached writer
  *     waits and commits right after it is released (well before the next
  *     default sleep step would end);
  *   - a lock held for longer than the timeout (300 ms): SQLITE_BUSY after
  *     about 300 ms, not at once and not later.
  * Each attached connection has a record of its own:
- *   - two at once, A with busy_timeout 5000 and B with 0: A still waits
- *     out a lock, B still fails at once; detach gives A its 5000 back and
- *     leaves B at 0; a commit on either wakes a running relay;
+ *   - two at once, A waiting 5000 ms and B not at all: A still waits out a
+ *     lock, B still fails at once; detach gives A its 5000 back and leaves
+ *     B not waiting; a commit on either wakes a running relay;
  *   - SQLite's auto-checkpoint (PRAGMA wal_autocheckpoint) is off while
  *     attached and back after detach; PRAGMA wal_autocheckpoint=N on an
  *     attached connection replaces the relay's WAL hook, and detach then
@@ -37,6 +40,21 @@
 #include "tap.h"
 
 static const char *dbpath;
+
+/* How long db waits for a lock: its busy timeout, or outbox_db_busy_wait's
+ * wait (PRAGMA busy_timeout reads 0 for any busy handler); 0 for none. */
+static int64_t wait_ms(sqlite3 *db)
+{
+    sqlite3_stmt *st = NULL;
+    int64_t ms = th_sql_int(db, "PRAGMA busy_timeout");
+    if (ms > 0)
+        return ms;
+    if (sqlite3_prepare_v2(db, "SELECT outbox_busy_wait_ms()", -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        ms = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st); /* no such function: it does not wait */
+    return ms;
+}
 
 typedef struct holder {
     int hold_ms;
@@ -80,9 +98,9 @@ static void two_connections(outbox_relay *r)
     int64_t took;
     int rc;
 
-    sqlite3_busy_timeout(b, 0);
-    is_int(outbox_relay_attach(r, a), 0, "two: attach A (busy_timeout 5000)");
-    is_int(outbox_relay_attach(r, b), 0, "two: attach B (busy_timeout 0)");
+    outbox_db_busy_wait(b, 0);
+    is_int(outbox_relay_attach(r, a), 0, "two: attach A (waits 5000 ms)");
+    is_int(outbox_relay_attach(r, b), 0, "two: attach B (does not wait)");
     rc = insert_while_locked(a, "two-a", 150, &took);
     is_int(rc, SQLITE_OK, "two: A still waits out a lock held 150 ms");
     ok(took >= 100 && took < 400, "two: A took about the rest of the hold (%lld ms)", (long long)took);
@@ -90,9 +108,9 @@ static void two_connections(outbox_relay *r)
     is_int(rc & 0xff, SQLITE_BUSY, "two: B still does not wait: SQLITE_BUSY");
     ok(took < 100, "two: B fails at once (%lld ms)", (long long)took);
     outbox_relay_detach(a);
-    is_int(th_sql_int(a, "PRAGMA busy_timeout"), 5000, "two: detach A restores its 5000");
+    is_int(wait_ms(a), 5000, "two: detach A restores its 5000");
     outbox_relay_detach(b);
-    is_int(th_sql_int(b, "PRAGMA busy_timeout"), 0, "two: detach B leaves it at 0");
+    is_int(wait_ms(b), 0, "two: detach B leaves it not waiting");
     sqlite3_close_v2(a);
     sqlite3_close_v2(b);
 }
@@ -142,7 +160,7 @@ static void wal_hooks(outbox_relay *r)
     outbox_relay_detach(a);
     ok(1, "autockpt=10: detach afterwards returns");
     is_int(th_sql_int(a, "PRAGMA wal_autocheckpoint"), 10, "autockpt=10: still 10 after detach");
-    is_int(th_sql_int(a, "PRAGMA busy_timeout"), 5000, "autockpt=10: busy_timeout 5000 again");
+    is_int(wait_ms(a), 5000, "autockpt=10: the wait of 5000 ms again");
     /* Each commit adds at least two frames; checkpoints every 10 keep
      * the WAL rewinding to its start. */
     for (i = 0; i < 40; i++)
@@ -178,7 +196,7 @@ static void misuse(outbox_relay *r, outbox_relay *r2)
 
     outbox_relay_detach(NULL);
     outbox_relay_detach(a);
-    is_int(th_sql_int(a, "PRAGMA busy_timeout"), 5000, "never attached: detach leaves busy_timeout");
+    is_int(wait_ms(a), 5000, "never attached: detach leaves the busy wait");
     is_int(th_sql_int(a, "PRAGMA wal_autocheckpoint"), 1000, "never attached: detach leaves auto-checkpoint");
     is_int(outbox_relay_attach(NULL, a), OUTBOX_EINVAL, "attach without a relay: OUTBOX_EINVAL");
     is_int(outbox_relay_attach(r, NULL), OUTBOX_EINVAL, "attach without a connection: OUTBOX_EINVAL");
@@ -189,10 +207,10 @@ static void misuse(outbox_relay *r, outbox_relay *r2)
     is_int(insert_while_locked(a, "twice-1", 150, &took), SQLITE_OK,
            "twice: the connection still waits out a lock held 150 ms (%lld ms)", (long long)took);
     outbox_relay_detach(a);
-    is_int(th_sql_int(a, "PRAGMA busy_timeout"), 5000, "twice: one detach restores busy_timeout 5000");
+    is_int(wait_ms(a), 5000, "twice: one detach restores the wait of 5000 ms");
     is_int(th_sql_int(a, "PRAGMA wal_autocheckpoint"), 1000, "twice: and auto-checkpoint");
     outbox_relay_detach(a);
-    is_int(th_sql_int(a, "PRAGMA busy_timeout"), 5000, "twice: a second detach changes nothing");
+    is_int(wait_ms(a), 5000, "twice: a second detach changes nothing");
     is_int(outbox_relay_attach(r2, a), 0, "detached: it may be attached to another relay");
     outbox_relay_detach(a);
     sqlite3_close_v2(a);
@@ -285,9 +303,9 @@ static void wake_ups(const char *dir)
     k.c = th_redis_client(&srv);
     k.db[0] = rt_open(path);
     k.db[1] = rt_open(path);
-    sqlite3_busy_timeout(k.db[1], 0);
-    is_int(outbox_relay_attach(k.r, k.db[0]), 0, "wake: attach A (busy_timeout 5000)");
-    is_int(outbox_relay_attach(k.r, k.db[1]), 0, "wake: attach B (busy_timeout 0)");
+    outbox_db_busy_wait(k.db[1], 0);
+    is_int(outbox_relay_attach(k.r, k.db[0]), 0, "wake: attach A (waits 5000 ms)");
+    is_int(outbox_relay_attach(k.r, k.db[1]), 0, "wake: attach B (does not wait)");
     is_int(outbox_relay_start(k.r), 0, "wake: relay started");
     uv_timer_init(&loop, &k.timer);
     k.timer.data = &k;
@@ -328,19 +346,22 @@ int main(void)
     s.redis_url = "redis://127.0.0.1:1"; /* never started: no connection needed */
     is_int(outbox_relay_create(&r, &loop, &s, err, sizeof err), 0, "relay created (%s)", err);
 
-    db = rt_open(dbpath); /* busy_timeout 5000 */
-    is_int(th_sql_int(db, "PRAGMA busy_timeout"), 5000, "writer: busy_timeout 5000");
+    db = rt_open(dbpath); /* outbox_db_open: outbox_db_busy_wait(db, 5000) */
+    is_int(wait_ms(db), 5000, "writer: outbox_db_open's busy wait of 5000 ms");
     is_int(outbox_relay_attach(r, db), 0, "attach");
-    is_int(th_sql_int(db, "PRAGMA busy_timeout"), 0, "attached: the timeout is replaced by a busy handler");
 
     /* A lock held 150 ms by another connection: the writer waits it out. */
     rc = insert_while_locked(db, "m1", 150, &took);
     is_int(rc, SQLITE_OK, "lock held 150 ms: the insert waits and succeeds");
     ok(took >= 100 && took < 400, "and it took about the rest of the hold (%lld ms)", (long long)took);
 
-    /* Held longer than a short timeout: BUSY after about that timeout. */
+    /* Detached: outbox_db_open's wait is back, and waits the lock out. */
     outbox_relay_detach(db);
-    is_int(th_sql_int(db, "PRAGMA busy_timeout"), 5000, "detached: busy_timeout 5000 again");
+    is_int(wait_ms(db), 5000, "detached: the busy wait of 5000 ms again");
+    rc = insert_while_locked(db, "m1b", 150, &took);
+    is_int(rc, SQLITE_OK, "detached: a lock held 150 ms is waited out (%lld ms)", (long long)took);
+
+    /* Held longer than a short timeout: BUSY after about that timeout. */
     sqlite3_busy_timeout(db, 300);
     outbox_relay_attach(r, db);
     rc = insert_while_locked(db, "m2", 1500, &took);
@@ -350,16 +371,16 @@ int main(void)
     is_int(th_sql_int(db, "PRAGMA busy_timeout"), 300, "detached: busy_timeout 300 again");
 
     /* A connection that does not wait keeps not waiting. */
-    sqlite3_busy_timeout(db, 0);
+    is_int(outbox_db_busy_wait(db, 0), 0, "no wait: outbox_db_busy_wait(db, 0)");
     outbox_relay_attach(r, db);
-    is_int(th_sql_int(db, "PRAGMA busy_timeout"), 0, "busy_timeout 0: still 0 after attach");
+    is_int(wait_ms(db), 0, "no wait: still none after attach");
     rc = insert_while_locked(db, "m3", 300, &took);
-    is_int(rc & 0xff, SQLITE_BUSY, "busy_timeout 0: SQLITE_BUSY");
+    is_int(rc & 0xff, SQLITE_BUSY, "no wait: SQLITE_BUSY");
     ok(took < 100, "at once (%lld ms)", (long long)took);
     outbox_relay_detach(db);
-    is_int(th_sql_int(db, "PRAGMA busy_timeout"), 0, "busy_timeout 0 after detach");
+    is_int(wait_ms(db), 0, "no wait: none after detach");
 
-    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages"), 1, "one row written (m1)");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages"), 2, "two rows written (m1, m1b)");
     sqlite3_close_v2(db);
 
     is_int(outbox_relay_create(&r2, &loop, &s, err, sizeof err), 0, "another relay created (%s)", err);
