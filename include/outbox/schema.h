@@ -103,10 +103,10 @@ OUTBOX_API int outbox_schema_check(sqlite3 *db, char *err, size_t errlen);
  * 1 ms. outbox_db_open sets 5000 ms on every connection but the relay's.
  * SQLite's busy timeout (sqlite3_busy_timeout) waits as long, but sleeps 1, 2,
  * 5, 10, 15, 20, 25 ms ... between tries: a writer that met a relay
- * transaction of 2 ms usually slept until 8 ms, fell behind, then committed
- * back to back and kept the relay from the lock while it caught up. Locks are
- * not queued, so trying often is the only way to get one soon after its
- * release; the growing naps keep a long wait cheap.
+ * transaction of 4 ms got the lock 8 ms after it asked, fell behind, then
+ * committed back to back and kept the relay from the lock while it caught
+ * up. Locks are not queued, so trying often is the only way to get one soon
+ * after its release; the growing naps keep a long wait cheap.
  *
  * It is a busy handler, so PRAGMA busy_timeout reads 0 while it is set;
  * sqlite3_busy_timeout() or sqlite3_busy_handler() replaces it. ms 0 removes
