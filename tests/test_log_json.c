@@ -157,7 +157,8 @@ static void check_relay(const th_redis *srv)
      * table gives all three). */
     remove(log);
     {
-        char *argv[] = {relay, "--db", th_path(dir, "none/x.db"), "--redis", url, NULL};
+        char *missing = th_path(dir, "none/x.db");
+        char *argv[] = {relay, "--db", missing, "--redis", url, NULL};
         char *env[] = {"OUTBOX_LOG_FORMAT=json", NULL};
         char *out = NULL, *errtext = NULL;
         int code = th_run(argv, env, &out, &errtext, 15000);
@@ -171,6 +172,7 @@ static void check_relay(const th_redis *srv)
                     "{\"level\":\"error\",\"msg\":\"cannot create the relay\",\"error\":\"~x.db\"}", NULL);
         free(out);
         free(errtext);
+        free(missing);
     }
     {
         char *ini = th_path(dir, "relay.ini"), *out = NULL, *errtext = NULL;
