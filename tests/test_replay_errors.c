@@ -131,7 +131,7 @@ static void test_bad_input(void)
 }
 
 /* Inspection never needs the write lock, and a requeue waits for it (busy
- * timeout 5 s) instead of failing at once; past that it fails, changing
+ * wait 5 s) instead of failing at once; past that it fails, changing
  * nothing. */
 static void test_locking(void)
 {
@@ -144,7 +144,7 @@ static void test_locking(void)
 
     ok(sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL) == SQLITE_OK, "test holds the write lock");
     /* Each run is timed on its own: waiting for the lock takes the whole
-     * 5 s busy timeout, while a run takes far less than 4 s, even with the
+     * 5 s busy wait, while a run takes far less than 4 s, even with the
      * tool under valgrind. */
 #define TIMED_RUN(...)                                                                             \
     ({                                                                                             \

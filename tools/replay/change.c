@@ -167,7 +167,7 @@ int replay_cmd_change(const replay_options *o)
     /* End the read transaction for good: a statement left open would keep
      * it, and SQLite runs the busy handler only for a connection without an
      * open transaction, so BEGIN IMMEDIATE would fail at once instead of
-     * waiting busy_timeout for the relay or the application. */
+     * waiting out the busy wait for the relay or the application. */
     sqlite3_finalize(count);
     count = NULL;
     sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);

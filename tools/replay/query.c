@@ -43,7 +43,7 @@ int replay_db_fail(sqlite3 *db, const char *what)
 {
     int code = sqlite3_errcode(db) & 0xff;
     if (code == SQLITE_BUSY || code == SQLITE_LOCKED)
-        replay_errorf("%s: the database stayed locked by another connection for more than the 5 s busy timeout (%s)",
+        replay_errorf("%s: the database stayed locked by another connection for more than the 5 s busy wait (%s)",
                       what, sqlite3_errmsg(db));
     else
         replay_errorf("%s: %s", what, sqlite3_errmsg(db));
