@@ -117,6 +117,18 @@ static void lease_row(world *w, int64_t seq, const char *owner, int64_t token, i
                 owner, (long long)token, (long long)(w->now + until), (long long)seq);
 }
 
+/* A batch lease of another relay over seqs lo..hi (token, expiry until ms
+ * from now, attempts), and the cursor past it, as that relay's claim left
+ * them. */
+static void other_batch(world *w, int64_t lo, int64_t hi, int64_t token, int64_t until, int64_t attempts)
+{
+    th_sql_exec(w->db,
+                "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) VALUES (%lld, %lld, 1, "
+                "'%s', %lld, %lld, %lld); UPDATE outbox_cursor SET new_from = %lld",
+                (long long)lo, (long long)hi, OTHER, (long long)token, (long long)(w->now + until),
+                (long long)attempts, (long long)hi + 1);
+}
+
 /* A message of this relay in flight (claimed with token, not yet marked):
  * in the seq set, and its key's newest message in the key map if keyed. */
 static msg *own_inflight(world *w, int64_t seq, int64_t token, const char *key)
@@ -564,9 +576,7 @@ static void test_foreign_batch(void)
     world_start(&w, 0);
     b1 = put_row(&w, "b-1", "k", -1000, -1000);
     b2 = put_row(&w, "b-2", NULL, -990, -990);
-    th_sql_exec(w.db, "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until) VALUES (%lld, %lld, 1, '%s', "
-                      "1, %lld); UPDATE outbox_cursor SET new_from = %lld",
-                (long long)b1, (long long)b2, OTHER, (long long)(w.now + 30000), (long long)b2 + 1);
+    other_batch(&w, b1, b2, 1, 30000, 1);
     k2 = put_row(&w, "k-2", "k", -900, -900);
     j = put_row(&w, "j", "j", -800, -800);
     u = put_row(&w, "u", NULL, -700, -700);
@@ -595,9 +605,7 @@ static void test_taken_batch(void)
     t1 = put_row(&w, "t-1", "k", -1000, -1000);
     t2 = put_row(&w, "t-2", "k", -990, -990);
     t3 = put_row(&w, "t-3", NULL, -980, -980);
-    th_sql_exec(w.db, "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) VALUES (%lld, "
-                      "%lld, 1, '%s', 5, %lld, 2); UPDATE outbox_cursor SET new_from = %lld",
-                (long long)t1, (long long)t3, OTHER, (long long)(w.now - 1), (long long)t3 + 1);
+    other_batch(&w, t1, t3, 5, -1, 2);
     n = put_row(&w, "n", "k", -900, -900);
 
     is_int(select_rows(&w, &x, 2), 0, "taken batch: the choice succeeds");
@@ -628,9 +636,7 @@ static void test_stray_key(void)
 
     world_start(&w, 0);
     t1 = put_row(&w, "t-1", "a", -1000, -1000);
-    th_sql_exec(w.db, "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) VALUES (%lld, "
-                      "%lld, 1, '%s', 5, %lld, 1); UPDATE outbox_cursor SET new_from = %lld",
-                (long long)t1, (long long)t1, OTHER, (long long)(w.now - 1), (long long)t1 + 1);
+    other_batch(&w, t1, t1, 5, -1, 1);
     s = put_row(&w, "s", "k", -500, -500);
     th_sql_exec(w.db, "UPDATE outbox SET lease_token = 1, attempts = 1 WHERE seq = %lld", (long long)s);
     /* Written after it with an earlier created_at: walked before it. */
