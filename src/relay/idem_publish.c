@@ -105,9 +105,8 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
     if (nnext && r->state == R_RUNNING && outbox__link_up(r)) {
         outbox__pub_idem_send(r, next, nnext);
     } else {
-        for (i = 0; i < nnext; i++) {
+        for (i = 0; i < nnext; i++)
             outbox__win_hand_back(r, next[i], "held back: relay stopping", "held back: relay stopping");
-        }
     }
     free(call);
     r->hooks.stop_check(r);

@@ -38,18 +38,19 @@
     "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "                                     \
     "WHERE state = 0 AND available_at > created_at AND available_at <= ?1 "                                          \
     "ORDER BY available_at, seq LIMIT ?2"
+/* The rows of the partial index outbox_key (leased or waiting keyed rows),
+ * its WHERE as proto/schema.sql has it: SQLite uses a partial index only for
+ * a query that repeats its condition. */
+#define OUTBOX__SQL_IN_KEY_INDEX "key IS NOT NULL AND (state = 1 OR (state = 0 AND available_at > created_at))"
 /* The newest leased or waiting row of a key (?1 topic, ?2 key) before ?3
  * (outbox_key). */
 #define OUTBOX__SQL_KEY_PREV                                                                                          \
     "SELECT seq, state, lease_owner, lease_token, available_at FROM outbox "                                         \
-    "WHERE topic = ?1 AND key = ?2 AND key IS NOT NULL "                                                             \
-    "AND (state = 1 OR (state = 0 AND available_at > created_at)) AND seq < ?3 "                                     \
-    "ORDER BY seq DESC LIMIT 1"
-/* Whether outbox_key holds any row (a leased or waiting keyed row): while it
- * holds none, OUTBOX__SQL_KEY_PREV finds nothing for any key, and a claim
- * runs this once instead of that once per keyed row. */
-#define OUTBOX__SQL_KEY_ANY                                                                                           \
-    "SELECT 1 FROM outbox WHERE key IS NOT NULL AND (state = 1 OR (state = 0 AND available_at > created_at)) LIMIT 1"
+    "WHERE topic = ?1 AND key = ?2 AND " OUTBOX__SQL_IN_KEY_INDEX " AND seq < ?3 ORDER BY seq DESC LIMIT 1"
+/* Whether outbox_key holds any row: while it holds none,
+ * OUTBOX__SQL_KEY_PREV finds nothing for any key, and a claim runs this once
+ * instead of that once per keyed row. */
+#define OUTBOX__SQL_KEY_ANY "SELECT 1 FROM outbox WHERE " OUTBOX__SQL_IN_KEY_INDEX " LIMIT 1"
 /* The claim of the chosen rows: ?1 owner, ?2 lease expiry, ?3 their seqs
  * as a JSON array, ?4 now (an expired lease may be taken over). */
 #define OUTBOX__SQL_CLAIM                                                                                             \

@@ -267,6 +267,7 @@ void outbox__win_release_chain(outbox_relay *r, msg *m, const char *why)
         n = next;
     }
 }
+
 void outbox__win_hand_back(outbox_relay *r, msg *m, const char *why, const char *chain_why)
 {
     outbox__win_release_chain(r, m, chain_why);
