@@ -319,6 +319,10 @@ int bench_sql_exec(bench_sql *s, const char *sql, char *err, size_t errlen);
  * moved); their seqs and lease tokens in seq/token, how many in *n. */
 int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t *token, int *n, char *err,
                     size_t errlen);
+/* Undoes the claims of bench_sql_claim, in a transaction of its own: their
+ * batch records go and the cursor goes back to from, the first seq they
+ * claimed (new rows claimed are not written). */
+int bench_sql_unclaim(bench_sql *s, int64_t from, char *err, size_t errlen);
 /* Drains n rows with one transaction per unit (the previous batch's marks,
  * then the next claim of batch rows) until nothing is left; bare uses the
  * least a per-row lifecycle writes (a range lease with RETURNING, a plain

@@ -110,42 +110,13 @@ static int relay_path(bench *b, const char *db, const char *tag, long measured, 
     return 0;
 }
 
-/* Reads db's cursor into *new_from (when keep), or undoes sql_path's
- * claims: the batch records of "bench-sql" go, the cursor goes back to
- * *new_from. */
-static int sql_cursor(const char *db, int keep, int64_t *new_from, char *err, size_t errlen)
-{
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st = NULL;
-    char sql[200];
-    int rc = outbox_db_open(db, 0, &h, err, errlen);
-    if (rc != 0)
-        return -1;
-    if (keep) {
-        rc = sqlite3_prepare_v2(h, "SELECT new_from FROM outbox_cursor", -1, &st, NULL);
-        if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-            *new_from = sqlite3_column_int64(st, 0);
-            rc = SQLITE_OK;
-        }
-        sqlite3_finalize(st);
-    } else {
-        snprintf(sql, sizeof sql,
-                 "BEGIN IMMEDIATE; DELETE FROM outbox_batch WHERE owner = 'bench-sql'; "
-                 "UPDATE outbox_cursor SET new_from = %lld; COMMIT",
-                 (long long)*new_from);
-        rc = sqlite3_exec(h, sql, NULL, NULL, NULL);
-    }
-    if (rc != SQLITE_OK)
-        snprintf(err, errlen, "%s the cursor: %s", keep ? "reading" : "setting back", sqlite3_errmsg(h));
-    sqlite3_close_v2(h);
-    return rc == SQLITE_OK ? 0 : -1;
-}
-
-static int sql_path(const char *db, double *us_per_claim, char *err, size_t errlen)
+/* The median time of a claim on db; undo: the claims are undone afterwards
+ * (bench_sql_unclaim). */
+static int sql_path(const char *db, int undo, double *us_per_claim, char *err, size_t errlen)
 {
     bench_sql *s = NULL;
     double t[CLAIM_SQL_ROUNDS];
-    int64_t seq[CLAIM_BATCH], token[CLAIM_BATCH];
+    int64_t seq[CLAIM_BATCH], token[CLAIM_BATCH], first = 0;
     int i, n;
     if (bench_sql_open(db, &s, err, errlen) != 0)
         return -1;
@@ -164,7 +135,11 @@ static int sql_path(const char *db, double *us_per_claim, char *err, size_t errl
             snprintf(err, errlen, "only %d rows left to claim", n);
             goto fail;
         }
+        if (i == 0)
+            first = seq[0];
     }
+    if (undo && bench_sql_unclaim(s, first, err, errlen) != 0)
+        goto fail;
     *us_per_claim = bench_median(t, CLAIM_SQL_ROUNDS);
     bench_sql_close(s);
     return 0;
@@ -182,7 +157,6 @@ int sc_claim(bench *b, bench_report *r)
     long big_rows = b->claim_rows;
     long measured = b->quick ? 2000 : 5000; /* messages timed per relay run */
     uint64_t t0;
-    int64_t cursor = 0;
     int i;
 
     snprintf(r->title, sizeof r->title,
@@ -204,7 +178,7 @@ int sc_claim(bench *b, bench_report *r)
         }
     }
     if (bench_dataset_build_fast(small, 10000, &sh, err, sizeof err) != 0 ||
-        sql_path(small, &sql_small, err, sizeof err) != 0) {
+        sql_path(small, 0, &sql_small, err, sizeof err) != 0) {
         bench_fail(r, "10k SQL: %s", err);
         return -1;
     }
@@ -218,8 +192,7 @@ int sc_claim(bench *b, bench_report *r)
     }
     build_s = (double)(bench_mono_us() - t0) / 1e6;
     bench_progress(b, "built in %.1f s; measuring", build_s);
-    if (sql_cursor(big, 1, &cursor, err, sizeof err) != 0 || sql_path(big, &sql_big, err, sizeof err) != 0 ||
-        sql_cursor(big, 0, &cursor, err, sizeof err) != 0) {
+    if (sql_path(big, 1, &sql_big, err, sizeof err) != 0) {
         bench_fail(r, "%ld SQL: %s", big_rows, err);
         bench_unlink_db(big);
         return -1;

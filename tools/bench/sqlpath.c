@@ -117,20 +117,27 @@ int bench_sql_exec(bench_sql *s, const char *sql, char *err, size_t errlen)
     return bench_exec(s->h, sql, err, errlen);
 }
 
+/* Reads the columns of a row to send, at these indexes, as the relay's
+ * outbox__encode_row does. */
+static void read_row(sqlite3_stmt *st, int id, int topic, int key, int payload, int headers)
+{
+    (void)sqlite3_column_text(st, id);
+    (void)sqlite3_column_bytes(st, id);
+    (void)sqlite3_column_text(st, topic);
+    (void)sqlite3_column_bytes(st, topic);
+    if (sqlite3_column_type(st, key) != SQLITE_NULL)
+        (void)sqlite3_column_text(st, key);
+    (void)sqlite3_column_blob(st, payload);
+    (void)sqlite3_column_bytes(st, payload);
+    if (sqlite3_column_type(st, headers) != SQLITE_NULL)
+        (void)sqlite3_column_blob(st, headers);
+}
+
 /* Reads a claimed row's columns as the relay's take_row does. */
 static void read_claimed(sqlite3_stmt *st, int64_t *seq, int64_t *token, int token_col)
 {
     *seq = sqlite3_column_int64(st, 0);
-    (void)sqlite3_column_text(st, 1);
-    (void)sqlite3_column_bytes(st, 1);
-    (void)sqlite3_column_text(st, 2);
-    (void)sqlite3_column_bytes(st, 2);
-    if (sqlite3_column_type(st, 3) != SQLITE_NULL)
-        (void)sqlite3_column_text(st, 3);
-    (void)sqlite3_column_blob(st, 4);
-    (void)sqlite3_column_bytes(st, 4);
-    if (sqlite3_column_type(st, 5) != SQLITE_NULL)
-        (void)sqlite3_column_blob(st, 5);
+    read_row(st, 1, 2, 3, 4, 5);
     *token = sqlite3_column_int64(st, token_col);
 }
 
@@ -138,16 +145,7 @@ static void read_claimed(sqlite3_stmt *st, int64_t *seq, int64_t *token, int tok
  * in src/relay/claim.c). */
 static void read_walked(sqlite3_stmt *st)
 {
-    (void)sqlite3_column_text(st, 6);
-    (void)sqlite3_column_bytes(st, 6);
-    (void)sqlite3_column_text(st, 1);
-    (void)sqlite3_column_bytes(st, 1);
-    if (sqlite3_column_type(st, 2) != SQLITE_NULL)
-        (void)sqlite3_column_text(st, 2);
-    (void)sqlite3_column_blob(st, 7);
-    (void)sqlite3_column_bytes(st, 7);
-    if (sqlite3_column_type(st, 8) != SQLITE_NULL)
-        (void)sqlite3_column_blob(st, 8);
+    read_row(st, 6, 1, 2, 7, 8);
     (void)sqlite3_column_int64(st, 9);
     (void)sqlite3_column_int64(st, 10);
 }
@@ -231,6 +229,16 @@ int bench_sql_claim(bench_sql *s, int batch, int64_t now, int64_t *seq, int64_t 
 sqlerr:
     snprintf(err, errlen, "claim: %s", sqlite3_errmsg(s->h));
     return -1;
+}
+
+int bench_sql_unclaim(bench_sql *s, int64_t from, char *err, size_t errlen)
+{
+    char sql[200];
+    snprintf(sql, sizeof sql,
+             "BEGIN IMMEDIATE; DELETE FROM outbox_batch WHERE owner = '%s'; UPDATE outbox_cursor SET new_from = %lld; "
+             "COMMIT",
+             owner, (long long)from);
+    return bench_exec(s->h, sql, err, errlen);
 }
 
 /* A stream entry id of the shape Redis gives (ms-seq). */
