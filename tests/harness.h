@@ -113,6 +113,13 @@ void th_sql_exec(sqlite3 *db, const char *fmt, ...);
 /* The first column of the first row as an integer (NULL or no row: 0);
  * bails on error. */
 int64_t th_sql_int(sqlite3 *db, const char *fmt, ...);
+/* Runs sql on db while a connection of its own to path holds the write lock
+ * for hold_ms (taken 20 ms before sql starts, on a thread); returns sql's
+ * result code, with how long it ran in *took_ms and how long after the
+ * lock's release it ended in *late_ms (negative: before it). Bails if the
+ * lock cannot be taken. */
+int th_sql_while_locked(sqlite3 *db, const char *path, int hold_ms, const char *sql, double *took_ms,
+                        double *late_ms);
 /* A file's contents, malloc'd and NUL-terminated ("" when missing). */
 char *th_slurp(const char *path);
 

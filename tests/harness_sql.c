@@ -3,10 +3,58 @@
  */
 #include "harness.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "tap.h"
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct lock_holder {
+    const char *path;
+    int hold_ms;
+    uint64_t released_ns; /* right after its COMMIT */
+} lock_holder;
+
+static void *hold_lock(void *arg)
+{
+    lock_holder *h = arg;
+    sqlite3 *db = NULL;
+    if (sqlite3_open_v2(h->path, &db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK ||
+        sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        bail("cannot take the write lock of %s: %s", h->path, sqlite3_errmsg(db));
+    th_sleep_ms(h->hold_ms);
+    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
+    h->released_ns = mono_ns();
+    sqlite3_close(db);
+    return NULL;
+}
+
+int th_sql_while_locked(sqlite3 *db, const char *path, int hold_ms, const char *sql, double *took_ms,
+                        double *late_ms)
+{
+    lock_holder h = {path, hold_ms, 0};
+    pthread_t t;
+    uint64_t t0, t1;
+    int rc;
+    if (pthread_create(&t, NULL, hold_lock, &h) != 0)
+        bail("cannot start the lock holder");
+    th_sleep_ms(20);
+    t0 = mono_ns();
+    rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+    t1 = mono_ns();
+    pthread_join(t, NULL);
+    *took_ms = (double)(t1 - t0) / 1e6;
+    *late_ms = ((double)t1 - (double)h.released_ns) / 1e6;
+    return rc;
+}
 
 void th_sql_exec(sqlite3 *db, const char *fmt, ...)
 {

@@ -6,8 +6,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <uv.h>
-
 #include "harness.h"
 #include "outbox.h"
 #include "tap.h"
@@ -506,44 +504,13 @@ static void test_durability(void)
     free(p);
 }
 
-typedef struct lock_holder {
-    const char *path;
-    int hold_ms;
-    uint64_t released_ns; /* uv_hrtime() right after its COMMIT */
-} lock_holder;
-
-/* Holds the write lock through a plain connection of its own for hold_ms. */
-static void hold_lock(void *arg)
-{
-    lock_holder *h = arg;
-    sqlite3 *db = raw_open(h->path);
-    if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-        bail("cannot take the lock: %s", sqlite3_errmsg(db));
-    uv_sleep((unsigned)h->hold_ms);
-    sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
-    h->released_ns = uv_hrtime();
-    sqlite3_close(db);
-}
-
 /* BEGIN IMMEDIATE on db while another connection holds the lock for hold_ms
- * (taken 20 ms before); its result, how long it took, and how long after
- * the release it got the lock (negative: it gave up first). */
+ * (th_sql_while_locked), rolled back if it succeeds. */
 static int begin_while_locked(sqlite3 *db, const char *path, int hold_ms, double *took_ms, double *late_ms)
 {
-    lock_holder h = {path, hold_ms, 0};
-    uv_thread_t t;
-    uint64_t t0, t1;
-    int rc;
-    uv_thread_create(&t, hold_lock, &h);
-    uv_sleep(20);
-    t0 = uv_hrtime();
-    rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-    t1 = uv_hrtime();
-    uv_thread_join(&t);
+    int rc = th_sql_while_locked(db, path, hold_ms, "BEGIN IMMEDIATE", took_ms, late_ms);
     if (rc == SQLITE_OK)
         sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-    *took_ms = (double)(t1 - t0) / 1e6;
-    *late_ms = ((double)t1 - (double)h.released_ns) / 1e6;
     return rc;
 }
 

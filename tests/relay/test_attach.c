@@ -56,38 +56,17 @@ static int64_t wait_ms(sqlite3 *db)
     return ms;
 }
 
-typedef struct holder {
-    int hold_ms;
-} holder;
-
-/* Holds the write lock through a connection of its own for hold_ms. */
-static void hold_lock(void *arg)
-{
-    holder *h = arg;
-    sqlite3 *db = rt_open(dbpath);
-    th_sql_exec(db, "BEGIN IMMEDIATE");
-    uv_sleep((unsigned)h->hold_ms);
-    th_sql_exec(db, "COMMIT");
-    sqlite3_close_v2(db);
-}
-
 /* Inserts one row through db while another connection holds the write lock
- * for hold_ms (taken 20 ms before the insert); returns its result code and
- * the insert's time in *took. */
+ * for hold_ms (th_sql_while_locked); returns its result code and the
+ * insert's time in *took. */
 static int insert_while_locked(sqlite3 *db, const char *id, int hold_ms, int64_t *took)
 {
     char sql[200];
-    uv_thread_t t;
-    holder h = {hold_ms};
-    int64_t t0;
+    double took_ms, late_ms;
     int rc;
-    uv_thread_create(&t, hold_lock, &h);
-    uv_sleep(20);
     snprintf(sql, sizeof sql, "INSERT INTO outbox(id, topic, payload) VALUES ('%s', 'a', x'00')", id);
-    t0 = th_now_ms();
-    rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
-    *took = th_now_ms() - t0;
-    uv_thread_join(&t);
+    rc = th_sql_while_locked(db, dbpath, hold_ms, sql, &took_ms, &late_ms);
+    *took = (int64_t)took_ms;
     return rc;
 }
 
