@@ -1,5 +1,5 @@
 /*
- * rc.h: what the tests of the libuv Redis connection (src/redis.c,
+ * rc.h: what the tests of the libuv Redis connection (src/redis/redis.c,
  * test_redis_conn_*.c) share: a connection on its own loop whose callbacks
  * record what they saw (how often, with which status, in which order), so
  * that the checks come after the loop ran and a missing or doubled callback
@@ -17,7 +17,7 @@
 #include <uv.h>
 
 #include "harness.h"
-#include "redis.h"
+#include "redis/redis.h"
 #include "tap.h"
 
 /* Timing bounds are multiplied by this under valgrind (rc_setup). */

@@ -13,7 +13,7 @@
 
 #include "harness.h"
 #include "outbox.h"
-#include "redis.h"
+#include "redis/redis.h"
 #include "tap.h"
 
 void *__real_malloc(size_t n);

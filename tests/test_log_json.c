@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "harness.h"
-#include "internal.h"
+#include "util/util.h"
 #include "outbox.h"
 #include "tap.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_redis_conn_callbacks.c: the libuv Redis connection (src/redis.c)
+ * test_redis_conn_callbacks.c: the libuv Redis connection (src/redis/redis.c)
  * calls every callback exactly once: close() and new commands from inside
  * reply and connect callbacks, and a redis-server killed (then restarted,
  * then stopped) with 2,000 commands in flight. Helpers: rc.h.

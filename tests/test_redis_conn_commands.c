@@ -1,5 +1,5 @@
 /*
- * test_redis_conn_commands.c: the libuv Redis connection (src/redis.c)
+ * test_redis_conn_commands.c: the libuv Redis connection (src/redis/redis.c)
  * running commands on a real redis-server: over a Unix socket and TCP (by
  * address and by host name), binary-safe arguments, error replies, FIFO
  * order, SELECT and CLIENT SETNAME from the URL and the options, 10,000

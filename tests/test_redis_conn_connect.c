@@ -1,5 +1,5 @@
 /*
- * test_redis_conn_connect.c: the libuv Redis connection (src/redis.c)
+ * test_redis_conn_connect.c: the libuv Redis connection (src/redis/redis.c)
  * before and while it connects: commands and close() before the connection
  * is up, invalid arguments, refused connections (TCP, by name, Unix), a host
  * name that does not resolve, close() while resolving, and AUTH (password,

@@ -1,5 +1,5 @@
 /*
- * test_redis_conn_failures.c: the libuv Redis connection (src/redis.c)
+ * test_redis_conn_failures.c: the libuv Redis connection (src/redis/redis.c)
  * against a server that misbehaves: a real redis-server that does not
  * answer in time (reply timeout), and a fake one (fake_server.c) that splits
  * replies, sends garbage, stays silent, never accepts or hangs up mid-reply.

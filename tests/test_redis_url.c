@@ -5,8 +5,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "redis.h"
-#include "sentinel.h"
+#include "redis/redis.h"
+#include "redis/sentinel.h"
 #include "tap.h"
 
 typedef struct accept_case {

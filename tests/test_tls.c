@@ -1,5 +1,5 @@
 /*
- * test_tls.c: TLS on the project's Redis connection (src/tls.c, redis.c with
+ * test_tls.c: TLS on the project's Redis connection (src/redis/tls.c, redis.c with
  * rediss:// URLs) against real redis-servers with TLS ports, certificates
  * made by the `openssl` command at test time (tls_certs.c), and against a
  * misbehaving TLS peer.
@@ -14,10 +14,10 @@
 #include <openssl/crypto.h>
 
 #include "consumer/ct.h"
-#include "rconn.h"
-#include "redis.h"
+#include "redis/rconn.h"
+#include "redis/redis.h"
 #include "tap.h"
-#include "tls.h"
+#include "redis/tls.h"
 #include "tls_certs.h"
 
 static int slow = 1;

@@ -1,4 +1,4 @@
-/* The growable string buffer (src/sbuf.h) and the JSON writer that
+/* The growable string buffer (src/util/sbuf.h) and the JSON writer that
  * outbox-replay and outbox-consume share (tools/common/json.h): escapes,
  * invalid UTF-8, base64 padding, and msgpack in both styles. */
 #include <string.h>
@@ -6,7 +6,7 @@
 #include <msgpack.h>
 
 #include "../tools/common/json.h"
-#include "sbuf.h"
+#include "util/sbuf.h"
 #include "tap.h"
 
 static char *json(const void *s, size_t n)

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "relay_int.h"
-#include "sqlite_util.h"
+#include "store/sqlite_util.h"
 
 /* One attached connection. Its address is the WAL hook's and the busy
  * handler's argument, so records are never moved while attached. */

@@ -9,7 +9,7 @@
 
 #include "relay_int.h"
 #include "sql.h"
-#include "sqlite_util.h"
+#include "store/sqlite_util.h"
 
 static const struct {
     size_t off;

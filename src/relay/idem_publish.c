@@ -1,7 +1,7 @@
 /*
  * idem_publish.c: idempotent publishing (--idempotent): one script call per
  * stream per batch appends each message only if its publish marker does not
- * exist (src/idem.c has the script and its reply format). A message behind
+ * exist (src/relay/idem.c has the script and its reply format). A message behind
  * one of its key from an earlier call is sent once that one is appended.
  * The stream and its markers share a slot, so on a cluster each call goes
  * to one node; the script is loaded on each node as it connects. Loop
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "idem.h"
+#include "relay/idem.h"
 #include "relay_int.h"
 
 

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cluster.h"
+#include "redis/cluster/cluster.h"
 #include "relay_int.h"
 
 #define RECHECK_MS 10000

@@ -35,14 +35,14 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "cluster.h"
-#include "http.h"
-#include "internal.h"
-#include "metrics.h"
+#include "redis/cluster/cluster.h"
+#include "ops/http.h"
+#include "util/util.h"
+#include "ops/metrics.h"
 #include "outbox/relay.h"
 #include "outbox/schema.h"
-#include "rconn.h"
-#include "redis.h"
+#include "redis/rconn.h"
+#include "redis/redis.h"
 
 /* What became of one message; decides its mark. */
 enum outcome {

@@ -1,5 +1,5 @@
 /*
- * test_cluster_routing.c: the cluster layer (src/cluster.c) against scripted
+ * test_cluster_routing.c: the cluster layer (src/redis/cluster/cluster.c) against scripted
  * fake nodes: the exact sequence of commands each redirection leads to,
  * the slot map's fallback to CLUSTER SLOTS, retries within the deadline,
  * malformed redirections, redirect loops, a node that disappears, and every
@@ -14,12 +14,12 @@
 
 #include <uv.h>
 
-#include "cluster.h"
+#include "redis/cluster/cluster.h"
 #include "fake_node.h"
 #include "harness.h"
-#include "idem.h"
-#include "redis.h"
-#include "slot.h"
+#include "relay/idem.h"
+#include "redis/redis.h"
+#include "redis/cluster/slot.h"
 #include "tap.h"
 
 typedef struct rec {

@@ -22,7 +22,7 @@
 #include "tap.h"
 
 #define N_CONNS 100
-#define MAX_CONNS 64 /* the server's limit (src/http.c) */
+#define MAX_CONNS 64 /* the server's limit (src/ops/http.c) */
 
 static th_redis redis;
 static char *dir, *dbpath, *logpath;

@@ -1,6 +1,6 @@
 /*
  * json.h: the JSON text that outbox-replay and outbox-consume print, written
- * into an outbox__sbuf (src/sbuf.h): strings, base64 and msgpack objects.
+ * into an outbox__sbuf (src/util/sbuf.h): strings, base64 and msgpack objects.
  *
  * Every function appends to b; an allocation failure shows as b->oom, which
  * the caller checks once after building its text.
@@ -12,7 +12,7 @@
 
 #include <msgpack.h>
 
-#include "sbuf.h"
+#include "util/sbuf.h"
 
 /* n bytes of s as a JSON string: quotes, backslashes and control characters
  * escaped, U+2028/U+2029 escaped for JavaScript consumers, and every byte

@@ -15,7 +15,7 @@
 #include <msgpack.h>
 #include <uv.h>
 
-#include "internal.h"
+#include "util/util.h"
 #include "json.h"
 #include "outbox.h"
 

@@ -13,7 +13,7 @@
 #include <uv.h>
 
 #include "config.h"
-#include "internal.h"
+#include "util/util.h"
 #include "outbox.h"
 
 enum { EXIT_OK = 0, EXIT_FATAL = 1, EXIT_USAGE = 2 };

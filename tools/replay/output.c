@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "internal.h"
+#include "util/util.h"
 #include "replay.h"
 
 outbox_log_fn replay_log;

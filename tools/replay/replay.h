@@ -18,7 +18,7 @@
 
 #include "args.h"
 #include "outbox.h"
-#include "sbuf.h"
+#include "util/sbuf.h"
 
 #define REPLAY_PROG "outbox-replay"
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "util/util.h"
 #include "json.h"
 #include "replay.h"
 

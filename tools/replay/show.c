@@ -8,12 +8,12 @@
 #include <msgpack.h>
 
 #include "json.h"
-#include "msgpack_check.h"
+#include "store/msgpack_check.h"
 #include "replay.h"
 
 /* Decodes headers for show. Returns 0 with u holding exactly one object,
  * or -1 with *why (u is then empty). Bounds are checked before msgpack-c
- * allocates anything (see src/msgpack_check.h). */
+ * allocates anything (see src/store/msgpack_check.h). */
 static int decode_headers(const void *data, size_t len, msgpack_unpacked *u, const char **why)
 {
     size_t used = 0, off = 0;

@@ -1,0 +1,83 @@
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/sbuf.h"
+
+/* Makes room for extra more bytes plus the terminating NUL. Returns 0, or -1
+ * with oom set. */
+static int reserve(outbox__sbuf *b, size_t extra)
+{
+    size_t nc;
+    char *np;
+    if (b->oom)
+        return -1;
+    if (b->p && b->len + extra < b->cap)
+        return 0;
+    nc = b->cap ? b->cap * 2 : 4096;
+    while (nc < b->len + extra + 1)
+        nc *= 2;
+    np = realloc(b->p, nc);
+    if (!np) {
+        b->oom = 1;
+        return -1;
+    }
+    b->p = np;
+    b->cap = nc;
+    return 0;
+}
+
+void outbox__sbuf_printf(outbox__sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    if (b->oom)
+        return;
+    for (;;) {
+        size_t room = b->cap - b->len;
+        va_start(ap, fmt);
+        n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && (size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        if (reserve(b, (size_t)n) != 0)
+            return;
+    }
+}
+
+void outbox__sbuf_put(outbox__sbuf *b, const void *s, size_t n)
+{
+    if (reserve(b, n) != 0)
+        return;
+    /* s may be NULL when n is 0 (an empty blob from SQLite). */
+    if (n)
+        memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void outbox__sbuf_puts(outbox__sbuf *b, const char *s)
+{
+    outbox__sbuf_put(b, s, strlen(s));
+}
+
+void outbox__sbuf_reset(outbox__sbuf *b)
+{
+    b->len = 0;
+    b->oom = 0;
+    if (b->p)
+        b->p[0] = '\0';
+}
+
+void outbox__sbuf_free(outbox__sbuf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
