@@ -21,22 +21,6 @@ void outbox__hist_observe(outbox__hist *h, double v)
     h->sum += v;
 }
 
-double outbox__hist_quantile(const outbox__hist *h, double q)
-{
-    uint64_t want, seen = 0;
-    if (h->count == 0)
-        return 0;
-    want = (uint64_t)(q * (double)h->count);
-    if (want >= h->count)
-        want = h->count - 1;
-    for (size_t i = 0; i <= h->n; i++) {
-        seen += h->counts[i];
-        if (seen > want)
-            return i < h->n ? h->bounds[i] : h->bounds[h->n - 1];
-    }
-    return h->bounds[h->n - 1];
-}
-
 void outbox__prom_hist(outbox__sbuf *b, const char *name, const char *labels, const outbox__hist *h)
 {
     uint64_t cum = 0;

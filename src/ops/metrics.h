@@ -22,9 +22,6 @@ typedef struct outbox__hist {
 
 void outbox__hist_init(outbox__hist *h, const double *bounds, size_t n);
 void outbox__hist_observe(outbox__hist *h, double v);
-/* The value below which fraction q of the observations fall, from the
- * buckets (upper bound of the bucket holding it); 0 without data. */
-double outbox__hist_quantile(const outbox__hist *h, double q);
 /* name{labels,le="..."} lines plus _sum and _count; labels may be "". */
 void outbox__prom_hist(outbox__sbuf *b, const char *name, const char *labels, const outbox__hist *h);
 

@@ -85,11 +85,6 @@ int outbox__relay_step_done(outbox_relay *r, sqlite3_stmt *st)
     return rc == SQLITE_DONE || rc == SQLITE_ROW ? 0 : outbox__relay_sqlerr(r, rc);
 }
 
-int outbox__relay_exec(outbox_relay *r, const char *sql)
-{
-    return outbox__relay_sqlerr(r, sqlite3_exec(r->db.conn, sql, NULL, NULL, NULL));
-}
-
 int outbox__relay_db_prepare(outbox_relay *r, char *err, size_t errlen)
 {
     size_t i;

@@ -414,8 +414,6 @@ int outbox__relay_step_int(outbox_relay *r, sqlite3_stmt *st, int64_t dflt, int6
 /* Steps a statement that returns nothing (or whose rows are not read) and
  * resets it. 0 or OUTBOX_E*. */
 int outbox__relay_step_done(outbox_relay *r, sqlite3_stmt *st);
-/* sqlite3_exec on the relay's connection, mapped. */
-int outbox__relay_exec(outbox_relay *r, const char *sql);
 
 /* ---- encode.c (pure: any thread) ---- */
 

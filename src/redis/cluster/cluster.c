@@ -182,11 +182,6 @@ static outbox__cluster_node *slot_node(const outbox__cluster *c, unsigned slot)
     return i ? c->nodes[i - 1] : NULL;
 }
 
-outbox__cluster_node *outbox__cluster_node_for_key(const outbox__cluster *c, const char *key, size_t klen)
-{
-    return c && c->ready ? slot_node(c, outbox__key_slot(key, klen)) : NULL;
-}
-
 /* The command's callback, once; k is freed first (the callback may close
  * the cluster). */
 static void deliver(ccmd *k, outbox__redis *conn, int status, redisReply *reply)

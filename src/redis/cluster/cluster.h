@@ -147,8 +147,6 @@ int outbox__cluster_node_command_argv(outbox__cluster *c, outbox__cluster_node *
 
 /* The node whose current connection conn is, or NULL. */
 outbox__cluster_node *outbox__cluster_node_of(const outbox__cluster *c, const outbox__redis *conn);
-/* The node serving key's slot in the current map, or NULL without a map. */
-outbox__cluster_node *outbox__cluster_node_for_key(const outbox__cluster *c, const char *key, size_t klen);
 
 /* Per node counters, for stats and /metrics. */
 typedef struct outbox__cluster_node_stats {
