@@ -1,3 +1,10 @@
+/*
+ * metrics.c: the building blocks of the Prometheus exposition (see
+ * metrics.h): fixed-bucket histograms and their text, and the per-topic
+ * counters, a small open-addressing table whose size is bounded (topics
+ * beyond the limit share one entry) because topic names come from rows that
+ * anyone may write.
+ */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

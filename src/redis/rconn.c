@@ -1,3 +1,11 @@
+/*
+ * rconn.c: a Redis connection that keeps itself connected (see rconn.h):
+ * reconnects with backoff on a uv timer, Sentinel URLs resolved before every
+ * attempt (and the named node's ROLE checked), master switches followed,
+ * and log lines rate-limited so that a long outage does not flood the log.
+ * The consumer's connections and the relay's link to one node or a Sentinel
+ * URL are rconns; a Redis Cluster's nodes are the cluster module's own.
+ */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>

@@ -1,3 +1,11 @@
+/*
+ * idem.c: the pieces of idempotent publishing that do not touch a
+ * connection (see idem.h): the script Redis runs, the marker key of a
+ * message (always in its stream's Cluster slot), the EVALSHA (or EVAL)
+ * call for a batch of one stream, and the reading of the script's reply.
+ * The relay's side, which sends these calls and settles the messages, is
+ * idem_publish.c.
+ */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

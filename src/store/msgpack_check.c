@@ -1,3 +1,9 @@
+/*
+ * msgpack_check.c: a walk over msgpack bytes that checks every declared
+ * length against the bytes that remain, before msgpack-c is given them (why:
+ * see msgpack_check.h). It allocates nothing and needs no recursion: an
+ * explicit stack of bounded depth holds the elements still to be read.
+ */
 #include <stdint.h>
 
 #include "store/msgpack_check.h"

@@ -1,3 +1,9 @@
+/*
+ * error.c: the library's error codes as text (outbox_strerror,
+ * outbox_err_name, both from the one table OUTBOX_ERRNO_MAP in
+ * outbox/common.h), outbox__errf for the messages that go with them, and
+ * the version string and wall clock every part of the library reads.
+ */
 #include <sys/time.h>
 #include <time.h>
 

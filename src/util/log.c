@@ -1,3 +1,10 @@
+/*
+ * log.c: the library's logging. Modules format a logfmt fragment with
+ * outbox__log(); the application's sink receives it, or one of the two sinks
+ * shipped here writes it to stderr as logfmt or as one JSON object per line.
+ * Writing a line allocates nothing and takes one write call, so logging
+ * works without memory and lines of concurrent threads do not interleave.
+ */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>

@@ -1,3 +1,9 @@
+/*
+ * sbuf.c: the growable string buffer of sbuf.h. An allocation failure is
+ * remembered in the buffer instead of returned from every append, so that
+ * code building a long text (the /metrics page, the tools' JSON) checks once
+ * at the end.
+ */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
