@@ -292,14 +292,3 @@ void outbox__logfmt_quote(char *buf, size_t len, const char *value)
 #undef PUT
     buf[o] = '\0';
 }
-
-size_t outbox__strlcpy(char *dst, const char *src, size_t len)
-{
-    size_t n = strlen(src);
-    if (len) {
-        size_t c = n < len - 1 ? n : len - 1;
-        memcpy(dst, src, c);
-        dst[c] = '\0';
-    }
-    return n;
-}

@@ -1,14 +1,17 @@
 /*
- * internal.h: helpers shared by the library's modules (not installed).
+ * util.h: helpers shared by the library's modules (not installed). The
+ * string helpers are declared in str.h, which this header includes, so that
+ * a module that logs has them too.
  */
-#ifndef OUTBOX_SRC_INTERNAL_H
-#define OUTBOX_SRC_INTERNAL_H
+#ifndef OUTBOX_SRC_UTIL_H
+#define OUTBOX_SRC_UTIL_H
 
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "outbox/common.h"
+#include "util/str.h"
 
 #define OUTBOX_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -41,18 +44,6 @@ size_t outbox__log_json_format(char *out, size_t cap, const char *ts, outbox_log
  * quotes, '=' or control characters, otherwise quoted with \" \\ \n escapes
  * and other control bytes as \xNN. Always NUL-terminates (truncates). */
 void outbox__logfmt_quote(char *buf, size_t len, const char *value);
-
-/* The length of the longest valid UTF-8 prefix of s (len when all of it is
- * valid): overlong forms, surrogates and code points above U+10FFFF are
- * invalid. */
-size_t outbox__utf8_prefix(const unsigned char *s, size_t len);
-/* The length (1..4) of the valid UTF-8 sequence at the start of s (n bytes),
- * with its code point in *cp; 0 if the bytes there are not valid UTF-8 (by
- * the rules above) or n is 0. */
-size_t outbox__utf8_seq(const unsigned char *s, size_t n, uint32_t *cp);
-
-/* Copies at most len-1 bytes and NUL-terminates; returns src's length. */
-size_t outbox__strlcpy(char *dst, const char *src, size_t len);
 
 /* The exact size of e's envelope, and the envelope written at out (that many
  * bytes; returns their end): outbox_envelope_encode without its checks and
