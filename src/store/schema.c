@@ -25,32 +25,6 @@ static const char *const required_columns[] = {
 /* The message only: callers return their own code. */
 #define set_err(err, errlen, ...) ((void)outbox__errf(err, errlen, 0, __VA_ARGS__))
 
-int outbox__sqlite_code(int rc)
-{
-    switch (rc & 0xff) {
-    case SQLITE_OK:
-    case SQLITE_ROW:
-    case SQLITE_DONE:
-        return 0;
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-        return OUTBOX_EBUSY;
-    case SQLITE_NOMEM:
-        return OUTBOX_ENOMEM;
-    case SQLITE_NOTADB:
-    case SQLITE_CORRUPT:
-        return OUTBOX_ENOTDB;
-    case SQLITE_IOERR:
-    case SQLITE_FULL:
-    case SQLITE_CANTOPEN:
-    case SQLITE_READONLY:
-    case SQLITE_PERM:
-        return OUTBOX_EIO;
-    default:
-        return OUTBOX_ESQLITE;
-    }
-}
-
 /*
  * outbox_db_busy_wait's handler (why naps: see the header). arg is the total
  * wait in ms. A connection waits on one thread at a time, so the start of
@@ -225,24 +199,6 @@ int outbox_db_is_durable(sqlite3 *db)
     if (rc != 0)
         return rc;
     return level >= 2;
-}
-
-int outbox__sqlite_int(sqlite3 *db, const char *sql, int64_t *value)
-{
-    sqlite3_stmt *st = NULL;
-    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
-    if (rc == SQLITE_OK) {
-        rc = sqlite3_step(st);
-        if (rc == SQLITE_ROW) {
-            *value = sqlite3_column_int64(st, 0);
-            rc = SQLITE_OK;
-        } else if (rc == SQLITE_DONE) {
-            *value = 0;
-            rc = SQLITE_OK;
-        }
-    }
-    sqlite3_finalize(st);
-    return outbox__sqlite_code(rc);
 }
 
 /* Looks at the outbox table: 0 if it does not exist (*exists = 0), or

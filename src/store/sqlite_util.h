@@ -1,5 +1,8 @@
 /*
- * sqlite_util.h: small SQLite helpers shared by the library's modules.
+ * sqlite_util.h: small SQLite helpers shared by the library's modules. The
+ * result codes and one-value queries are sqlite_util.c's; the busy wait's
+ * two helpers belong to outbox_db_busy_wait and live beside it, in
+ * schema.c.
  */
 #ifndef OUTBOX_SRC_SQLITE_UTIL_H
 #define OUTBOX_SRC_SQLITE_UTIL_H
