@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "redis/redis_int.h"
+#include "util/array.h"
 
 #define OBUF_MIN 4096
 /* A write buffer larger than this is released after use instead of being
@@ -43,8 +44,6 @@ static void on_write(uv_write_t *req, int status);
 
 int outbox__redis_io_obuf_reserve(outbox__redis *r, size_t extra)
 {
-    size_t cap;
-    char *n;
     if (r->ocap - r->olen >= extra)
         return 0;
     if (r->osent > 0) {
@@ -54,18 +53,7 @@ int outbox__redis_io_obuf_reserve(outbox__redis *r, size_t extra)
         if (r->ocap - r->olen >= extra)
             return 0;
     }
-    cap = r->ocap ? r->ocap : OBUF_MIN;
-    while (cap - r->olen < extra) {
-        if (cap > SIZE_MAX / 2)
-            return OUTBOX_ENOMEM;
-        cap *= 2;
-    }
-    n = realloc(r->obuf, cap);
-    if (!n)
-        return OUTBOX_ENOMEM;
-    r->obuf = n;
-    r->ocap = cap;
-    return 0;
+    return OUTBOX__GROW(r->obuf, &r->ocap, r->olen, extra, OBUF_MIN);
 }
 
 void outbox__redis_io_schedule_flush(outbox__redis *r)

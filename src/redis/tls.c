@@ -32,6 +32,7 @@
 
 #include "util/util.h"
 #include "redis/tls.h"
+#include "util/array.h"
 
 /* The longest server name, with its NUL. */
 #define NAME_CAP 256
@@ -480,16 +481,8 @@ int outbox__tls_take(outbox__tls *t, char **buf, size_t *len, size_t *cap)
     size_t pending;
     while ((pending = BIO_ctrl_pending(t->wbio)) > 0) {
         int chunk = pending > INT_MAX ? INT_MAX : (int)pending, r;
-        if (*cap - *len < (size_t)chunk) {
-            size_t ncap = *cap ? *cap : 4096;
-            char *nb;
-            while (ncap - *len < (size_t)chunk)
-                ncap *= 2;
-            if (!(nb = realloc(*buf, ncap)))
-                return OUTBOX_ENOMEM;
-            *buf = nb;
-            *cap = ncap;
-        }
+        if (OUTBOX__GROW(*buf, cap, *len, (size_t)chunk, 4096) != 0)
+            return OUTBOX_ENOMEM;
         r = BIO_read(t->wbio, *buf + *len, chunk);
         if (r <= 0)
             break;

@@ -11,6 +11,7 @@
 
 #include "relay_int.h"
 #include "sql.h"
+#include "util/array.h"
 
 static void answer(outbox_relay *r, outbox__http_req *req, const char *path);
 static void dbstat_refresh(outbox_relay *r);
@@ -332,18 +333,15 @@ static void on_http(void *data, outbox__http_req *req, const char *path)
         return;
     }
     if (r->ops.nwaiting == r->ops.capwaiting) {
-        size_t nc = r->ops.capwaiting ? r->ops.capwaiting * 2 : 8;
-        outbox__http_req **nr = realloc(r->ops.waiting_reqs, nc * sizeof *nr);
-        char **np;
-        if (nr)
-            r->ops.waiting_reqs = nr;
-        np = nr ? realloc(r->ops.waiting_paths, nc * sizeof *np) : NULL;
-        if (!nr || !np) {
+        /* Two arrays of one capacity: it goes up once both have grown (one
+         * that grew alone is merely bigger than it needs to be). */
+        size_t cap_reqs = r->ops.capwaiting, cap_paths = r->ops.capwaiting;
+        if (OUTBOX__GROW(r->ops.waiting_reqs, &cap_reqs, r->ops.nwaiting, 1, 8) != 0 ||
+            OUTBOX__GROW(r->ops.waiting_paths, &cap_paths, r->ops.nwaiting, 1, 8) != 0) {
             outbox__http_respond(req, 500, "text/plain", "out of memory\n", 14);
             return;
         }
-        r->ops.waiting_paths = np;
-        r->ops.capwaiting = nc;
+        r->ops.capwaiting = cap_paths;
     }
     r->ops.waiting_paths[r->ops.nwaiting] = strdup(path);
     if (!r->ops.waiting_paths[r->ops.nwaiting]) {

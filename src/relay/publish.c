@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "relay_int.h"
+#include "util/array.h"
 
 static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
@@ -100,14 +101,8 @@ static wait_group *group_for(outbox_relay *r, wait_set *ws, void *node)
     for (size_t i = 0; i < ws->n; i++)
         if (ws->g[i]->node == node)
             return ws->g[i];
-    if (ws->n == ws->cap) {
-        size_t nc = ws->cap ? ws->cap * 2 : 4;
-        wait_group **ng = realloc(ws->g, nc * sizeof *ng);
-        if (!ng)
-            return NULL;
-        ws->g = ng;
-        ws->cap = nc;
-    }
+    if (OUTBOX__GROW(ws->g, &ws->cap, ws->n, 1, 4) != 0)
+        return NULL;
     if (!(g = calloc(1, sizeof *g)))
         return NULL;
     g->r = r;
@@ -119,14 +114,8 @@ static wait_group *group_for(outbox_relay *r, wait_set *ws, void *node)
 /* Adds m to g; 0, or -1 without memory (m then has no group). */
 static int group_add(wait_group *g, msg *m)
 {
-    if (g->n == g->cap) {
-        size_t nc = g->cap ? g->cap * 2 : 64;
-        msg **nm = realloc(g->msgs, nc * sizeof *nm);
-        if (!nm)
-            return -1;
-        g->msgs = nm;
-        g->cap = nc;
-    }
+    if (g->n == g->cap && OUTBOX__GROW(g->msgs, &g->cap, g->n, 1, 64) != 0)
+        return -1;
     g->msgs[g->n++] = m;
     m->group = g;
     return 0;

@@ -10,27 +10,18 @@
 #include <string.h>
 
 #include "util/sbuf.h"
+#include "util/array.h"
 
 /* Makes room for extra more bytes plus the terminating NUL. Returns 0, or -1
  * with oom set. */
 static int reserve(outbox__sbuf *b, size_t extra)
 {
-    size_t nc;
-    char *np;
     if (b->oom)
         return -1;
-    if (b->p && b->len + extra < b->cap)
-        return 0;
-    nc = b->cap ? b->cap * 2 : 4096;
-    while (nc < b->len + extra + 1)
-        nc *= 2;
-    np = realloc(b->p, nc);
-    if (!np) {
+    if (OUTBOX__GROW(b->p, &b->cap, b->len + 1, extra, 4096) != 0) {
         b->oom = 1;
         return -1;
     }
-    b->p = np;
-    b->cap = nc;
     return 0;
 }
 

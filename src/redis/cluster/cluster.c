@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "redis/cluster/cluster_int.h"
+#include "util/array.h"
 
 void outbox__cluster_options_defaults(outbox__cluster_options *o)
 {
@@ -145,14 +146,8 @@ outbox__cluster_node *outbox__cluster_node_get(outbox__cluster *c, const char *h
     }
     if (c->nnodes == 65535)
         return NULL; /* the slot map holds node indexes in 16 bits */
-    if (c->nnodes == c->capnodes) {
-        size_t nc = c->capnodes ? c->capnodes * 2 : 8;
-        outbox__cluster_node **nn = realloc(c->nodes, nc * sizeof *nn);
-        if (!nn)
-            return NULL;
-        c->nodes = nn;
-        c->capnodes = nc;
-    }
+    if (OUTBOX__GROW(c->nodes, &c->capnodes, c->nnodes, 1, 8) != 0)
+        return NULL;
     if (!(n = calloc(1, sizeof *n)) || !(n->host = strndup(host, hlen))) {
         free(n);
         return NULL;
