@@ -77,7 +77,7 @@ void bench_note(bench_report *r, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    bench_str_printf(&r->notes, "  %s\n", line);
+    outbox__sbuf_printf(&r->notes, "  %s\n", line);
 }
 
 void bench_fail(bench_report *r, const char *fmt, ...)
@@ -89,54 +89,66 @@ void bench_fail(bench_report *r, const char *fmt, ...)
     va_end(ap);
 }
 
-static void json_escape(bench_str *s, const char *v)
+static void json_escape(outbox__sbuf *s, const char *v)
 {
-    bench_str_printf(s, "\"");
+    outbox__sbuf_printf(s, "\"");
     for (; *v; v++) {
         unsigned char c = (unsigned char)*v;
         if (c == '"' || c == '\\')
-            bench_str_printf(s, "\\%c", c);
+            outbox__sbuf_printf(s, "\\%c", c);
         else if (c < 0x20)
-            bench_str_printf(s, "\\u%04x", c);
+            outbox__sbuf_printf(s, "\\u%04x", c);
         else
-            bench_str_printf(s, "%c", c);
+            outbox__sbuf_printf(s, "%c", c);
     }
-    bench_str_printf(s, "\"");
+    outbox__sbuf_printf(s, "\"");
 }
 
 void bench_json_int(bench_report *r, const char *key, long long v)
 {
-    bench_str_printf(&r->json, ",\"%s\":%lld", key, v);
+    outbox__sbuf_printf(&r->json, ",\"%s\":%lld", key, v);
 }
 
 void bench_json_num(bench_report *r, const char *key, double v, int decimals)
 {
-    bench_str_printf(&r->json, ",\"%s\":", key);
-    bench_str_num(&r->json, v, decimals);
+    outbox__sbuf_printf(&r->json, ",\"%s\":", key);
+    bench_sbuf_num(&r->json, v, decimals);
 }
 
 void bench_json_str(bench_report *r, const char *key, const char *v)
 {
-    bench_str_printf(&r->json, ",\"%s\":", key);
+    outbox__sbuf_printf(&r->json, ",\"%s\":", key);
     json_escape(&r->json, v);
 }
 
 void bench_json_bool(bench_report *r, const char *key, int v)
 {
-    bench_str_printf(&r->json, ",\"%s\":%s", key, v ? "true" : "false");
+    outbox__sbuf_printf(&r->json, ",\"%s\":%s", key, v ? "true" : "false");
 }
 
-void bench_json_raw(bench_report *r, const char *key, const char *json)
+void bench_json_raw(bench_report *r, const char *key, const outbox__sbuf *json)
 {
-    bench_str_printf(&r->json, ",\"%s\":%s", key, json);
+    if (json->oom || !json->p)
+        r->json.oom = 1;
+    else
+        outbox__sbuf_printf(&r->json, ",\"%s\":%s", key, json->p);
+}
+
+/* A report whose text is incomplete is not printed: the run ends. */
+static void out_of_memory(void)
+{
+    fprintf(stderr, "%s: out of memory\n", prog);
+    exit(1);
 }
 
 static void print_report(const bench *b, const bench_report *r)
 {
-    bench_str line = {0};
+    outbox__sbuf line = {0};
     int i;
     size_t wm = 6, wv = 5, wt = 6;
 
+    if (r->json.oom || r->notes.oom)
+        out_of_memory();
     if (!b->json_only) {
         printf("\n== %s: %s ==\n", r->scenario, r->title);
         if (r->failed)
@@ -162,25 +174,27 @@ static void print_report(const bench *b, const bench_report *r)
         printf("  (scenario wall time %.1f s; 1-minute load average %.2f before, %.2f after, on %ld CPUs)\n",
                r->seconds, r->load_before, r->load_after, sysconf(_SC_NPROCESSORS_ONLN));
     }
-    bench_str_printf(&line, "BENCH {\"scenario\":\"%s\"", r->scenario);
+    outbox__sbuf_printf(&line, "BENCH {\"scenario\":\"%s\"", r->scenario);
     if (r->failed) {
-        bench_str_printf(&line, ",\"error\":");
+        outbox__sbuf_printf(&line, ",\"error\":");
         json_escape(&line, r->error);
     } else if (r->skipped) {
-        bench_str_printf(&line, ",\"skipped\":");
+        outbox__sbuf_printf(&line, ",\"skipped\":");
         json_escape(&line, r->error);
     } else {
         if (r->json.len)
-            bench_str_printf(&line, "%s", r->json.p);
-        bench_str_printf(&line, ",\"load1\":[%.2f,%.2f],\"wall_s\":%.1f", r->load_before, r->load_after,
+            outbox__sbuf_printf(&line, "%s", r->json.p);
+        outbox__sbuf_printf(&line, ",\"load1\":[%.2f,%.2f],\"wall_s\":%.1f", r->load_before, r->load_after,
                          r->seconds);
         if (r->has_target)
-            bench_str_printf(&line, ",\"pass\":%s", r->all_pass ? "true" : "false");
+            outbox__sbuf_printf(&line, ",\"pass\":%s", r->all_pass ? "true" : "false");
     }
-    bench_str_printf(&line, "}");
+    outbox__sbuf_printf(&line, "}");
+    if (line.oom)
+        out_of_memory();
     printf("%s\n", line.p);
     fflush(stdout);
-    bench_str_free(&line);
+    outbox__sbuf_free(&line);
 }
 
 /* ------------------------------------------------------------------ */
@@ -487,8 +501,8 @@ int main(int argc, char **argv)
         r.seconds = (double)(bench_mono_us() - t0) / 1e6;
         r.load_after = bench_loadavg();
         print_report(&b, &r);
-        bench_str_free(&r.json);
-        bench_str_free(&r.notes);
+        outbox__sbuf_free(&r.json);
+        outbox__sbuf_free(&r.notes);
         bench_redis_flush(&b);
     }
 

@@ -25,21 +25,11 @@
 #include <sqlite3.h>
 
 #include "outbox.h"
+#include "util/sbuf.h"
 
 #ifndef PATH_MAX
 #define PATH_MAX 4096
 #endif
-
-/* ------------------------------------------------------------------ */
-/* growable string (JSON lines, messages) */
-
-typedef struct bench_str {
-    char *p;
-    size_t len, cap;
-} bench_str;
-
-void bench_str_printf(bench_str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void bench_str_free(bench_str *s);
 
 /* ------------------------------------------------------------------ */
 /* the report of one scenario: a small table and one JSON object */
@@ -59,8 +49,10 @@ typedef struct bench_report {
     char title[512];
     bench_row rows[BENCH_MAX_ROWS];
     int nrows;
-    bench_str json; /* the members after "scenario", each starting with ',' */
-    bench_str notes; /* lines printed under the table */
+    /* Texts grow in outbox__sbuf (the library's); one that ran out of
+     * memory ends the run when the report is printed. */
+    outbox__sbuf json;  /* the members after "scenario", each starting with ',' */
+    outbox__sbuf notes; /* lines printed under the table */
     int failed;      /* the scenario could not run: error says why */
     char error[512];
     int skipped; /* not run on purpose: error says why */
@@ -78,9 +70,11 @@ void bench_json_int(bench_report *r, const char *key, long long v);
 void bench_json_num(bench_report *r, const char *key, double v, int decimals);
 void bench_json_str(bench_report *r, const char *key, const char *v);
 void bench_json_bool(bench_report *r, const char *key, int v);
-void bench_json_raw(bench_report *r, const char *key, const char *json);
+/* json: JSON text built by the caller (a buffer out of memory makes the
+ * report's own so). */
+void bench_json_raw(bench_report *r, const char *key, const outbox__sbuf *json);
 /* Appends a JSON number (null when not finite) to s. */
-void bench_str_num(bench_str *s, double v, int decimals);
+void bench_sbuf_num(outbox__sbuf *s, double v, int decimals);
 
 /* verdicts for bench_row_add */
 enum { V_NONE = -1, V_FAIL = 0, V_PASS = 1 };

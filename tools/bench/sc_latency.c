@@ -354,7 +354,7 @@ int sc_latency(bench *b, bench_report *r)
     static const unsigned rates[] = {1000, 10000};
     double duration = b->quick ? 2.0 : 10.0;
     double rb_rps, rb_p50;
-    bench_str runs = {0};
+    outbox__sbuf runs = {0};
     char err[512];
     int mode, ri, first = 1, rep, reps, npass = 0;
     double p99s[BENCH_MAX_RUNS];
@@ -370,7 +370,7 @@ int sc_latency(bench *b, bench_report *r)
         bench_fail(r, "%s", err);
         return -1;
     }
-    bench_str_printf(&runs, "[");
+    outbox__sbuf_printf(&runs, "[");
     for (mode = 0; mode < 2; mode++) {
         for (ri = 0; ri < 2; ri++) {
             /* --runs N repeats the in-process 10k msg/s run, the one whose
@@ -388,7 +388,7 @@ int sc_latency(bench *b, bench_report *r)
                     bench_progress(b, "%s relay, %u msg/s", mode ? "daemon" : "in-process", rates[ri]);
                 if (run_one(b, mode, rates[ri], duration, &res, err, sizeof err) != 0) {
                     bench_fail(r, "%s %u msg/s: %s", mode ? "cross-process" : "in-process", rates[ri], err);
-                    bench_str_free(&runs);
+                    outbox__sbuf_free(&runs);
                     return -1;
                 }
                 if (reps > 1)
@@ -408,13 +408,13 @@ int sc_latency(bench *b, bench_report *r)
                 if (res.missing || res.achieved < rates[ri] * 0.95)
                     bench_note(r, "%s: the writer achieved %.0f msg/s; %llu messages not seen within 30 s", metric,
                                res.achieved, (unsigned long long)res.missing);
-                bench_str_printf(&runs,
+                outbox__sbuf_printf(&runs,
                                  "%s{\"mode\":\"%s\",\"rate\":%u,\"messages\":%llu,\"achieved_rate\":%.0f,"
                                  "\"missing\":%llu,\"p50_ms\":",
                                  first ? "" : ",", mode ? "cross-process" : "in-process", rates[ri],
                                  (unsigned long long)(rates[ri] * duration), res.achieved,
                                  (unsigned long long)res.missing);
-                bench_str_num(&runs, res.p50, 3);
+                bench_sbuf_num(&runs, res.p50, 3);
                 {
                     /* The rest of the run's figures, as ,"name":value. */
                     const struct {
@@ -427,14 +427,14 @@ int sc_latency(bench *b, bench_report *r)
                              {"commit_p50_ms", res.c50, 3},  {"commit_p99_ms", res.c99, 3},
                              {"commit_max_ms", res.cmax, 3}};
                     for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
-                        bench_str_printf(&runs, ",\"%s\":", f[k].name);
-                        bench_str_num(&runs, f[k].v, f[k].digits);
+                        outbox__sbuf_printf(&runs, ",\"%s\":", f[k].name);
+                        bench_sbuf_num(&runs, f[k].v, f[k].digits);
                     }
                 }
                 if (targeted)
-                    bench_str_printf(&runs, ",\"target_p99_ms\":%.0f,\"pass\":%s", limit,
+                    outbox__sbuf_printf(&runs, ",\"target_p99_ms\":%.0f,\"pass\":%s", limit,
                                      res.p99 <= limit && res.missing == 0 ? "true" : "false");
-                bench_str_printf(&runs, "}");
+                outbox__sbuf_printf(&runs, "}");
                 first = 0;
                 if (reps > 1) {
                     p99s[rep] = res.p99;
@@ -444,23 +444,23 @@ int sc_latency(bench *b, bench_report *r)
             if (reps > 1) {
                 /* The target over the runs: p99 <= 5 ms in at least 8 of 10. */
                 int need = (reps * 8 + 9) / 10;
-                bench_str p = {0};
-                bench_str_printf(&p, "[");
+                outbox__sbuf p = {0};
+                outbox__sbuf_printf(&p, "[");
                 for (rep = 0; rep < reps; rep++) {
-                    bench_str_printf(&p, "%s", rep ? "," : "");
-                    bench_str_num(&p, p99s[rep], 3);
+                    outbox__sbuf_printf(&p, "%s", rep ? "," : "");
+                    bench_sbuf_num(&p, p99s[rep], 3);
             }
-            bench_str_printf(&p, "]");
+            outbox__sbuf_printf(&p, "]");
             bench_row_add(r, "in-process, 10k msg/s, runs", "p99 <= 5 ms in 8 of 10", npass >= need ? V_PASS : V_FAIL,
                           "%d of %d runs with p99 <= 5 ms", npass, reps);
-            bench_json_raw(r, "inproc_10k_p99_ms", p.p);
+            bench_json_raw(r, "inproc_10k_p99_ms", &p);
             bench_json_int(r, "inproc_10k_runs", reps);
             bench_json_int(r, "inproc_10k_runs_pass", npass);
-            bench_str_free(&p);
+            outbox__sbuf_free(&p);
             }
         }
     }
-    bench_str_printf(&runs, "]");
+    outbox__sbuf_printf(&runs, "]");
     bench_row_add(r, "reference: XADD round trip", NULL, V_NONE, "p50 %.3f ms (redis-benchmark -c 1 -P 1)", rb_p50);
     bench_note(r, "Primary: commit wall clock (after COMMIT returned) to the wall clock of a reader thread that "
                   "sees the entry via XREAD BLOCK (us resolution; includes the reader's wake-up).");
@@ -469,8 +469,8 @@ int sc_latency(bench *b, bench_report *r)
     bench_json_str(r, "method", "commit wall-clock us -> XREAD BLOCK reader wall-clock us; entry-id ms as check");
     bench_json_num(r, "seconds_per_run", duration, 1);
     bench_json_str(r, "writer_synchronous", b->writer_sync);
-    bench_json_raw(r, "runs", runs.p);
+    bench_json_raw(r, "runs", &runs);
     bench_json_num(r, "xadd_rtt_p50_ms", rb_p50, 3);
-    bench_str_free(&runs);
+    outbox__sbuf_free(&runs);
     return 0;
 }

@@ -143,13 +143,13 @@ static void table_span(sqlite3 *rd, long long *min_seq, long long *rows)
 /* One figure of every sample as a JSON array (the field at off, a long long). */
 static void json_per_s(bench_report *r, const char *name, const sus_sample *samp, int nsamp, size_t off)
 {
-    bench_str b = {0};
-    bench_str_printf(&b, "[");
+    outbox__sbuf b = {0};
+    outbox__sbuf_printf(&b, "[");
     for (int i = 0; i < nsamp; i++)
-        bench_str_printf(&b, "%s%lld", i ? "," : "", *(const long long *)(const void *)((const char *)&samp[i] + off));
-    bench_str_printf(&b, "]");
-    bench_json_raw(r, name, b.p);
-    bench_str_free(&b);
+        outbox__sbuf_printf(&b, "%s%lld", i ? "," : "", *(const long long *)(const void *)((const char *)&samp[i] + off));
+    outbox__sbuf_printf(&b, "]");
+    bench_json_raw(r, name, &b);
+    outbox__sbuf_free(&b);
 }
 
 static double window_mean(const sus_sample *s, int from, int to)

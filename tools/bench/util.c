@@ -62,49 +62,14 @@ void bench_sleep_ms(unsigned ms)
 }
 
 /* ------------------------------------------------------------------ */
-/* strings */
+/* text */
 
-void bench_str_printf(bench_str *s, const char *fmt, ...)
-{
-    va_list ap;
-    int n;
-    for (;;) {
-        size_t room = s->cap - s->len;
-        va_start(ap, fmt);
-        n = vsnprintf(s->p ? s->p + s->len : NULL, s->p ? room : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0)
-            return;
-        if (s->p && (size_t)n < room) {
-            s->len += (size_t)n;
-            return;
-        }
-        size_t nc = s->cap ? s->cap * 2 : 256;
-        while (nc < s->len + (size_t)n + 1)
-            nc *= 2;
-        char *np = realloc(s->p, nc);
-        if (!np) {
-            fprintf(stderr, "outbox-bench: out of memory\n");
-            exit(1);
-        }
-        s->p = np;
-        s->cap = nc;
-    }
-}
-
-void bench_str_free(bench_str *s)
-{
-    free(s->p);
-    s->p = NULL;
-    s->len = s->cap = 0;
-}
-
-void bench_str_num(bench_str *s, double v, int decimals)
+void bench_sbuf_num(outbox__sbuf *s, double v, int decimals)
 {
     if (!isfinite(v))
-        bench_str_printf(s, "null");
+        outbox__sbuf_puts(s, "null");
     else
-        bench_str_printf(s, "%.*f", decimals, v);
+        outbox__sbuf_printf(s, "%.*f", decimals, v);
 }
 
 const char *bench_thousands(char *buf, size_t len, double v)
