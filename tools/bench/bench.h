@@ -2,7 +2,7 @@
  * outbox-bench: shared declarations of the benchmark tool's modules.
  *
  * bench.c     command line, scenario table, tables and BENCH lines
- * util.c      clocks, growable strings, percentiles, child processes, /proc
+ * util.c      clocks, JSON numbers, percentiles, child processes, files, /proc
  * env.c       the private redis-server, hiredis helpers, redis-benchmark
  * dataset.c   the message shape and the databases the scenarios start from
  * sqlpath.c   the relay's SQL without Redis (claim scenario, drain's floor)
@@ -155,6 +155,10 @@ double bench_ru_cpu_s(const struct rusage *ru);
 int64_t bench_proc_cpu_ns(pid_t pid);
 /* Voluntary plus involuntary context switches of a live process, -1. */
 long long bench_proc_ctxsw(pid_t pid);
+/* The whole of a file, NUL-terminated (malloc'd), its length in *len (len
+ * may be NULL); NULL when it cannot be opened or no memory is left for a
+ * first read (when memory runs out later, what was read so far). */
+char *bench_read_file(const char *path, size_t *len);
 /* The last `lines` lines of a file, for error messages. */
 void bench_tail_file(const char *path, char *buf, size_t len, int lines);
 int bench_file_exists_x(const char *path);

@@ -427,8 +427,6 @@ int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int cli
     const char *argv[24];
     int a = 0, status = 0;
     pid_t pid;
-    FILE *f;
-    size_t cap = 0, len = 0;
     const char *p, *last = NULL;
 
     *rps = 0;
@@ -489,30 +487,10 @@ int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int cli
         snprintf(err, errlen, "redis-benchmark failed (%s)", bench_status_text(status, st, sizeof st));
         return -1;
     }
-    f = fopen(out, "r");
-    if (!f) {
+    if (!(text = bench_read_file(out, NULL))) {
         snprintf(err, errlen, "cannot read redis-benchmark output");
         return -1;
     }
-    for (;;) {
-        if (len + 4096 >= cap) {
-            cap = cap ? cap * 2 : 65536;
-            char *np = realloc(text, cap);
-            if (!np)
-                break;
-            text = np;
-        }
-        size_t got = fread(text + len, 1, cap - len - 1, f);
-        if (!got)
-            break;
-        len += got;
-    }
-    fclose(f);
-    if (!text) {
-        snprintf(err, errlen, "empty redis-benchmark output");
-        return -1;
-    }
-    text[len] = '\0';
     /* The final line reads "<command>: 92592.59 requests per second, p50=0.135 msec";
      * progress lines before it use "rps=". */
     for (p = text; (p = strstr(p, " requests per second")) != NULL; p++)

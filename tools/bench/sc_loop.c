@@ -20,6 +20,7 @@
 #include <uv.h>
 
 #include "bench.h"
+#include "util/array.h"
 
 typedef struct series {
     double *v;
@@ -28,14 +29,9 @@ typedef struct series {
 
 static void series_push(series *s, double x)
 {
-    if (s->n == s->cap) {
-        size_t nc = s->cap ? s->cap * 2 : 4096;
-        double *nv = realloc(s->v, nc * sizeof *nv);
-        if (!nv)
-            return;
-        s->v = nv;
-        s->cap = nc;
-    }
+    /* Without memory the sample is dropped. */
+    if (s->n == s->cap && OUTBOX__GROW(s->v, &s->cap, s->n, 1, 4096) != 0)
+        return;
     s->v[s->n++] = x;
 }
 

@@ -1,6 +1,6 @@
 /*
- * Clocks, growable strings, percentiles, child processes and /proc readers
- * for outbox-bench.
+ * Clocks, JSON numbers, percentiles, child processes, whole files and /proc
+ * readers for outbox-bench.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "util/array.h"
 
 extern char **environ;
 
@@ -325,32 +326,36 @@ long long bench_proc_ctxsw(pid_t pid)
     return found ? total : -1;
 }
 
-void bench_tail_file(const char *path, char *buf, size_t len, int lines)
+char *bench_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "r");
     char *all = NULL;
-    size_t n = 0, cap = 0, i;
-    int seen = 0;
-    buf[0] = '\0';
+    size_t n = 0, cap = 0;
     if (!f)
-        return;
-    for (;;) {
-        if (n + 4096 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            char *np = realloc(all, cap);
-            if (!np)
-                break;
-            all = np;
-        }
+        return NULL;
+    /* Room for a read of 4 KiB at least, and for the NUL. */
+    while (OUTBOX__GROW(all, &cap, n, 4097, 65536) == 0) {
         size_t got = fread(all + n, 1, cap - n - 1, f);
         if (got == 0)
             break;
         n += got;
     }
     fclose(f);
+    if (all)
+        all[n] = '\0';
+    if (len)
+        *len = n;
+    return all;
+}
+
+void bench_tail_file(const char *path, char *buf, size_t len, int lines)
+{
+    size_t n, i;
+    char *all = bench_read_file(path, &n);
+    int seen = 0;
+    buf[0] = '\0';
     if (!all)
         return;
-    all[n] = '\0';
     while (n && all[n - 1] == '\n')
         all[--n] = '\0';
     for (i = n; i > 0; i--)
