@@ -7,6 +7,7 @@
  * dataset.c   the message shape and the databases the scenarios start from
  * sqlpath.c   the relay's SQL without Redis (claim scenario, drain's floor)
  * peers.c     the drain's peer loops (plain loops publishing the same backlog)
+ * drain.c     the relay daemon's drains the scenarios share
  * sc_*.c      one file per group of scenarios (sc_tls.c: the TLS drain,
  *             sc_cluster.c: the drain into a Redis Cluster)
  *
@@ -359,12 +360,34 @@ int sc_writer(bench *b, bench_report *r);
 int sc_claim(bench *b, bench_report *r);
 int sc_loop(bench *b, bench_report *r);
 
-/* Shared by the drain-like scenarios: runs the relay daemon with --drain
- * over db (extra options appended), returns its wall time in seconds, its
- * resource usage (and, with peak, its sampled memory); fails when it does not
- * exit 0 or leaves rows pending. OUTBOX_BENCH_WRAP (e.g. "perf record -g
- * -o FILE --") prefixes the command, for profiling. */
+/* ------------------------------------------------------------------ */
+/* drain.c: the relay daemon's drains the scenarios share */
+
+/* Runs the relay daemon with --drain over db (extra options appended),
+ * returns its wall time in seconds, its resource usage (and, with peak, its
+ * sampled memory); fails when it does not exit 0 or leaves rows pending.
+ * OUTBOX_BENCH_WRAP (e.g. "perf record -g -o FILE --") prefixes the
+ * command, for profiling. tag names its log, relay-<tag>.log. */
 int bench_relay_drain(bench *b, const char *db, const char *tag, const char *const *extra, double *secs,
                       struct rusage *ru, bench_rss *peak, char *err, size_t errlen);
+
+/* One of the two places a drain_tls or drain_cluster run compares: a
+ * standalone server (rc) or a cluster, and the relay options that reach it. */
+typedef struct bench_drain_side {
+    const char *name;  /* in errors and log names: "tcp", "cluster" */
+    const char *where; /* in progress lines: "over tcp", "into the cluster" */
+    /* Options after the main server's --redis (the last --redis given
+     * counts), NULL-terminated. */
+    const char *const *extra;
+    redisContext *rc;       /* a standalone server's control connection, or NULL */
+    bench_cluster *cluster; /* or the cluster */
+    double best_rate, cpu_us; /* out: msg/s of the best run, relay CPU per message in it */
+} bench_drain_side;
+/* Drains a copy (at db) of src, n messages, into each side, rounds times,
+ * alternating with each round starting at the other side. Every run empties
+ * the side's Redis first and checks that its streams hold n entries after;
+ * the best run of each side counts (noise only adds time). */
+int bench_drain_pair(bench *b, const char *src, const char *db, long n, int rounds, bench_drain_side side[2],
+                     char *err, size_t errlen);
 
 #endif

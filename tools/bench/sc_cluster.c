@@ -16,11 +16,6 @@
 #define TARGET_RATE 0.8
 #define TARGET_CPU 1.2
 
-typedef struct target {
-    const char *name;
-    double best_rate, cpu_us; /* msg/s; relay CPU per message in the best run */
-    double ceiling;           /* redis-benchmark XADD req/s */
-} target;
 
 /* Whether outbox-relay takes redis-cluster:// URLs: one given with a
  * database that cannot exist fails on the database, not on the scheme. */
@@ -47,44 +42,6 @@ static int relay_knows_cluster(bench *b)
     return found;
 }
 
-/* One drain of a copy of src into the standalone server (c NULL) or the
- * cluster. */
-static int drain_once(bench *b, bench_tcp_server *s, bench_cluster *c, const char *src, long n, target *tg,
-                      int round, char *err, size_t errlen)
-{
-    char db[PATH_MAX + 32], tag[32];
-    /* bench_relay_drain gives --redis the main server's URL first; the last
-     * --redis given counts. */
-    const char *extra[] = {"--redis", c ? c->url : s->url, NULL};
-    struct rusage ru;
-    double secs, rate;
-    long long seen;
-
-    bench_path(b, db, sizeof db, "drain-cluster.db");
-    snprintf(tag, sizeof tag, "%s-%d", tg->name, round + 1);
-    if (bench_copy_db(src, db, err, errlen) != 0)
-        return -1;
-    if (c)
-        bench_cluster_flush(c);
-    else
-        freeReplyObject(redisCommand(s->rc, "FLUSHALL SYNC"));
-    bench_progress(b, "relay draining into the %s, run %d", tg->name, round + 1);
-    if (bench_relay_drain(b, db, tag, extra, &secs, &ru, NULL, err, errlen) != 0)
-        return -1;
-    bench_unlink_db(db);
-    seen = c ? bench_cluster_streams_len(c) : bench_streams_len(s->rc);
-    if (seen != n) {
-        snprintf(err, errlen, "%s drain: %lld stream entries, want %ld", tg->name, seen, n);
-        return -1;
-    }
-    rate = (double)n / secs;
-    if (rate > tg->best_rate) {
-        tg->best_rate = rate;
-        tg->cpu_us = bench_ru_cpu_s(&ru) * 1e6 / (double)n;
-    }
-    return 0;
-}
-
 /* How many masters hold keys. */
 static int cluster_spread(bench_cluster *c)
 {
@@ -100,8 +57,8 @@ static int cluster_spread(bench_cluster *c)
 /* redis-benchmark XADD of the drain's entry size over 8 streams (as the
  * drain's 8 topics), -c 50 -P 16, into the standalone server or the
  * cluster (--cluster: each command to the master of its key). */
-static int ceilings(bench *b, bench_tcp_server *s, bench_cluster *c, target *tg, size_t envlen, long n, char *err,
-                    size_t errlen)
+static int ceilings(bench *b, bench_tcp_server *s, bench_cluster *c, const bench_drain_side *tg, double ceiling[2],
+                    size_t envlen, long n, char *err, size_t errlen)
 {
     bench_bm_target single = {NULL, "127.0.0.1", s->port, 0, "outbox:bench:__rand_int__", BENCH_TOPICS};
     /* --cluster puts each client on one master and replaces {tag} with a
@@ -125,8 +82,8 @@ static int ceilings(bench *b, bench_tcp_server *s, bench_cluster *c, target *tg,
                 return -1;
             }
         }
-    tg[0].ceiling = sum[0] / 2;
-    tg[1].ceiling = sum[1] / 2;
+    ceiling[0] = sum[0] / 2;
+    ceiling[1] = sum[1] / 2;
     freeReplyObject(redisCommand(s->rc, "FLUSHALL SYNC"));
     bench_cluster_flush(c);
     return 0;
@@ -138,11 +95,15 @@ int sc_drain_cluster(bench *b, bench_report *r)
     size_t envlen = bench_shape_envelope_len(&sh);
     bench_tcp_server s;
     bench_cluster c;
-    target tg[2] = {{"single node", 0, 0, 0}, {"cluster", 0, 0, 0}};
-    char src[PATH_MAX + 32], err[512], n1[32], n2[32];
+    /* Each side's URL is filled in when its servers start. */
+    const char *const single_extra[] = {"--redis", s.url, NULL};
+    const char *const cluster_extra[] = {"--redis", c.url, NULL};
+    bench_drain_side tg[2] = {{"single node", "into the single node", single_extra, NULL, NULL, 0, 0},
+                              {"cluster", "into the cluster", cluster_extra, NULL, &c, 0, 0}};
+    char src[PATH_MAX + 32], db[PATH_MAX + 32], err[512], n1[32], n2[32];
     long n = b->messages, rbn = n > 200000 ? n : 200000;
-    int rounds = b->quick ? QUICK_ROUNDS : ROUNDS, round, rc = 0, relay_ok;
-    double rate_ratio = 0, cpu_ratio = 0;
+    int rounds = b->quick ? QUICK_ROUNDS : ROUNDS, rc = 0, relay_ok;
+    double ceiling[2] = {0, 0}, rate_ratio = 0, cpu_ratio = 0;
 
     snprintf(r->title, sizeof r->title,
              "%ld messages (the drain's shape), relay daemon with default options into a %d-master Redis Cluster "
@@ -157,17 +118,15 @@ int sc_drain_cluster(bench *b, bench_report *r)
         bench_fail(r, "%s", err);
         return -1;
     }
-    rc = ceilings(b, &s, &c, tg, envlen, rbn, err, sizeof err);
+    tg[0].rc = s.rc;
+    rc = ceilings(b, &s, &c, tg, ceiling, envlen, rbn, err, sizeof err);
     if (rc == 0 && relay_ok) {
         bench_path(b, src, sizeof src, "drain-cluster-src.db");
+        bench_path(b, db, sizeof db, "drain-cluster.db");
         bench_progress(b, "building a %ld-message backlog", n);
         rc = bench_dataset_build(src, (uint64_t)n, &sh, 1000, err, sizeof err);
-        /* Alternating, each round starting with the other target. */
-        for (round = 0; round < rounds && rc == 0; round++)
-            for (int k = 0; k < 2 && rc == 0; k++) {
-                int i = (round + k) % 2;
-                rc = drain_once(b, &s, i ? &c : NULL, src, n, &tg[i], round, err, sizeof err);
-            }
+        if (rc == 0)
+            rc = bench_drain_pair(b, src, db, n, rounds, tg, err, sizeof err);
         bench_unlink_db(src);
     }
     bench_cluster_stop(&c);
@@ -177,16 +136,16 @@ int sc_drain_cluster(bench *b, bench_report *r)
         return -1;
     }
     bench_row_add(r, "ceiling: single node", NULL, V_NONE, "%s req/s",
-                  bench_thousands(n1, sizeof n1, tg[0].ceiling));
+                  bench_thousands(n1, sizeof n1, ceiling[0]));
     bench_row_add(r, "ceiling: cluster", NULL, V_NONE, "%s req/s (%.2f x single node)",
-                  bench_thousands(n2, sizeof n2, tg[1].ceiling), tg[1].ceiling / tg[0].ceiling);
+                  bench_thousands(n2, sizeof n2, ceiling[1]), ceiling[1] / ceiling[0]);
     if (relay_ok) {
         rate_ratio = tg[1].best_rate / tg[0].best_rate;
         cpu_ratio = tg[1].cpu_us / tg[0].cpu_us;
         bench_row_add(r, "drain into the single node", NULL, V_NONE, "%s msg/s, %.1f us CPU/msg (%.2f x ceiling)",
-                      bench_thousands(n1, sizeof n1, tg[0].best_rate), tg[0].cpu_us, tg[0].best_rate / tg[0].ceiling);
+                      bench_thousands(n1, sizeof n1, tg[0].best_rate), tg[0].cpu_us, tg[0].best_rate / ceiling[0]);
         bench_row_add(r, "drain into the cluster", NULL, V_NONE, "%s msg/s, %.1f us CPU/msg (%.2f x ceiling)",
-                      bench_thousands(n2, sizeof n2, tg[1].best_rate), tg[1].cpu_us, tg[1].best_rate / tg[1].ceiling);
+                      bench_thousands(n2, sizeof n2, tg[1].best_rate), tg[1].cpu_us, tg[1].best_rate / ceiling[1]);
         bench_row_add(r, "cluster / single node", ">= 0.80", rate_ratio >= TARGET_RATE ? V_PASS : V_FAIL, "%.2f",
                       rate_ratio);
         bench_row_add(r, "relay CPU/msg cluster / single", "<= 1.20", cpu_ratio <= TARGET_CPU ? V_PASS : V_FAIL,
@@ -205,9 +164,9 @@ int sc_drain_cluster(bench *b, bench_report *r)
                BENCH_CLUSTER_MASTERS, envlen, BENCH_TOPICS);
     bench_json_int(r, "messages", n);
     bench_json_bool(r, "relay_cluster", relay_ok);
-    bench_json_num(r, "ceiling_per_s", tg[1].ceiling, 0);
-    bench_json_num(r, "single_ceiling_per_s", tg[0].ceiling, 0);
-    bench_json_num(r, "ceiling_ratio", tg[1].ceiling / tg[0].ceiling, 3);
+    bench_json_num(r, "ceiling_per_s", ceiling[1], 0);
+    bench_json_num(r, "single_ceiling_per_s", ceiling[0], 0);
+    bench_json_num(r, "ceiling_ratio", ceiling[1] / ceiling[0], 3);
     if (relay_ok) {
         bench_json_num(r, "msgs_per_s", tg[1].best_rate, 0);
         bench_json_num(r, "single_msgs_per_s", tg[0].best_rate, 0);

@@ -16,54 +16,6 @@
 /* The relay's default --batch: rows per claim. */
 #define FLOOR_BATCH 512
 
-int bench_relay_drain(bench *b, const char *db, const char *tag, const char *const *extra, double *secs,
-                      struct rusage *ru, bench_rss *peak, char *err, size_t errlen)
-{
-    char wrapbuf[1024];
-    const char *argv[48];
-    char logpath[PATH_MAX + 64], name[128], st[32], tail[400];
-    int a = 0, status = 0;
-    pid_t pid;
-    uint64_t t0;
-    long long left;
-
-    snprintf(name, sizeof name, "relay-%s.log", tag);
-    bench_path(b, logpath, sizeof logpath, name);
-    a = bench_wrap_argv(argv, wrapbuf, sizeof wrapbuf);
-    argv[a++] = b->relay_bin;
-    argv[a++] = "--db";
-    argv[a++] = db;
-    argv[a++] = "--redis";
-    argv[a++] = b->redis_url;
-    argv[a++] = "--drain";
-    argv[a++] = "--log-level";
-    argv[a++] = "warn";
-    for (; extra && *extra && a < 46; extra++)
-        argv[a++] = *extra;
-    argv[a] = NULL;
-    t0 = bench_mono_us();
-    if (bench_spawn(argv, NULL, logpath, &pid) != 0) {
-        snprintf(err, errlen, "cannot start outbox-relay: %s", strerror(errno));
-        return -1;
-    }
-    if (bench_wait_sampled(pid, &status, ru, 3600000, peak) != 0) {
-        snprintf(err, errlen, "relay did not finish within an hour");
-        return -1;
-    }
-    *secs = (double)(bench_mono_us() - t0) / 1e6;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        bench_tail_file(logpath, tail, sizeof tail, 3);
-        snprintf(err, errlen, "relay %s: %s", bench_status_text(status, st, sizeof st), tail);
-        return -1;
-    }
-    left = bench_count_state(db, 0) + bench_count_state(db, 1);
-    if (left != 0) {
-        snprintf(err, errlen, "relay drained but %lld rows are still pending or sending", left);
-        return -1;
-    }
-    return 0;
-}
-
 /* ------------------------------------------------------------------ */
 /* drain */
 

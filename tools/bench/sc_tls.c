@@ -15,53 +15,19 @@
 #define QUICK_ROUNDS 2
 #define TARGET 0.7
 
-typedef struct transport {
-    const char *name;
-    double best_rate, cpu_us; /* msg/s; relay CPU per message in the best run */
-} transport;
-
-/* One drain of a copy of src over url (extra options after it). */
-static int drain_once(bench *b, bench_tls_server *t, const char *src, const char *url, const char *ca, long n,
-                      transport *tr, int round, char *err, size_t errlen)
-{
-    char db[PATH_MAX + 32], tag[32];
-    /* bench_relay_drain gives --redis the main server's URL first; the last
-     * --redis given counts. */
-    const char *extra[] = {"--redis", url, ca ? "--tls-ca-file" : NULL, ca, NULL};
-    struct rusage ru;
-    double secs, rate;
-    long long seen;
-
-    bench_path(b, db, sizeof db, "drain-tls.db");
-    snprintf(tag, sizeof tag, "%s-%d", tr->name, round + 1);
-    if (bench_copy_db(src, db, err, errlen) != 0)
-        return -1;
-    freeReplyObject(redisCommand(t->rc, "FLUSHALL SYNC"));
-    bench_progress(b, "relay draining over %s, run %d", tr->name, round + 1);
-    if (bench_relay_drain(b, db, tag, extra, &secs, &ru, NULL, err, errlen) != 0)
-        return -1;
-    bench_unlink_db(db);
-    seen = bench_streams_len(t->rc);
-    if (seen != n) {
-        snprintf(err, errlen, "%s drain: %lld stream entries, want %ld", tr->name, seen, n);
-        return -1;
-    }
-    rate = (double)n / secs;
-    if (rate > tr->best_rate) {
-        tr->best_rate = rate;
-        tr->cpu_us = bench_ru_cpu_s(&ru) * 1e6 / (double)n;
-    }
-    return 0;
-}
-
 int sc_drain_tls(bench *b, bench_report *r)
 {
     bench_shape sh = {BENCH_PAYLOAD, b->keys};
     bench_tls_server t;
-    transport tr[2] = {{"tcp", 0, 0}, {"tls", 0, 0}};
-    char src[PATH_MAX + 32], err[512], n1[32], n2[32];
+    /* The same server over both transports (its URLs are filled in when
+     * it starts); the TLS side verifies its certificate. */
+    const char *const tcp_extra[] = {"--redis", t.tcp_url, NULL};
+    const char *const tls_extra[] = {"--redis", t.tls_url, "--tls-ca-file", t.cert, NULL};
+    bench_drain_side tr[2] = {{"tcp", "over tcp", tcp_extra, NULL, NULL, 0, 0},
+                              {"tls", "over tls", tls_extra, NULL, NULL, 0, 0}};
+    char src[PATH_MAX + 32], db[PATH_MAX + 32], err[512], n1[32], n2[32];
     long n = b->messages;
-    int rounds = b->quick ? QUICK_ROUNDS : ROUNDS, round, rc = 0;
+    int rounds = b->quick ? QUICK_ROUNDS : ROUNDS, rc = 0;
     double ratio;
 
     snprintf(r->title, sizeof r->title,
@@ -73,17 +39,13 @@ int sc_drain_tls(bench *b, bench_report *r)
         bench_fail(r, "%s", err);
         return -1;
     }
+    tr[0].rc = tr[1].rc = t.rc;
     bench_path(b, src, sizeof src, "drain-tls-src.db");
+    bench_path(b, db, sizeof db, "drain-tls.db");
     bench_progress(b, "building a %ld-message backlog", n);
     rc = bench_dataset_build(src, (uint64_t)n, &sh, 1000, err, sizeof err);
-    /* Alternating, each round starting with the other transport, so that a
-     * drift of the machine's load falls on both. */
-    for (round = 0; round < rounds && rc == 0; round++)
-        for (int k = 0; k < 2 && rc == 0; k++) {
-            int i = (round + k) % 2;
-            rc = drain_once(b, &t, src, i ? t.tls_url : t.tcp_url, i ? t.cert : NULL, n, &tr[i], round, err,
-                            sizeof err);
-        }
+    if (rc == 0)
+        rc = bench_drain_pair(b, src, db, n, rounds, tr, err, sizeof err);
     bench_unlink_db(src);
     bench_tls_server_stop(&t);
     if (rc != 0) {
