@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "util/util.h"
+#include "util/str.h"
 
 /* Deeper containers are written as null. msgpack-c's unpacker refuses
  * deeper nesting than this anyway (MSGPACK_EMBED_STACK_SIZE), so it only

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "util/util.h"
+#include "util/str.h"
 
 const char *const replay_state_names[OUTBOX_STATE_COUNT] = {"pending", "sending", "published", "dead"};
 const char *const replay_command_names[CMD_COUNT] = {"list", "show", "stats", "requeue", "purge"};

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util/util.h"
+#include "util/str.h"
 #include "json.h"
 #include "replay.h"
 
