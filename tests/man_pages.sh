@@ -8,8 +8,8 @@
 set -u
 src=${OUTBOX_SOURCE_DIR:?}
 build=${OUTBOX_BUILD_DIR:?}
-# shellcheck source=tests/tap.sh
-. "$src/tests/tap.sh"
+# shellcheck source=tests/harness/tap.sh
+. "$src/tests/harness/tap.sh"
 
 # Rendered as man shows it, wide enough that no option line wraps.
 render() {

@@ -9,8 +9,8 @@
 set -u
 src=${OUTBOX_SOURCE_DIR:?}
 build=${OUTBOX_BUILD_DIR:?}
-# shellcheck source=tests/tap.sh
-. "$src/tests/tap.sh"
+# shellcheck source=tests/harness/tap.sh
+. "$src/tests/harness/tap.sh"
 relay=$build/tools/relay/outbox-relay
 unit=$src/tools/systemd/outbox-relay.service
 

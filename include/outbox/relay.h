@@ -62,7 +62,7 @@ typedef struct outbox_relay_settings {
     /*
      * Every setting that outbox-relay also takes as an option (--lease-ms
      * for lease_ms, ...) states its default here as "default VALUE", the
-     * value outbox_relay_defaults() sets (tests/test_options_doc.c checks
+     * value outbox_relay_defaults() sets (tests/relay/test_options_doc.c checks
      * them). Each has a range; outbox_relay_create() refuses a value outside
      * it with OUTBOX_EINVAL and a message that names the setting and the
      * range.

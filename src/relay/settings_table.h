@@ -8,7 +8,7 @@
  * and in outbox-relay (tools/relay/config.c) the parsing of flags,
  * environment variables and the INI file and the option list of --help.
  * README.md's option table and the defaults stated in outbox/relay.h are
- * checked against it (tests/test_options_doc.c).
+ * checked against it (tests/relay/test_options_doc.c).
  *
  * OUTBOX__RELAY_SETTINGS(X) calls
  *     X(name, type, field, flags, def, min, max, arg, shown, help)

@@ -10,7 +10,7 @@
 set -u
 src=${OUTBOX_SOURCE_DIR:?}
 dir=$src/tools/prometheus
-. "$src/tests/tap.sh"
+. "$src/tests/harness/tap.sh"
 skip() {
     n=$((n + 1))
     echo "ok $n - # SKIP $1"

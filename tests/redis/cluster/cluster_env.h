@@ -24,6 +24,14 @@
  * THREAD that started it ends (the harness' PR_SET_PDEATHSIG follows the
  * thread, not the process): call them from a thread that lives until
  * ce_stop, such as the main thread.
+ *
+ * Where what is: cluster_env.c starts and stops the nodes and forms the
+ * cluster, and makes things happen to a node (ce_start, ce_start_tls,
+ * ce_stop, ce_failover, ce_kill, ce_kill_master, ce_restart,
+ * ce_diag_logs); cluster_query.c asks the nodes (clients, slots and their
+ * owners, roles, replicas, ce_cmd_argv, ce_wait_ok); cluster_slots.c moves
+ * slots (ce_reshard, ce_migrate_*, ce_move_slot). cluster_env_int.h is what
+ * the three share.
  */
 #ifndef OUTBOX_TESTS_CLUSTER_ENV_H
 #define OUTBOX_TESTS_CLUSTER_ENV_H

@@ -8,7 +8,7 @@
  * error with quotes, a message id with a quote and a backslash) and
  * stopping; outbox-consume connecting, failing to connect, a failing
  * command and stopping; outbox-replay's errors and warnings. Every line of
- * their stderr is parsed as JSON (tests/check_json_lines.py) and the lines
+ * their stderr is parsed as JSON (tests/util/check_json_lines.py) and the lines
  * that must be there are looked for by their fields. An unknown format is
  * refused by each tool.
  */
@@ -308,7 +308,7 @@ int main(void)
     if (!src)
         bail("OUTBOX_SOURCE_DIR is not set");
     dir = th_tmpdir();
-    checker = th_path(src, "tests/check_json_lines.py");
+    checker = th_path(src, "tests/util/check_json_lines.py");
     check_formatter();
     if (th_redis_start(&srv, 1, "user default on nopass ~* &* +@all\nuser relay on >pw ~* &* +@all -xadd\n") != 0)
         skip_all("redis-server not available");

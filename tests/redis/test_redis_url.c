@@ -362,7 +362,7 @@ static void describe(const char *url, const char *want)
 
 static void test_describe(void)
 {
-    char small[12];
+    char small[12], untouched[sizeof small];
     outbox__redis_url u;
     describe("redis://h", "redis://h:6379/0");
     describe("redis://alice:topsecret@h:6380/2", "redis://alice:***@h:6380/2");
@@ -378,11 +378,13 @@ static void test_describe(void)
     outbox__redis_url_parse("redis://:topsecret@somewhere.example.com", &u, NULL, 0);
     outbox__redis_url_describe(&u, small, sizeof small);
     is_str(small, "redis://:**", "describe truncates to the buffer");
+    memset(small, '#', sizeof small);
+    memcpy(untouched, small, sizeof small);
+    outbox__redis_url_describe(&u, small, 0);
+    ok(memcmp(small, untouched, sizeof small) == 0, "describe into a zero-length buffer writes nothing");
     outbox__redis_url_free(&u);
     outbox__redis_url_describe(NULL, small, sizeof small);
     is_str(small, "(none)", "describe NULL");
-    outbox__redis_url_describe(&u, small, 0); /* must not write */
-    ok(1, "describe into a zero-length buffer");
 }
 
 static void test_copy_free(void)
@@ -401,7 +403,9 @@ static void test_copy_free(void)
     ok(all_zero(&a, sizeof a), "free zeroes the struct");
     outbox__redis_url_free(&a); /* twice is fine */
     outbox__redis_url_free(NULL);
-    ok(1, "free(NULL) and double free of a zeroed struct are no-ops");
+    ok(all_zero(&a, sizeof a) && outbox__redis_url_copy(&a, &b) == 0 && strcmp(a.host, "h") == 0,
+       "free(NULL) and double free of a zeroed struct are no-ops: it stays zeroed and can be copied into");
+    outbox__redis_url_free(&a);
     outbox__redis_url_free(&b);
 
     outbox__redis_url_parse("unix:///x/y?db=2", &a, NULL, 0);

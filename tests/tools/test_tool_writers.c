@@ -5,7 +5,7 @@
 
 #include <msgpack.h>
 
-#include "../tools/common/json.h"
+#include "json.h"
 #include "util/sbuf.h"
 #include "tap.h"
 

@@ -467,18 +467,23 @@ char *th_bin(const char *rel)
     ssize_t n;
     if (dir && *dir)
         return th_path(dir, rel);
-    /* Run by hand: the test binaries live in <build>/tests/. */
+    /* Run by hand: a test binary lives in a folder under <build>/tests/,
+     * at whatever depth; the build directory is the first one above it that
+     * meson set up (it has build.ninja). */
     n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0)
         return th_path(".", rel);
     exe[n] = '\0';
-    for (int i = 0; i < 2; i++) {
-        slash = strrchr(exe, '/');
-        if (slash)
-            *slash = '\0';
+    while ((slash = strrchr(exe, '/')) != NULL) {
+        int found;
+        *slash = '\0';
+        p = th_path(exe[0] ? exe : "/", "build.ninja");
+        found = access(p, F_OK) == 0;
+        free(p);
+        if (found)
+            return th_path(exe[0] ? exe : "/", rel);
     }
-    p = th_path(exe[0] ? exe : "/", rel);
-    return p;
+    return th_path(".", rel);
 }
 
 char **th_relay_argv(const char *db, const char *url, va_list ap)

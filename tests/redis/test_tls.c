@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <openssl/crypto.h>
+#include <openssl/ssl.h>
 
 #include "consumer/ct.h"
 #include "redis/rconn.h"
@@ -48,6 +49,23 @@ static void count_free(void *p, const char *file, int line)
     (void)file;
     (void)line;
     free(p);
+}
+
+/* SSL_CTX_free calls every registered ex_data free function, whether the
+ * index holds data or not: registered with SSL_CTX_get_ex_new_index, this
+ * one counts the SSL_CTXs freed, so a test sees when a configuration's
+ * context goes. */
+static atomic_int ctx_frees;
+
+static void count_ctx_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp)
+{
+    (void)parent;
+    (void)ptr;
+    (void)ad;
+    (void)idx;
+    (void)argl;
+    (void)argp;
+    atomic_fetch_add(&ctx_frees, 1);
 }
 
 /* ---- a connection on its own loop ----------------------------------------- */
@@ -226,6 +244,7 @@ static void test_settings(void)
     outbox_tls_settings s;
     outbox__tls_config *c = NULL;
     char err[600];
+    int counted = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, count_ctx_free) >= 0, frees, alive;
 
     outbox_tls_defaults(&s);
     ok(!s.ca_file && !s.ca_dir && !s.cert_file && !s.key_file && !s.server_name && !s.insecure,
@@ -235,10 +254,13 @@ static void test_settings(void)
     ok(!outbox__tls_config_insecure(c), "  verifies");
     outbox__tls_config_unref(c);
     is_int(outbox__tls_config_create(&c, NULL, err, sizeof err), 0, "NULL settings are the defaults");
+    frees = atomic_load(&ctx_frees);
     outbox__tls_config_unref(outbox__tls_config_ref(c));
+    alive = atomic_load(&ctx_frees) == frees;
     outbox__tls_config_unref(c);
     outbox__tls_config_unref(NULL);
-    ok(1, "ref/unref balance, unref(NULL) is a no-op");
+    ok(counted && alive && atomic_load(&ctx_frees) == frees + 1,
+       "ref/unref balance: the context outlives ref+unref and goes with the last unref; unref(NULL) frees nothing");
 
     ca_only(&s);
     s.ca_file = "/nonexistent/ca.pem";
