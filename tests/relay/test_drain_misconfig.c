@@ -4,8 +4,10 @@
  * waiting until it is killed:
  *   1. credentials: a wrong password (WRONGPASS), none where Redis wants
  *      one (NOAUTH);
- *   2. an ACL that forbids a command the relay sends: XADD (NOPERM), and
- *      with --idempotent EVALSHA and EVAL;
+ *   2. an ACL that forbids a command the relay sends: XADD (NOPERM),
+ *      CLIENT (the handshake's SETNAME), WAIT with --wait-replicas, and with
+ *      --idempotent EVALSHA and EVAL (an ACL that leaves one topic's stream
+ *      out is that topic's failure: the others are published);
  *   3. a plain redis:// URL naming a Redis Cluster node (a one-node
  *      cluster), and a cluster URL with a wrong password;
  *   4. a Sentinel URL whose master name no sentinel knows.
@@ -119,11 +121,49 @@ static void acl(void)
     sqlite3_close_v2(db);
     free(path);
 
+    db = fresh_db("aclclient", &path);
+    snprintf(url, sizeof url, "redis://noclient:pw@127.0.0.1:%d", srv.port);
+    refused("ACL without CLIENT", db, path, url, NULL, "CLIENT SETNAME: NOPERM");
+    healed("ACL without CLIENT", db, path, good, NULL, c, "aclclient");
+    sqlite3_close_v2(db);
+    free(path);
+
+    /* WAIT refused after the XADDs were accepted: those rows are pending
+     * again, published twice at worst. */
+    db = fresh_db("aclwait", &path);
+    snprintf(url, sizeof url, "redis://nowait:pw@127.0.0.1:%d", srv.port);
+    refused("ACL without WAIT, --wait-replicas", db, path, url, "--wait-replicas=1", "run the 'wait' command");
+    healed("ACL without WAIT, --wait-replicas", db, path, good, NULL, c, "aclwait");
+    sqlite3_close_v2(db);
+    free(path);
+
     db = fresh_db("acleval", &path);
     snprintf(url, sizeof url, "redis://noeval:pw@127.0.0.1:%d", srv.port);
     refused("ACL without EVALSHA, --idempotent", db, path, url, "--idempotent", "no permissions to run the 'eval");
     healed("ACL without EVALSHA, --idempotent", db, path, good, "--idempotent", c, "acleval");
     is_int(th_xlen(c, "outbox:acleval"), N, "ACL without EVALSHA, --idempotent, fixed: once each");
+    sqlite3_close_v2(db);
+    free(path);
+}
+
+/* An ACL that leaves a topic's stream out is that topic's failure, not a
+ * configuration error: the other topic is published, the drain ends. */
+static void acl_key(void)
+{
+    char url[128], *path, *err = NULL;
+    sqlite3 *db = fresh_db("keyok", &path);
+    int st;
+    rt_insert_rows(db, "keyno", 0, 20, "keyno", 0);
+    snprintf(url, sizeof url, "redis://somekeys:pw@127.0.0.1:%d", srv.port);
+    st = rt_relay_run(30000 * th_slow(), &err, path, url, "--drain", "--max-attempts", "1", NULL);
+    is_int(st, 0, "ACL without a topic's stream: --drain exits 0");
+    ok(err && !strstr(err, "publishing held") && !strstr(err, "drain failed"), "ACL without a topic's stream: not held");
+    if (st != 0)
+        th_diag_tail("acl key", err ? err : "", 12);
+    free(err);
+    is_int(rows(db, "topic = 'keyok' AND state = 2"), N, "ACL without a topic's stream: the allowed topic is published");
+    is_int(rows(db, "topic = 'keyno' AND state = 3 AND last_error LIKE 'NOPERM%%'"), 20,
+           "ACL without a topic's stream: its rows are dead with NOPERM");
     sqlite3_close_v2(db);
     free(path);
 }
@@ -366,6 +406,9 @@ int main(void)
                        "requirepass pass\n"
                        "user noxadd on >pw ~* &* +@all -xadd\n"
                        "user noeval on >pw ~* &* +@all -evalsha -eval\n"
+                       "user noclient on >pw ~* &* +@all -client\n"
+                       "user nowait on >pw ~* &* +@all -wait\n"
+                       "user somekeys on >pw ~outbox:keyok* &* +@all\n"
                        "user later on >pw ~* &* +@all -xadd\n") != 0)
         skip_all("redis-server not available");
     /* Its own bus port: the default, port + 10000, does not exist for a
@@ -379,6 +422,7 @@ int main(void)
 
     credentials();
     acl();
+    acl_key();
     cluster();
     sentinel();
     redis_down();
