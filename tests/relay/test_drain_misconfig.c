@@ -298,6 +298,12 @@ static int healthz_503(void *arg)
 
 static sqlite3 *daemon_db;
 
+static int all_handed_back(void *arg)
+{
+    (void)arg;
+    return rows(daemon_db, "state = 0 AND attempts = 0") == N;
+}
+
 static int all_published(void *arg)
 {
     (void)arg;
@@ -320,6 +326,9 @@ static void daemon_held(void)
     held = th_wait_until(10000 * th_slow(), healthz_503, &h);
     ok(held, "daemon, ACL without XADD: /healthz 503 naming it (%d %s)", h.status, h.body ? h.body : "");
     is_int(th_wait(pid, 0), -2, "daemon, ACL without XADD: keeps running");
+    /* The refused batch is handed back a unit after the replies came. */
+    ok(th_wait_until(10000 * th_slow(), all_handed_back, NULL),
+       "daemon, ACL without XADD: every row pending again, no attempt counted");
     is_int(rows(daemon_db, "state = 2 OR state = 3 OR attempts > 0"), 0,
            "daemon, ACL without XADD: nothing published, nothing failed");
     rep = th_cmd(c, "ACL SETUSER later +xadd");
