@@ -123,7 +123,22 @@ typedef struct outbox_relay_settings {
      * retry: a row that failed and waits for its backoff (or was handed
      * back) holds the drain until it is published or dead. Rows the
      * application wrote with a later available_at (delayed messages, never
-     * attempted) do not hold it. Default 0. */
+     * attempted) do not hold it. Default 0.
+     * A drain ends at once, failed, when Redis cannot be used as
+     * configured, which no retry cures: the credentials refused (WRONGPASS,
+     * NOAUTH), an ACL that forbids a command the relay sends (NOPERM on
+     * XADD, EVALSHA, EVAL, WAIT, or on SELECT or CLIENT SETNAME when it
+     * connects), a plain URL naming a Redis Cluster node, or every sentinel
+     * answering that it does not know the master (or refusing the
+     * sentinels' credentials). The relay logs why (msg="drain failed: ..."
+     * err=ECONFIG, with the rows left) and calls on_drained (or stops);
+     * outbox_relay_drain_result() then returns OUTBOX_ECONFIG; the stop
+     * hands back every claimed row that was not published (pending again,
+     * no attempt counted), so that a later run publishes it.
+     * Redis or every sentinel unreachable is not such an error: the drain
+     * waits for them (up to drain_timeout_ms). Without drain mode the relay
+     * holds publishing instead, says why once (msg="publishing held: ...")
+     * and in /healthz, and resumes by itself once Redis accepts it. */
     int drain;
     /* Drain mode: how long the drain may take, in ms from
      * outbox_relay_start; default 0 = no limit. When it expires first, the
@@ -235,8 +250,10 @@ OUTBOX_API int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, vo
 OUTBOX_API void outbox_relay_destroy(outbox_relay *r);
 
 /* How a drain ended: 0 once it was done, OUTBOX_ETIMEDOUT when
- * drain_timeout_ms expired first (rows were left), OUTBOX_ESTATE before
- * either or without drain mode, OUTBOX_EINVAL for NULL. For on_drained. */
+ * drain_timeout_ms expired first (rows were left), OUTBOX_ECONFIG when
+ * Redis cannot be used as configured (see drain: rows were left, the log
+ * says why), OUTBOX_ESTATE before any of these or without drain
+ * mode, OUTBOX_EINVAL for NULL. For on_drained. */
 OUTBOX_API int outbox_relay_drain_result(const outbox_relay *r);
 
 /* Wakes the relay to scan now, e.g. right after the application committed

@@ -35,6 +35,14 @@ static void on_redis_down(outbox_relay *r, int status)
     stop_check(r); /* lost while stopping: nothing more to wait for */
 }
 
+/* Redis cannot be used as configured (link.c logged why and holds
+ * publishing). A daemon waits for the operator to fix Redis or the
+ * configuration underneath it; a drain cannot finish that way and ends. */
+static void on_redis_problem(outbox_relay *r)
+{
+    outbox__sched_drain_fail(r, OUTBOX_ECONFIG);
+}
+
 /* One handle (or the Redis connection) closed: the stop ends with the last. */
 static void handle_closed(outbox_relay *r)
 {
@@ -226,7 +234,7 @@ int outbox_relay_start(outbox_relay *r)
     /* Binding the metrics port (and memory) are the only things that can
      * fail: first, so a failed start leaves nothing to close. */
     if (r->redis.state == RC_NONE) {
-        static const struct link_hooks hooks = {on_redis_up, on_redis_down};
+        static const struct link_hooks hooks = {on_redis_up, on_redis_down, on_redis_problem};
         if (outbox__link_init(r, &hooks) != 0)
             return OUTBOX_ENOMEM;
     }

@@ -163,10 +163,21 @@ struct relay_db {
 };
 
 /* What the link (link.c) tells the lifecycle: Redis can be used now; it
- * cannot any more (every pending reply callback already ran). */
+ * cannot any more (every pending reply callback already ran); it cannot be
+ * used as configured (outbox__link_problem says why; publishing is held). */
 struct link_hooks {
     void (*up)(outbox_relay *r);
     void (*down)(outbox_relay *r, int status);
+    void (*problem)(outbox_relay *r);
+};
+
+/* Why Redis cannot be used as configured (link.c), and how the link finds
+ * out that it can again. */
+enum link_problem_kind {
+    LP_NONE,
+    LP_CLUSTER_NODE, /* a plain URL names a cluster node: INFO cluster again every 10 s */
+    LP_REFUSED,      /* connecting is refused (credentials, an ACL, the sentinels): over once connected */
+    LP_ACL,          /* an ACL forbids a command the relay sends: publishing is tried again every 10 s */
 };
 
 /* The Redis connection (loop thread): one node (rc) or a cluster, behind
@@ -180,9 +191,11 @@ struct relay_redis {
     char idem_sha[41];   /* the idempotent publish script's sha, "" until loaded */
     uint64_t down_since; /* loop ms when Redis became unreachable, 0 while up */
     int info_pending;    /* a single node's INFO cluster check awaits its reply */
-    char misconfig[400]; /* a plain URL names a cluster node: why publishing is held, "" otherwise */
+    enum link_problem_kind problem; /* Redis cannot be used as configured, LP_NONE otherwise */
+    char misconfig[700]; /* why publishing is held, "" while problem is LP_NONE */
     uint64_t misconfig_at; /* loop ms of the last check */
     uint64_t misconfig_logged; /* loop ms of its last error line, 0 if none */
+    int acl_probe; /* LP_ACL was lifted to try again: the next accepted command says it is over */
 };
 
 /* The window (loop thread; read by the unit's worker while it runs, never
@@ -263,6 +276,7 @@ struct relay_sched {
     unsigned stop_failures;   /* units in a row that failed while stopping */
     int drained;              /* drain mode: on_drained was called */
     int drain_timed_out;      /* drain mode: on_drained was called because drain_timeout_ms expired */
+    int drain_error;          /* drain mode: the drain cannot finish (outbox__sched_drain_fail), 0 otherwise */
 };
 
 /* Cross-thread state of a unit's transaction (mutex, or atomics where
@@ -524,11 +538,14 @@ void outbox__link_start(outbox_relay *r);
 /* Frees what an init of a start that failed created. */
 void outbox__link_discard(outbox_relay *r);
 /* 1 while commands can be sent (connected; a cluster with a slot map; not
- * held for a plain URL naming a cluster node). */
+ * held by a problem, see outbox__link_problem). */
 int outbox__link_up(const outbox_relay *r);
-/* Why publishing is held although Redis answers, or NULL. */
+/* Why publishing is held because Redis cannot be used as configured (a
+ * plain URL naming a cluster node, credentials refused, an ACL forbidding a
+ * command the relay sends, no sentinel naming the master), or NULL. */
 const char *outbox__link_problem(const outbox_relay *r);
-/* Repeats the held check now and then (called by every unit). */
+/* Repeats the held check now and then (called by every unit, and by the
+ * scan timer while a problem holds publishing). */
 void outbox__link_check(outbox_relay *r);
 /* Queues a formatted command about topic's stream (its slot picks the
  * node); *node (may be NULL) gets the node. 0, or an OUTBOX_E* without a
@@ -540,9 +557,11 @@ int outbox__link_node_argv(outbox_relay *r, void *node, int argc, const char **a
                            uint64_t timeout_ms, outbox__redis_reply_cb cb, void *data);
 /* The node of the connection that answered. */
 void *outbox__link_node_of(const outbox_relay *r, const outbox__redis *conn);
-/* For reply callbacks: 1 if the error reply means the message's outcome is
- * the connection's problem, not the message's (release it): a Sentinel
- * master demoted (rconn.h), or a plain URL answered by a cluster node. */
+/* For reply callbacks (every reply with status 0): 1 if the error reply
+ * means the message's outcome is the connection's problem, not the
+ * message's (release it): a Sentinel master demoted (rconn.h), a plain URL
+ * answered by a cluster node, an ACL that forbids the command (the last two
+ * hold publishing: outbox__link_problem). */
 int outbox__link_lost(outbox_relay *r, const outbox__redis *conn, const redisReply *reply);
 /* Stop: no more reconnects. Shutdown timeout: drop the connections. Close. */
 void outbox__link_hold(outbox_relay *r);
@@ -597,6 +616,12 @@ void outbox__sched_close(outbox_relay *r, uv_close_cb cb);
 void outbox__sched_schedule(outbox_relay *r);
 /* Schedules a unit after delay ms (at most the scan interval). */
 void outbox__sched_arm_scan(outbox_relay *r, uint64_t delay);
+/* Drain mode: the drain cannot finish (code, e.g. OUTBOX_ECONFIG: Redis
+ * cannot be used as configured) and ends on the next loop turn, as
+ * drain_timeout_ms would end it: on_drained, with
+ * outbox_relay_drain_result() returning code. A no-op without drain mode or
+ * once the drain ended. */
+void outbox__sched_drain_fail(outbox_relay *r, int code);
 /* The relay connection's busy handler: waits only inside a unit. */
 int outbox__sched_busy_handler(void *arg, int count);
 

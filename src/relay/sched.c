@@ -90,7 +90,8 @@ static int drain_left(outbox_relay *r, int64_t now, int64_t limit, int64_t left[
 static void check_drained(outbox_relay *r, int64_t now)
 {
     int64_t left[3];
-    if (!r->cfg.s.drain || r->sched.drained || r->state != R_RUNNING || r->win.inflight || r->win.marks_head)
+    if (!r->cfg.s.drain || r->sched.drained || r->sched.drain_error || r->state != R_RUNNING || r->win.inflight ||
+        r->win.marks_head)
         return;
     if (drain_left(r, now, 1, left) != 0 || left[0] + left[1] + left[2] > 0)
         return;
@@ -126,12 +127,50 @@ static void on_drain_timeout(uv_timer_t *t)
     r->cfg.s.on_drained(r, r->cfg.s.on_drained_data);
 }
 
+/* The drain cannot finish (outbox__sched_drain_fail): it ends as a drain
+ * timeout does, the log saying why and what is left. The rows claimed so
+ * far are handed back by the stop that on_drained starts. */
+static void on_drain_failed(uv_timer_t *t)
+{
+    outbox_relay *r = t->data;
+    const char *why = outbox__link_problem(r);
+    int64_t left[3];
+    if (r->sched.drained || r->state != R_RUNNING)
+        return;
+    if (r->sched.running) {
+        uv_timer_start(t, on_drain_failed, 1, 0);
+        return;
+    }
+    drain_left(r, outbox_now_ms(), -1, left);
+    r->sched.drained = 1;
+    LOG(r, OUTBOX_LOG_ERROR,
+        "msg=\"drain failed: %s\" err=%s due=%lld waiting_retry=%lld leased=%lld inflight=%llu published=%llu "
+        "dead=%llu",
+        why ? why : outbox_strerror(r->sched.drain_error), outbox_err_name(r->sched.drain_error), (long long)left[0],
+        (long long)left[1], (long long)left[2], (unsigned long long)r->win.inflight,
+        (unsigned long long)r->stats.published_total, (unsigned long long)r->stats.dead_total);
+    r->cfg.s.on_drained(r, r->cfg.s.on_drained_data);
+}
+
+void outbox__sched_drain_fail(outbox_relay *r, int code)
+{
+    if (!r->cfg.s.drain || r->sched.drained || r->sched.drain_error || r->state != R_RUNNING)
+        return;
+    r->sched.drain_error = code;
+    /* Not from here: this runs inside reply and connection callbacks, and
+     * on_drained may stop or destroy the relay. The drain timeout, if any,
+     * has nothing left to do. */
+    uv_timer_start(&r->sched.drain_timer, on_drain_failed, 0, 0);
+}
+
 int outbox_relay_drain_result(const outbox_relay *r)
 {
     if (!r)
         return OUTBOX_EINVAL;
     if (!r->sched.drained)
         return OUTBOX_ESTATE;
+    if (r->sched.drain_error)
+        return r->sched.drain_error;
     return r->sched.drain_timed_out ? OUTBOX_ETIMEDOUT : 0;
 }
 
@@ -530,6 +569,10 @@ static void do_work(outbox_relay *r)
             want = r->cfg.s.batch;
     }
     if (!r->win.marks_head && !want_claim) {
+        /* Held by a problem, nothing else would run a unit: the scan
+         * timer comes back for the check (a timer tick a second). */
+        if (outbox__link_problem(r))
+            outbox__sched_arm_scan(r, r->cfg.s.scan_interval_ms);
         r->hooks.stop_check(r);
         return;
     }

@@ -111,9 +111,14 @@ static void on_signal(uv_signal_t *h, int signum)
 static void on_drained(outbox_relay *r, void *data)
 {
     daemon_state *d = data;
-    /* The relay logged the rows left. */
-    if (outbox_relay_drain_result(r) == OUTBOX_ETIMEDOUT)
+    int e = outbox_relay_drain_result(r);
+    /* The relay logged the rows left, and for OUTBOX_ECONFIG why Redis
+     * cannot be used as configured: a configuration error, like a bad
+     * option, which running again as it is would not cure. */
+    if (e == OUTBOX_ETIMEDOUT)
         d->exit_code = EXIT_FATAL;
+    else if (e == OUTBOX_ECONFIG)
+        d->exit_code = EXIT_USAGE;
     outbox_relay_stop(r, on_stopped, d);
 }
 
