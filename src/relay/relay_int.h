@@ -43,6 +43,7 @@
 #include "outbox/schema.h"
 #include "rconn.h"
 #include "redis.h"
+#include "sqlite_util.h"
 
 /* What became of one message; decides its mark. */
 enum outcome {
@@ -128,8 +129,10 @@ typedef struct wait_set {
 } wait_set;
 
 /* The relay's life: created, running (start), stopping (stop), stopped
- * (every handle closed). */
-enum relay_state { R_CREATED, R_RUNNING, R_STOPPING, R_STOPPED };
+ * (every handle closed). Waiting: started, but the database could not be
+ * opened yet (wait_for_db): only the handles of the wait, the schedule's
+ * timers and the HTTP endpoint exist; running follows once it opened. */
+enum relay_state { R_CREATED, R_WAITING, R_RUNNING, R_STOPPING, R_STOPPED };
 /* Where the Redis connection (an rconn) is in its life. */
 enum rc_state { RC_NONE, RC_INITIALISED, RC_STARTED, RC_CLOSING };
 
@@ -138,6 +141,7 @@ typedef struct relay_hooks {
     void (*schedule)(outbox_relay *r);   /* run a unit of work soon */
     void (*stop_check)(outbox_relay *r); /* a stop in progress may be able to finish */
     void (*closed)(outbox_relay *r);     /* one of the relay's handles finished closing */
+    void (*db_opened)(outbox_relay *r);  /* the wait for the database is over: it is open */
 } relay_hooks;
 
 /* Configuration: set by create, read-only afterwards (any thread). */
@@ -160,6 +164,23 @@ struct relay_db {
         *q_batch_keys, *q_batch_leave, *q_batch_published, *q_batch_failed, *q_batch_release,
         *q_batch_row_published, *q_key_any, *q_begin, *q_commit;
     int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
+};
+
+/* Waiting for the database (dbwait.c). The loop thread's, except the
+ * try's results (try_*), which are the worker's while running. */
+struct relay_dbwait {
+    int waiting;          /* create could not open the database, for a reason that heals */
+    uv_timer_t timer;     /* the next try */
+    uv_work_t work;
+    int running;          /* a try is on a worker thread (it has r->db) */
+    unsigned failures;    /* failed opens so far, create's included */
+    uint64_t since_ms;    /* monotonic ms the wait began (create's failure) */
+    uint64_t logged_ms;   /* monotonic ms of the last warning */
+    char why[512];        /* the last failure's reason */
+    char logged[512];     /* the reason last logged */
+    int try_e;            /* the try's OUTBOX_E* (0: open) */
+    outbox__sqlfail try_f;
+    char try_why[512];
 };
 
 /* What the link (link.c) tells the lifecycle: Redis can be used now; it
@@ -363,6 +384,7 @@ struct relay_stop {
     int closing;            /* the handles are being closed: the stop is past waiting */
     int in_finish;          /* inside the stop callback: destroy there is deferred */
     int destroy_pending;    /* destroy was called while running: free after the stop */
+    int began;              /* the database opened and the rest started (wake-ups, retention, Redis) */
 };
 
 struct outbox_relay {
@@ -371,6 +393,7 @@ struct outbox_relay {
     relay_hooks hooks;
     struct relay_config cfg;
     struct relay_db db;
+    struct relay_dbwait dbwait;
     struct relay_redis redis;
     struct relay_window win;
     struct relay_claim_ws cw;
@@ -398,9 +421,18 @@ void outbox__relay_settings_resolve(outbox_relay_settings *s);
 /* ---- db.c ---- */
 
 /* Opens r->db.conn on r->cfg.db_path, checks (or migrates) the schema and
- * prepares the statements. May wait for a lock (see relay.h). 0 or the
- * OUTBOX_E* of outbox_db_open / outbox_schema_check, err saying why. */
-int outbox__relay_db_open(outbox_relay *r, char *err, size_t errlen);
+ * prepares the statements. With wait_lock it waits for a lock (see
+ * relay.h), else it tries once. 0 or the OUTBOX_E* of outbox_db_open /
+ * outbox_schema_check, err saying why and *f (may be NULL) SQLite's code
+ * behind it; r->db.conn may then be open: outbox__relay_db_close. Any
+ * thread, while nothing else uses r->db. */
+int outbox__relay_db_open(outbox_relay *r, int wait_lock, outbox__sqlfail *f, char *err, size_t errlen);
+/* 1 when a failed open (e, f) may succeed later with nothing changed by
+ * hand: a full disk (SQLITE_FULL, an I/O error, a -wal or -shm file that
+ * cannot be created for want of space) or a lock (SQLITE_BUSY, LOCKED). 0
+ * for what someone must fix: not a database, corrupt, no, a foreign or a
+ * newer schema, a missing or read-only file. */
+int outbox__relay_db_heals(int e, const outbox__sqlfail *f);
 /* Prepares the statements on r->db.conn (a database with the schema). */
 int outbox__relay_db_prepare(outbox_relay *r, char *err, size_t errlen);
 /* Finalizes the statements and closes the connection; safe on a partial open. */
@@ -600,6 +632,20 @@ void outbox__sched_arm_scan(outbox_relay *r, uint64_t delay);
 /* The relay connection's busy handler: waits only inside a unit. */
 int outbox__sched_busy_handler(void *arg, int count);
 
+/* ---- dbwait.c ---- */
+
+/* Create could not open the database for a reason that heals (e, f, why):
+ * the relay will wait for it. */
+void outbox__dbwait_begin(outbox_relay *r, int e, const outbox__sqlfail *f, const char *why);
+/* Initialises the wait's timer; returns 1 (the handle). When the relay
+ * waits, logs it and arms the first try; hooks.db_opened follows the try
+ * that opens the database. */
+int outbox__dbwait_start(outbox_relay *r);
+/* Stops trying (a stop begins); a try on a worker thread still ends
+ * (r->dbwait.running). Closes the timer with cb. */
+void outbox__dbwait_stop(outbox_relay *r);
+void outbox__dbwait_close(outbox_relay *r, uv_close_cb cb);
+
 /* ---- ops.c ---- */
 
 /* Histograms and the topic table (create); their memory (destroy). */
@@ -607,10 +653,9 @@ void outbox__ops_init(outbox_relay *r);
 void outbox__ops_free(outbox_relay *r);
 /* Binds metrics_listen, if set. 0 or OUTBOX_E* with err. */
 int outbox__ops_listen(outbox_relay *r, char *err, size_t errlen);
-/* Starts the stall probes and retention; returns the number of handles
- * (the HTTP server's included). Stops retention; closes with cb. */
+/* Starts the stall probes; returns the number of handles (the HTTP
+ * server's included). Closes them with cb. */
 int outbox__ops_start(outbox_relay *r);
-void outbox__ops_stop(outbox_relay *r);
 void outbox__ops_close(outbox_relay *r, uv_close_cb cb);
 
 /* ---- retention.c ---- */

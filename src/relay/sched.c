@@ -106,15 +106,18 @@ static void check_drained(outbox_relay *r, int64_t now)
 static void on_drain_timeout(uv_timer_t *t)
 {
     outbox_relay *r = t->data;
-    int64_t left[3];
-    if (r->sched.drained || r->state != R_RUNNING)
+    int64_t left[3] = {-1, -1, -1};
+    if (r->sched.drained || (r->state != R_RUNNING && r->state != R_WAITING))
         return;
     if (r->sched.running) {
         /* The unit's worker has the connection: count once it is done. */
         uv_timer_start(t, on_drain_timeout, 1, 0);
         return;
     }
-    drain_left(r, outbox_now_ms(), -1, left);
+    if (r->state == R_RUNNING)
+        drain_left(r, outbox_now_ms(), -1, left);
+    else
+        LOG(r, OUTBOX_LOG_WARN, "msg=\"drain timeout while waiting for the database\" db=%s", r->cfg.db_path);
     r->sched.drained = 1;
     r->sched.drain_timed_out = 1;
     LOG(r, OUTBOX_LOG_WARN,
@@ -515,7 +518,8 @@ static void do_work(outbox_relay *r)
         r->sched.again = 1;
         return;
     }
-    if (uv_is_active((uv_handle_t *)&r->sched.busy_timer) || r->state == R_STOPPED || r->state == R_CREATED)
+    /* Nothing before the database opened (R_WAITING, or a stop since). */
+    if (uv_is_active((uv_handle_t *)&r->sched.busy_timer) || r->state == R_STOPPED || !r->stop.began)
         return;
     outbox__win_flush_parked(r, r->cfg.s.idempotent ? PARKED_IDEM_MS : PARKED_MS);
     /* The marks written below leave the window in this same transaction,
@@ -604,7 +608,7 @@ static void on_kick(uv_timer_t *t)
 
 void outbox__sched_schedule(outbox_relay *r)
 {
-    if (r->state == R_STOPPED || r->state == R_CREATED)
+    if (r->state == R_STOPPED || !r->stop.began)
         return;
     if (!uv_is_active((uv_handle_t *)&r->sched.kick_timer) && !uv_is_active((uv_handle_t *)&r->sched.busy_timer)) {
         uint64_t now = uv_now(r->loop);
