@@ -306,6 +306,9 @@ static void answer(outbox_relay *r, outbox__http_req *req, const char *path)
         if (!r->stop.began)
             n = snprintf(body, sizeof body, "unhealthy: waiting for the database %s: %s\n", r->cfg.db_path,
                          r->dbwait.why);
+        else if (r->sched.fail_since)
+            n = snprintf(body, sizeof body, "unhealthy: database %s failing for %llu ms: %s\n", r->cfg.db_path,
+                         (unsigned long long)(now - r->sched.fail_since), r->sched.fail_why);
         else if (!r->ops.dbstat.ok)
             n = snprintf(body, sizeof body, "unhealthy: %s\n", r->ops.dbstat.err[0] ? r->ops.dbstat.err : "database not checked");
         else if (outbox__link_problem(r))

@@ -260,6 +260,7 @@ struct relay_unit {
     uint64_t held, rest; /* in the window without a queued mark; marks left in the queue */
     int rc;           /* OUTBOX_E* of the transaction, 0 if it committed */
     int sqlite_rc;    /* the SQLite code behind rc (the busy retry tells locks from errors) */
+    int sys_errno;    /* the system's errno behind it (sqlite3_system_errno), for the log */
     const char *what;
     uint64_t t0, t_claim0, t_end;
 };
@@ -284,6 +285,9 @@ struct relay_sched {
     unsigned stop_failures;   /* units in a row that failed while stopping */
     int drained;              /* drain mode: on_drained was called */
     int drain_timed_out;      /* drain mode: on_drained was called because drain_timeout_ms expired */
+    uint64_t fail_since;      /* loop ms units began to fail with an error other than a lock; 0 once one commits */
+    uint64_t fail_logged;     /* loop ms that failure was last logged */
+    char fail_why[160];       /* its error, for the log and /healthz */
 };
 
 /* Cross-thread state of a unit's transaction (mutex, or atomics where

@@ -138,27 +138,54 @@ int outbox_relay_drain_result(const outbox_relay *r)
     return r->sched.drain_timed_out ? OUTBOX_ETIMEDOUT : 0;
 }
 
+/* How often a failure that goes on (a full disk) is logged again. */
+#define FAIL_REMIND_MS 30000
+
 /* A unit failed with rc (OUTBOX_E*; sqlite_rc the SQLite code behind it, or
- * 0): nothing was written. Never sleep on the loop thread: try again from a
- * timer. */
-static void db_busy_retry(outbox_relay *r, int rc, int sqlite_rc, const char *what)
+ * 0, and sys the system's errno, or 0): nothing was written. Never sleep on
+ * the loop thread: try again from a timer. A failure other than a lock is
+ * logged when it begins or changes, then every FAIL_REMIND_MS, like an
+ * unreachable Redis: a full disk fails every unit until space is freed. */
+static void db_busy_retry(outbox_relay *r, int rc, int sqlite_rc, int sys, const char *what)
 {
     int locked = rc == OUTBOX_EBUSY;
     /* A lock is held for a transaction's length, usually a few ms: retry
      * every few ms, or a writer committing constantly would push the retries
      * far apart and delay every message by them. Other errors (I/O, disk
      * full) back off further. */
-    uint64_t cap = locked ? 8 : 500;
+    uint64_t cap = locked ? 8 : 500, now = uv_now(r->loop);
+    char why[sizeof r->sched.fail_why];
     r->sched.busy_delay_ms = r->sched.busy_delay_ms ? r->sched.busy_delay_ms * 2 : 1;
     if (r->sched.busy_delay_ms > cap)
         r->sched.busy_delay_ms = cap;
-    if (locked)
+    uv_timer_start(&r->sched.busy_timer, on_busy_retry, r->sched.busy_delay_ms, 0);
+    if (locked) {
         LOG(r, OUTBOX_LOG_DEBUG, "msg=\"database locked, retrying\" during=%s retry_ms=%llu", what,
             (unsigned long long)r->sched.busy_delay_ms);
+        return;
+    }
+    /* errno says something only after a failed system call. */
+    if (sys && ((sqlite_rc & 0xff) == SQLITE_IOERR || (sqlite_rc & 0xff) == SQLITE_FULL ||
+                (sqlite_rc & 0xff) == SQLITE_CANTOPEN))
+        snprintf(why, sizeof why, "%s (%s)", sqlite_rc ? sqlite3_errstr(sqlite_rc) : outbox_strerror(rc),
+                 strerror(sys));
     else
-        LOG(r, OUTBOX_LOG_ERROR, "msg=\"database error, retrying\" during=%s error=\"%s\" retry_ms=%llu", what,
-            sqlite_rc ? sqlite3_errstr(sqlite_rc) : outbox_strerror(rc), (unsigned long long)r->sched.busy_delay_ms);
-    uv_timer_start(&r->sched.busy_timer, on_busy_retry, r->sched.busy_delay_ms, 0);
+        snprintf(why, sizeof why, "%s", sqlite_rc ? sqlite3_errstr(sqlite_rc) : outbox_strerror(rc));
+    if (!r->sched.fail_since || strcmp(why, r->sched.fail_why) != 0) {
+        if (!r->sched.fail_since)
+            r->sched.fail_since = now ? now : 1;
+        r->sched.fail_logged = now;
+        outbox__strlcpy(r->sched.fail_why, why, sizeof r->sched.fail_why);
+        LOG(r, OUTBOX_LOG_ERROR, "msg=\"database error, retrying\" db=%s during=%s error=\"%s\" retry_ms=%llu",
+            r->cfg.db_path, what, why, (unsigned long long)r->sched.busy_delay_ms);
+    } else if (now - r->sched.fail_logged >= FAIL_REMIND_MS) {
+        r->sched.fail_logged = now;
+        LOG(r, OUTBOX_LOG_ERROR, "msg=\"database error, still retrying\" db=%s during=%s error=\"%s\" for_ms=%llu",
+            r->cfg.db_path, what, why, (unsigned long long)(now - r->sched.fail_since));
+    } else {
+        LOG(r, OUTBOX_LOG_DEBUG, "msg=\"database error, retrying\" during=%s error=\"%s\" retry_ms=%llu", what, why,
+            (unsigned long long)r->sched.busy_delay_ms);
+    }
 }
 
 static void txn_open(outbox_relay *r, int open)
@@ -236,6 +263,7 @@ static void unit_txn(outbox_relay *r)
     if (rc != 0) {
         u->rc = rc;
         u->sqlite_rc = r->db.last_rc;
+        u->sys_errno = sqlite3_system_errno(r->db.conn);
         u->what = "begin";
         return;
     }
@@ -299,6 +327,7 @@ static void unit_txn(outbox_relay *r)
 rollback:
     u->rc = rc;
     u->sqlite_rc = r->db.last_rc;
+    u->sys_errno = sqlite3_system_errno(r->db.conn);
     sqlite3_exec(r->db.conn, "ROLLBACK", NULL, NULL, NULL);
     txn_open(r, 0);
     for (i = 0; i < u->nclaimed; i++)
@@ -360,12 +389,18 @@ static void unit_done(uv_work_t *w, int status)
         u->marks = NULL;
         if (r->state == R_STOPPING)
             r->sched.stop_failures++;
-        db_busy_retry(r, u->rc, u->sqlite_rc, u->what);
+        db_busy_retry(r, u->rc, u->sqlite_rc, u->sys_errno, u->what);
         r->hooks.stop_check(r);
         return;
     }
     r->sched.busy_delay_ms = 0;
     r->sched.stop_failures = 0;
+    if (r->sched.fail_since) {
+        LOG(r, OUTBOX_LOG_INFO, "msg=\"database writable again\" db=%s failed_for_ms=%llu", r->cfg.db_path,
+            (unsigned long long)(uv_now(r->loop) - r->sched.fail_since));
+        r->sched.fail_since = 0;
+        r->sched.fail_why[0] = '\0';
+    }
     if (u->nwritten) {
         /* The budget ran out: the marks not written go back to the queue. */
         msg *last = u->marks;
@@ -582,7 +617,7 @@ static void do_work(outbox_relay *r)
         want_claim = 0;
         want = 0;
         if (!u->nmarks) {
-            db_busy_retry(r, OUTBOX_ENOMEM, 0, "claim");
+            db_busy_retry(r, OUTBOX_ENOMEM, 0, 0, "claim");
             return;
         }
     }
@@ -595,7 +630,7 @@ static void do_work(outbox_relay *r)
         /* Cannot happen with a valid loop; put the marks back and retry. */
         outbox__win_requeue(r, u->marks);
         u->marks = NULL;
-        db_busy_retry(r, OUTBOX_EINVAL, 0, "queue");
+        db_busy_retry(r, OUTBOX_EINVAL, 0, 0, "queue");
         return;
     }
     r->sched.running = 1;
