@@ -84,13 +84,16 @@ static char *dupstr(const char *s)
 static void free_fields(outbox_relay *r)
 {
     outbox__link_discard(r); /* initialised by a start that failed */
-    outbox__relay_db_close(r);
+    /* The relay's own connection last: the last connection to close
+     * checkpoints the WAL and removes the -wal and -shm files, which the
+     * read-only one of the database figures cannot do. */
     sqlite3_close_v2(r->ckpt.db);
+    outbox__ops_free(r);
+    outbox__relay_db_close(r);
     if (r->lock.sync_ok) {
         uv_cond_destroy(&r->lock.cond);
         uv_mutex_destroy(&r->lock.mutex);
     }
-    outbox__ops_free(r);
     free(r->cfg.metrics_listen);
     outbox__redis_url_free(&r->cfg.url);
     outbox__tls_config_unref(r->cfg.tls);
