@@ -14,7 +14,7 @@
  *    open tried again with backoff, the warning logged once. Once the filler
  *    is deleted every row is published and /healthz answers 200.
  * 2. SIGTERM while it waits: exit 0.
- * 3. --drain on the full disk: exit 1 at once, with the reason.
+ * 3. --drain on the full disk: exit 1 at once, with the reason; init: exit 2.
  * 4. The disk fills while the daemon runs, with messages in flight (Redis
  *    holds the XADDs with CLIENT PAUSE until the filler is written): their
  *    marks fail with SQLITE_FULL, the relay logs it once, stays up and
@@ -313,6 +313,17 @@ static void drain_fails_fast(void)
     if (rc != 1)
         th_diag_tail("drain", err, 5);
     free(err);
+
+    {
+        char *bin = th_bin("tools/relay/outbox-relay");
+        char *argv[] = {bin, "init", "--db", dbpath, NULL};
+        err = NULL;
+        rc = th_run(argv, NULL, NULL, &err, 20000 * th_slow());
+        is_int(rc, 2, "init on the full disk: exit 2, as before");
+        ok(err && strstr(err, "No space left on device"), "... with the reason: %s", err ? err : "");
+        free(err);
+        free(bin);
+    }
 }
 
 /* ---- 4. the disk fills while running ------------------------------------ */
