@@ -233,9 +233,12 @@ OUTBOX_API int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const ou
                                    char *err, size_t errlen);
 
 /* Connects to Redis (retrying with backoff while it is unreachable) and
- * starts scanning. Returns 0, OUTBOX_ESTATE if already started, or
- * OUTBOX_EIO / OUTBOX_EINVAL when metrics_listen cannot be bound (the relay
- * then stays unstarted: destroy it). */
+ * starts scanning; with wait_for_db and a database create could not open,
+ * it first waits for the database (see wait_for_db; /metrics and /healthz
+ * are served meanwhile, and outbox_relay_stop works during the wait).
+ * Returns 0, OUTBOX_ESTATE if already started, or OUTBOX_EIO /
+ * OUTBOX_EINVAL when metrics_listen cannot be bound (the relay then stays
+ * unstarted: destroy it). */
 OUTBOX_API int outbox_relay_start(outbox_relay *r);
 
 /*

@@ -5,9 +5,10 @@
  * has a paragraph on each. Calls run one way, from the top down:
  *
  *   lifecycle.c      create, start, stop, destroy; the Redis up/down events
- *   sched.c  ops.c  retention.c  attach.c
+ *   sched.c  ops.c  retention.c  attach.c  dbwait.c
  *                    units of work and their timers; metrics, HTTP,
- *                    database figures; retention; attached connections
+ *                    database figures; retention; attached connections;
+ *                    waiting for a database on a full disk or locked
  *   wake.c  publish.c  idem_publish.c
  *                    WAL watch, data_version and checkpoints; XADD and WAIT;
  *                    idempotent publishing
