@@ -5,9 +5,10 @@
  * has a paragraph on each. Calls run one way, from the top down:
  *
  *   lifecycle.c      create, start, stop, destroy; the Redis up/down events
- *   sched.c  ops.c  retention.c  attach.c
+ *   sched.c  ops.c  retention.c  attach.c  dbwait.c
  *                    units of work and their timers; metrics, HTTP,
- *                    database figures; retention; attached connections
+ *                    database figures; retention; attached connections;
+ *                    waiting for a database on a full disk or locked
  *   wake.c  publish.c  idem_publish.c
  *                    WAL watch, data_version and checkpoints; XADD and WAIT;
  *                    idempotent publishing
@@ -43,6 +44,7 @@
 #include "outbox/schema.h"
 #include "rconn.h"
 #include "redis.h"
+#include "sqlite_util.h"
 
 /* What became of one message; decides its mark. */
 enum outcome {
@@ -128,8 +130,10 @@ typedef struct wait_set {
 } wait_set;
 
 /* The relay's life: created, running (start), stopping (stop), stopped
- * (every handle closed). */
-enum relay_state { R_CREATED, R_RUNNING, R_STOPPING, R_STOPPED };
+ * (every handle closed). Waiting: started, but the database could not be
+ * opened yet (wait_for_db): only the handles of the wait, the schedule's
+ * timers and the HTTP endpoint exist; running follows once it opened. */
+enum relay_state { R_CREATED, R_WAITING, R_RUNNING, R_STOPPING, R_STOPPED };
 /* Where the Redis connection (an rconn) is in its life. */
 enum rc_state { RC_NONE, RC_INITIALISED, RC_STARTED, RC_CLOSING };
 
@@ -138,6 +142,7 @@ typedef struct relay_hooks {
     void (*schedule)(outbox_relay *r);   /* run a unit of work soon */
     void (*stop_check)(outbox_relay *r); /* a stop in progress may be able to finish */
     void (*closed)(outbox_relay *r);     /* one of the relay's handles finished closing */
+    void (*db_opened)(outbox_relay *r);  /* the wait for the database is over: it is open */
 } relay_hooks;
 
 /* Configuration: set by create, read-only afterwards (any thread). */
@@ -160,6 +165,23 @@ struct relay_db {
         *q_batch_keys, *q_batch_leave, *q_batch_published, *q_batch_failed, *q_batch_release,
         *q_batch_row_published, *q_key_any, *q_begin, *q_commit;
     int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
+};
+
+/* Waiting for the database (dbwait.c). The loop thread's, except the
+ * try's results (try_*), which are the worker's while running. */
+struct relay_dbwait {
+    int waiting;          /* create could not open the database, for a reason that heals */
+    uv_timer_t timer;     /* the next try */
+    uv_work_t work;
+    int running;          /* a try is on a worker thread (it has r->db) */
+    unsigned failures;    /* failed opens so far, create's included */
+    uint64_t since_ms;    /* monotonic ms the wait began (create's failure) */
+    uint64_t logged_ms;   /* monotonic ms of the last warning */
+    char why[512];        /* the last failure's reason */
+    char logged[512];     /* the reason last logged */
+    int try_e;            /* the try's OUTBOX_E* (0: open) */
+    outbox__sqlfail try_f;
+    char try_why[512];
 };
 
 /* What the link (link.c) tells the lifecycle: Redis can be used now; it
@@ -252,6 +274,7 @@ struct relay_unit {
     uint64_t held, rest; /* in the window without a queued mark; marks left in the queue */
     int rc;           /* OUTBOX_E* of the transaction, 0 if it committed */
     int sqlite_rc;    /* the SQLite code behind rc (the busy retry tells locks from errors) */
+    int sys_errno;    /* the system's errno behind it (sqlite3_system_errno), for the log */
     const char *what;
     uint64_t t0, t_claim0, t_end;
 };
@@ -277,6 +300,9 @@ struct relay_sched {
     int drained;              /* drain mode: on_drained was called */
     int drain_timed_out;      /* drain mode: on_drained was called because drain_timeout_ms expired */
     int drain_error;          /* drain mode: the drain cannot finish (outbox__sched_drain_fail), 0 otherwise */
+    uint64_t fail_since;      /* loop ms units began to fail with an error other than a lock; 0 once one commits */
+    uint64_t fail_logged;     /* loop ms that failure was last logged */
+    char fail_why[160];       /* its error, for the log and /healthz */
 };
 
 /* Cross-thread state of a unit's transaction (mutex, or atomics where
@@ -377,6 +403,7 @@ struct relay_stop {
     int closing;            /* the handles are being closed: the stop is past waiting */
     int in_finish;          /* inside the stop callback: destroy there is deferred */
     int destroy_pending;    /* destroy was called while running: free after the stop */
+    int began;              /* the database opened and the rest started (wake-ups, retention, Redis) */
 };
 
 struct outbox_relay {
@@ -385,6 +412,7 @@ struct outbox_relay {
     relay_hooks hooks;
     struct relay_config cfg;
     struct relay_db db;
+    struct relay_dbwait dbwait;
     struct relay_redis redis;
     struct relay_window win;
     struct relay_claim_ws cw;
@@ -412,9 +440,18 @@ void outbox__relay_settings_resolve(outbox_relay_settings *s);
 /* ---- db.c ---- */
 
 /* Opens r->db.conn on r->cfg.db_path, checks (or migrates) the schema and
- * prepares the statements. May wait for a lock (see relay.h). 0 or the
- * OUTBOX_E* of outbox_db_open / outbox_schema_check, err saying why. */
-int outbox__relay_db_open(outbox_relay *r, char *err, size_t errlen);
+ * prepares the statements. With wait_lock it waits for a lock (see
+ * relay.h), else it tries once. 0 or the OUTBOX_E* of outbox_db_open /
+ * outbox_schema_check, err saying why and *f (may be NULL) SQLite's code
+ * behind it; r->db.conn may then be open: outbox__relay_db_close. Any
+ * thread, while nothing else uses r->db. */
+int outbox__relay_db_open(outbox_relay *r, int wait_lock, outbox__sqlfail *f, char *err, size_t errlen);
+/* 1 when a failed open (e, f) may succeed later with nothing changed by
+ * hand: a full disk (SQLITE_FULL, an I/O error, a -wal or -shm file that
+ * cannot be created for want of space) or a lock (SQLITE_BUSY, LOCKED). 0
+ * for what someone must fix: not a database, corrupt, no, a foreign or a
+ * newer schema, a missing or read-only file. */
+int outbox__relay_db_heals(int e, const outbox__sqlfail *f);
 /* Prepares the statements on r->db.conn (a database with the schema). */
 int outbox__relay_db_prepare(outbox_relay *r, char *err, size_t errlen);
 /* Finalizes the statements and closes the connection; safe on a partial open. */
@@ -625,6 +662,20 @@ void outbox__sched_drain_fail(outbox_relay *r, int code);
 /* The relay connection's busy handler: waits only inside a unit. */
 int outbox__sched_busy_handler(void *arg, int count);
 
+/* ---- dbwait.c ---- */
+
+/* Create could not open the database for a reason that heals (e, f, why):
+ * the relay will wait for it. */
+void outbox__dbwait_begin(outbox_relay *r, int e, const outbox__sqlfail *f, const char *why);
+/* Initialises the wait's timer; returns 1 (the handle). When the relay
+ * waits, logs it and arms the first try; hooks.db_opened follows the try
+ * that opens the database. */
+int outbox__dbwait_start(outbox_relay *r);
+/* Stops trying (a stop begins); a try on a worker thread still ends
+ * (r->dbwait.running). Closes the timer with cb. */
+void outbox__dbwait_stop(outbox_relay *r);
+void outbox__dbwait_close(outbox_relay *r, uv_close_cb cb);
+
 /* ---- ops.c ---- */
 
 /* Histograms and the topic table (create); their memory (destroy). */
@@ -632,10 +683,9 @@ void outbox__ops_init(outbox_relay *r);
 void outbox__ops_free(outbox_relay *r);
 /* Binds metrics_listen, if set. 0 or OUTBOX_E* with err. */
 int outbox__ops_listen(outbox_relay *r, char *err, size_t errlen);
-/* Starts the stall probes and retention; returns the number of handles
- * (the HTTP server's included). Stops retention; closes with cb. */
+/* Starts the stall probes; returns the number of handles (the HTTP
+ * server's included). Closes them with cb. */
 int outbox__ops_start(outbox_relay *r);
-void outbox__ops_stop(outbox_relay *r);
 void outbox__ops_close(outbox_relay *r, uv_close_cb cb);
 
 /* ---- retention.c ---- */
