@@ -66,13 +66,14 @@ extern "C" {
     XX(EIO, -27, "I/O error")                                                  \
     XX(ERANGE, -28, "value out of range")                                      \
     XX(ELEASE, -29, "lease lost: this owner no longer holds it")             \
-    XX(ETLS, -30, "TLS failure")
+    XX(ETLS, -30, "TLS failure")                                               \
+    XX(ECONFIG, -31, "Redis cannot be used as configured")
 
 typedef enum outbox_errno {
 #define OUTBOX_ERRNO_ENUM(name, val, msg) OUTBOX_##name = (val),
     OUTBOX_ERRNO_MAP(OUTBOX_ERRNO_ENUM)
 #undef OUTBOX_ERRNO_ENUM
-    OUTBOX_ERRNO_MIN_ = -30
+    OUTBOX_ERRNO_MIN_ = -31
 } outbox_errno;
 
 /* A static message for an error code; "unknown error" for anything else.

@@ -123,7 +123,22 @@ typedef struct outbox_relay_settings {
      * retry: a row that failed and waits for its backoff (or was handed
      * back) holds the drain until it is published or dead. Rows the
      * application wrote with a later available_at (delayed messages, never
-     * attempted) do not hold it. Default 0. */
+     * attempted) do not hold it. Default 0.
+     * A drain ends at once, failed, when Redis cannot be used as
+     * configured, which no retry cures: the credentials refused (WRONGPASS,
+     * NOAUTH), an ACL that forbids a command the relay sends (NOPERM on
+     * XADD, EVALSHA, EVAL, WAIT, or on SELECT or CLIENT SETNAME when it
+     * connects), a plain URL naming a Redis Cluster node, or every sentinel
+     * answering that it does not know the master (or refusing the
+     * sentinels' credentials). The relay logs why (msg="drain failed: ..."
+     * err=ECONFIG, with the rows left) and calls on_drained (or stops);
+     * outbox_relay_drain_result() then returns OUTBOX_ECONFIG; the stop
+     * hands back every claimed row that was not published (pending again,
+     * no attempt counted), so that a later run publishes it.
+     * Redis or every sentinel unreachable is not such an error: the drain
+     * waits for them (up to drain_timeout_ms). Without drain mode the relay
+     * holds publishing instead, says why once (msg="publishing held: ...")
+     * and in /healthz, and resumes by itself once Redis accepts it. */
     int drain;
     /* Drain mode: how long the drain may take, in ms from
      * outbox_relay_start; default 0 = no limit. When it expires first, the
@@ -182,6 +197,24 @@ typedef struct outbox_relay_settings {
      * of these set with a redis:// or unix:// URL is refused there. The
      * strings are not kept after create. */
     outbox_tls_settings tls;
+    /* What create does when the database cannot be opened for a reason
+     * that can pass by itself: a full disk (SQLITE_FULL, an I/O error such
+     * as a -wal or -shm file that cannot be created or grown for want of
+     * space) or a lock that outlasts create's wait (SQLITE_BUSY). Default 0:
+     * create fails with OUTBOX_EIO or OUTBOX_EBUSY. 1: create succeeds and
+     * the relay waits for its database, as it waits for an unreachable
+     * Redis: it logs a warning (then a reminder every 30 s), tries the open
+     * again on a worker thread after 100 ms, doubling to 5 s, with jitter,
+     * serves /metrics (without the database figures) and /healthz (503
+     * naming the database and why), and once the open succeeds starts as
+     * usual; it connects to Redis only then. outbox_relay_db_waiting() says
+     * whether it waits. What someone must fix still fails create: not a
+     * database, corrupt, no, a foreign or a newer schema, a missing or
+     * read-only file. Such a problem found during the wait (the file could
+     * not be read at create) is logged as an error and tried again like the
+     * rest. With drain, drain_timeout_ms counts the wait too. outbox-relay
+     * sets it (and with --drain exits 1 at once instead of waiting). */
+    int wait_for_db;
 } outbox_relay_settings;
 
 /* Fills s with the defaults documented above (db_path, redis_url NULL). */
@@ -194,8 +227,9 @@ OUTBOX_API void outbox_relay_defaults(outbox_relay_settings *s);
  * the offending setting or the database problem. Returns 0, OUTBOX_EINVAL
  * (a setting, or a TLS file that cannot be used; err names it),
  * OUTBOX_EURL, OUTBOX_ENOSCHEMA, OUTBOX_ESCHEMANEWER, OUTBOX_EFOREIGN, OUTBOX_ENOTDB, OUTBOX_EIO,
- * OUTBOX_EBUSY, OUTBOX_ESQLITE, OUTBOX_ENOMEM. loop is borrowed and must
- * outlive the relay.
+ * OUTBOX_EBUSY, OUTBOX_ESQLITE, OUTBOX_ENOMEM (with wait_for_db, not
+ * OUTBOX_EIO or OUTBOX_EBUSY for a full disk or a lock: see there). loop
+ * is borrowed and must outlive the relay.
  *
  * Unlike everything the relay does once started, create runs its SQLite work
  * on the calling thread, and it may wait there for a lock: when reading the
@@ -214,9 +248,12 @@ OUTBOX_API int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const ou
                                    char *err, size_t errlen);
 
 /* Connects to Redis (retrying with backoff while it is unreachable) and
- * starts scanning. Returns 0, OUTBOX_ESTATE if already started, or
- * OUTBOX_EIO / OUTBOX_EINVAL when metrics_listen cannot be bound (the relay
- * then stays unstarted: destroy it). */
+ * starts scanning; with wait_for_db and a database create could not open,
+ * it first waits for the database (see wait_for_db; /metrics and /healthz
+ * are served meanwhile, and outbox_relay_stop works during the wait).
+ * Returns 0, OUTBOX_ESTATE if already started, or OUTBOX_EIO /
+ * OUTBOX_EINVAL when metrics_listen cannot be bound (the relay then stays
+ * unstarted: destroy it). */
 OUTBOX_API int outbox_relay_start(outbox_relay *r);
 
 /*
@@ -235,9 +272,17 @@ OUTBOX_API int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, vo
 OUTBOX_API void outbox_relay_destroy(outbox_relay *r);
 
 /* How a drain ended: 0 once it was done, OUTBOX_ETIMEDOUT when
- * drain_timeout_ms expired first (rows were left), OUTBOX_ESTATE before
- * either or without drain mode, OUTBOX_EINVAL for NULL. For on_drained. */
+ * drain_timeout_ms expired first (rows were left), OUTBOX_ECONFIG when
+ * Redis cannot be used as configured (see drain: rows were left, the log
+ * says why), OUTBOX_ESTATE before any of these or without drain
+ * mode, OUTBOX_EINVAL for NULL. For on_drained. */
 OUTBOX_API int outbox_relay_drain_result(const outbox_relay *r);
+
+/* 1 while the relay waits for its database (wait_for_db), with the
+ * reason of the last failed open in why (may be NULL; cut to len,
+ * NUL-terminated); 0 once the database is open, or when the relay never
+ * waited; OUTBOX_EINVAL for a NULL r. Loop thread. */
+OUTBOX_API int outbox_relay_db_waiting(const outbox_relay *r, char *why, size_t len);
 
 /* Wakes the relay to scan now, e.g. right after the application committed
  * messages. Thread-safe; cheap; calls coalesce; a no-op before start. */

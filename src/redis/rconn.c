@@ -6,6 +6,7 @@
  * The consumer's connections and the relay's link to one node or a Sentinel
  * URL are rconns; a Redis Cluster's nodes are the cluster module's own.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -128,12 +129,28 @@ static void rc_up(outbox__rconn *rc)
         rc->on_up(rc, rc->data);
 }
 
-/* A connection attempt failed: the connection's own words for the log. */
+/* The owner hears of a failure that retrying does not heal (see on_refused). */
+static void rc_refused(outbox__rconn *rc, int status, const char *why)
+{
+    if (rc->on_refused && rc->running && !rc->closing)
+        rc->on_refused(rc, status, why, rc->data);
+}
+
+/* A connection attempt failed: the connection's own words for the log. A
+ * refused AUTH, or NOAUTH, is the credentials' fault; an ACL that forbids
+ * SELECT or CLIENT SETNAME fails every attempt the same way. */
 static void rc_attempt_failed(outbox__rconn *rc, const outbox__redis *c, int status)
 {
-    char detail[256];
+    char detail[256], why[320];
     quote_free(detail, sizeof detail, outbox__redis_errstr(c));
     rc_retry(rc, status, detail);
+    if (status == OUTBOX_EAUTH)
+        snprintf(why, sizeof why, "redis refused the credentials (%s)", detail);
+    else if (status == OUTBOX_EREDIS && strstr(detail, ": NOPERM "))
+        snprintf(why, sizeof why, "the ACL forbids a command the connection needs (%s)", detail);
+    else
+        return;
+    rc_refused(rc, status, why);
 }
 
 /* Sentinel URLs: the node the sentinels named must say it is the master
@@ -228,17 +245,27 @@ static void rc_on_master(outbox__sentinel *s, int status, const char *host, int 
 {
     outbox__rconn *rc = data;
     outbox__redis_url node;
-    int asked = rc->locating, e;
+    int asked = rc->locating, e, refused;
     rc->locating = 0;
     if (!rc->running || rc->closing)
         return;
     if (status != 0) {
-        if (asked)
-            rc_retry_as(rc,
-                        status == OUTBOX_EAUTH
-                            ? "a sentinel refused the credentials (check the sentinel user and password)"
-                            : "no sentinel named the master",
-                        status, outbox__sentinel_errstr(s));
+        char why[640];
+        if (!asked)
+            return;
+        if (status == OUTBOX_EAUTH)
+            snprintf(why, sizeof why, "every sentinel refused the credentials (%s)", outbox__sentinel_errstr(s));
+        else
+            snprintf(why, sizeof why, "no sentinel of the URL names master '%s' (%s)", rc->url.sentinel->master,
+                     outbox__sentinel_errstr(s));
+        refused = outbox__sentinel_refused(s);
+        rc_retry_as(rc,
+                    status == OUTBOX_EAUTH
+                        ? "a sentinel refused the credentials (check the sentinel user and password)"
+                        : "no sentinel named the master",
+                    status, outbox__sentinel_errstr(s));
+        if (refused)
+            rc_refused(rc, status, why);
         return;
     }
     if (!asked) {

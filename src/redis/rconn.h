@@ -31,6 +31,14 @@ struct outbox__rconn {
      * pending callbacks already ran with errors). */
     void (*on_up)(outbox__rconn *rc, void *data);
     void (*on_down)(outbox__rconn *rc, int status, void *data);
+    /* on_refused (may be NULL): a connection attempt failed with an answer
+     * that stays the same until Redis or the URL is changed: the
+     * credentials refused (status OUTBOX_EAUTH), a command of the
+     * handshake forbidden by an ACL, every sentinel refusing the
+     * credentials or not knowing the master (outbox__sentinel_refused).
+     * why says so, fit for a log line's quoted field. Called after the
+     * failure's own log line; reconnecting goes on with its backoff. */
+    void (*on_refused)(outbox__rconn *rc, int status, const char *why, void *data);
     void *data;
     void (*close_cb)(void *data);
     void *close_data;

@@ -39,6 +39,7 @@ struct outbox__sentinel {
     size_t tried;         /* sentinels asked in this round */
     int locating;         /* the owner waits for this round's outcome */
     int round_status;     /* the most telling failure of this round */
+    size_t refused;       /* sentinels of this round that answered with a refusal */
     unsigned rounds_failed;
     uv_timer_t timer;     /* pings while subscribed; the retry of a background round */
 
@@ -107,6 +108,8 @@ static void note(outbox__sentinel *s, int status, const char *fmt, ...)
      * then an unreachable sentinel. */
     if (status == OUTBOX_EAUTH || (status == OUTBOX_EREDIS && s->round_status != OUTBOX_EAUTH))
         s->round_status = status;
+    if (status == OUTBOX_EAUTH || status == OUTBOX_EREDIS)
+        s->refused++;
 }
 
 static void on_timer(uv_timer_t *t);
@@ -298,6 +301,7 @@ static void ask(outbox__sentinel *s)
 static void start_round(outbox__sentinel *s)
 {
     s->tried = 0;
+    s->refused = 0;
     s->round_status = OUTBOX_ECONNECT;
     s->errstr[0] = '\0';
     ask(s);
@@ -369,6 +373,11 @@ void outbox__sentinel_locate(outbox__sentinel *s)
 const char *outbox__sentinel_errstr(const outbox__sentinel *s)
 {
     return s ? s->errstr : "";
+}
+
+int outbox__sentinel_refused(const outbox__sentinel *s)
+{
+    return s && s->state == S_IDLE && s->tried == s->url.sentinel->n && s->refused == s->url.sentinel->n;
 }
 
 void outbox__sentinel_close(outbox__sentinel *s, void (*cb)(void *data), void *data)

@@ -50,6 +50,12 @@ void outbox__sentinel_locate(outbox__sentinel *s);
 /* What the last round of questions met, "" if nothing failed; without
  * double quotes or newlines, fit for a log line's quoted field. */
 const char *outbox__sentinel_errstr(const outbox__sentinel *s);
+/* 1 when the last round failed and every sentinel of the URL answered it
+ * with a refusal: the credentials refused, the master's name unknown, or an
+ * error reply (a server that is not a sentinel). Asking again gets the same
+ * answers until the sentinels or the URL are changed, unlike a round that
+ * found a sentinel unreachable (0). */
+int outbox__sentinel_refused(const outbox__sentinel *s);
 /* Closes the connection and the timer; cb (may be NULL) runs once they are
  * closed and the object is freed. No sentinel callback follows. NULL is a
  * no-op. */

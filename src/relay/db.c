@@ -4,6 +4,7 @@
  * step helpers that map SQLite's codes to OUTBOX_E* while keeping the raw
  * code for the busy retry (r->db.last_rc).
  */
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -88,52 +89,78 @@ int outbox__relay_step_done(outbox_relay *r, sqlite3_stmt *st)
 int outbox__relay_db_prepare(outbox_relay *r, char *err, size_t errlen)
 {
     size_t i;
-    for (i = 0; i < OUTBOX_ARRAY_LEN(statements); i++)
-        if (sqlite3_prepare_v3(r->db.conn, statements[i].sql, -1, SQLITE_PREPARE_PERSISTENT, stmt_at(r, i), NULL) !=
-            SQLITE_OK)
-            return outbox__errf(err, errlen, OUTBOX_ESQLITE, "cannot prepare a relay statement: %s",
+    int rc;
+    for (i = 0; i < OUTBOX_ARRAY_LEN(statements); i++) {
+        rc = sqlite3_prepare_v3(r->db.conn, statements[i].sql, -1, SQLITE_PREPARE_PERSISTENT, stmt_at(r, i), NULL);
+        if (rc != SQLITE_OK)
+            return outbox__errf(err, errlen, outbox__sqlite_code(rc), "cannot prepare a relay statement: %s",
                                 sqlite3_errmsg(r->db.conn));
+    }
     return 0;
 }
 
-int outbox__relay_db_open(outbox_relay *r, char *err, size_t errlen)
+int outbox__relay_db_open(outbox_relay *r, int wait_lock, outbox__sqlfail *f, char *err, size_t errlen)
 {
     int e, tries;
 
     /* Reading the schema can meet a lock: another connection's migration,
      * or its WAL recovery after a process crashed mid-commit. That is no
-     * reason to refuse to start: this waits for it, on the calling thread,
-     * for up to 2 s (relay.h says so; readers never wait for writers in WAL
-     * mode, so an ordinary writer does not make create wait). */
+     * reason to refuse to start: with wait_lock this waits for it, on the
+     * calling thread, for up to 2 s (relay.h says so; readers never wait
+     * for writers in WAL mode, so an ordinary writer does not make create
+     * wait). */
     for (tries = 0;; tries++) {
-        e = outbox_db_open(r->cfg.db_path, OUTBOX_OPEN_RELAY, &r->db.conn, err, errlen);
-        if (e == 0)
-            e = outbox_schema_check(r->db.conn, err, errlen);
+        e = outbox__db_open_rc(r->cfg.db_path, OUTBOX_OPEN_RELAY, &r->db.conn, f, err, errlen);
+        if (e == 0 && (e = outbox_schema_check(r->db.conn, err, errlen)) != 0)
+            outbox__sqlfail_get(r->db.conn, f);
         if (e == OUTBOX_ENOSCHEMA) {
             int64_t v = 0;
             /* An older schema is migrated; a database without one is refused,
              * so that a mistyped path does not grow a fresh empty outbox. */
             int ve = outbox__sqlite_int(r->db.conn, "PRAGMA user_version", &v);
-            if (ve != 0)
-                e = ve;
-            else if (v > 0)
-                e = outbox_schema_apply(r->db.conn, err, errlen);
+            if (ve != 0) {
+                outbox__sqlfail_get(r->db.conn, f);
+                e = outbox__errf(err, errlen, ve, "cannot read the schema version: %s", sqlite3_errmsg(r->db.conn));
+            } else if (v > 0) {
+                e = outbox__schema_apply_rc(r->db.conn, f, err, errlen);
+            }
         }
-        if (e != OUTBOX_EBUSY || tries == 200)
+        if (e != OUTBOX_EBUSY || !wait_lock || tries == 200)
             break;
         sqlite3_close_v2(r->db.conn);
         r->db.conn = NULL;
         sqlite3_sleep(10);
     }
-    if (e != 0)
-        return e;
-    e = outbox__relay_db_prepare(r, err, errlen);
+    if (e == 0 && (e = outbox__relay_db_prepare(r, err, errlen)) != 0)
+        outbox__sqlfail_get(r->db.conn, f);
     if (e != 0)
         return e;
     /* A drain touches more pages than the default cache holds (the due and
      * key indexes, the rows being claimed and those being marked). */
     sqlite3_exec(r->db.conn, "PRAGMA cache_size=-16384", NULL, NULL, NULL);
     return 0;
+}
+
+int outbox__relay_db_heals(int e, const outbox__sqlfail *f)
+{
+    if (e == OUTBOX_EBUSY)
+        return 1;
+    if (e != OUTBOX_EIO && e != OUTBOX_ESQLITE)
+        return 0;
+    switch (f->rc & 0xff) {
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+        return 1;
+    case SQLITE_CANTOPEN:
+        /* A -wal or -shm file that cannot be created for want of space or
+         * of file descriptors; not a missing directory or a permission,
+         * which an operator has to fix (and READONLY says so too). */
+        return f->sys == ENOSPC || f->sys == EDQUOT || f->sys == EMFILE || f->sys == ENFILE || f->sys == EIO;
+    default:
+        return 0;
+    }
 }
 
 void outbox__relay_db_close(outbox_relay *r)

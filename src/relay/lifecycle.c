@@ -14,6 +14,8 @@
 
 static void finish_stop(outbox_relay *r);
 static void stop_check(outbox_relay *r);
+static void begin(outbox_relay *r);
+static void on_db_opened(outbox_relay *r);
 
 /* Connected (a single node), or a cluster's slot map loaded: claims may go.
  * A cluster loads the idempotent script on each node as it connects. */
@@ -33,6 +35,14 @@ static void on_redis_down(outbox_relay *r, int status)
     r->redis.down_since = uv_now(r->loop);
     LOG(r, OUTBOX_LOG_WARN, "msg=\"in-flight messages released for retry\" err=%s", outbox_err_name(status));
     stop_check(r); /* lost while stopping: nothing more to wait for */
+}
+
+/* Redis cannot be used as configured (link.c logged why and holds
+ * publishing). A daemon waits for the operator to fix Redis or the
+ * configuration underneath it; a drain cannot finish that way and ends. */
+static void on_redis_problem(outbox_relay *r)
+{
+    outbox__sched_drain_fail(r, OUTBOX_ECONFIG);
 }
 
 /* One handle (or the Redis connection) closed: the stop ends with the last. */
@@ -82,13 +92,16 @@ static char *dupstr(const char *s)
 static void free_fields(outbox_relay *r)
 {
     outbox__link_discard(r); /* initialised by a start that failed */
-    outbox__relay_db_close(r);
+    /* The relay's own connection last: the last connection to close
+     * checkpoints the WAL and removes the -wal and -shm files, which the
+     * read-only one of the database figures cannot do. */
     sqlite3_close_v2(r->ckpt.db);
+    outbox__ops_free(r);
+    outbox__relay_db_close(r);
     if (r->lock.sync_ok) {
         uv_cond_destroy(&r->lock.cond);
         uv_mutex_destroy(&r->lock.mutex);
     }
-    outbox__ops_free(r);
     free(r->cfg.metrics_listen);
     outbox__redis_url_free(&r->cfg.url);
     outbox__tls_config_unref(r->cfg.tls);
@@ -174,6 +187,36 @@ static int copy_settings(outbox_relay *r, const outbox_relay_settings *s, char *
     return 0;
 }
 
+/* The relay's connection is open: its hooks. Registering a WAL hook turns
+ * off auto-checkpoint on it: checkpoints run on a worker thread instead of
+ * inside our commits. */
+static void db_hooks(outbox_relay *r)
+{
+    sqlite3_wal_hook(r->db.conn, outbox__wake_own_wal_hook, r);
+    sqlite3_busy_handler(r->db.conn, outbox__sched_busy_handler, r);
+}
+
+/* Opens the database at create. With wait_for_db, a failure that heals
+ * (a full disk, a lock) is the start of a wait instead (dbwait.c). */
+static int open_db(outbox_relay *r, char *err, size_t errlen)
+{
+    outbox__sqlfail f;
+    char why[512] = "";
+    int e = outbox__relay_db_open(r, 1, &f, why, sizeof why);
+    if (e == 0) {
+        db_hooks(r);
+        return 0;
+    }
+    outbox__relay_db_close(r);
+    if (r->cfg.s.wait_for_db && outbox__relay_db_heals(e, &f)) {
+        outbox__dbwait_begin(r, e, &f, why[0] ? why : outbox_strerror(e));
+        return 0;
+    }
+    if (err && errlen)
+        outbox__strlcpy(err, why, errlen);
+    return e;
+}
+
 int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_settings *s, char *err,
                         size_t errlen)
 {
@@ -194,6 +237,7 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
     r->hooks.schedule = outbox__sched_schedule;
     r->hooks.stop_check = stop_check;
     r->hooks.closed = handle_closed;
+    r->hooks.db_opened = on_db_opened;
     if (uv_mutex_init(&r->lock.mutex) == 0) {
         if (uv_cond_init(&r->lock.cond) == 0)
             r->lock.sync_ok = 1;
@@ -203,16 +247,12 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
     e = copy_settings(r, s, err, errlen);
     if (e == 0) {
         outbox__ops_init(r);
-        e = outbox__relay_db_open(r, err, errlen);
+        e = open_db(r, err, errlen);
     }
     if (e != 0) {
         free_fields(r);
         return e;
     }
-    /* Registering a WAL hook turns off auto-checkpoint on this connection:
-     * checkpoints run on a worker thread instead of inside our commits. */
-    sqlite3_wal_hook(r->db.conn, outbox__wake_own_wal_hook, r);
-    sqlite3_busy_handler(r->db.conn, outbox__sched_busy_handler, r);
     *out = r;
     return 0;
 }
@@ -226,7 +266,7 @@ int outbox_relay_start(outbox_relay *r)
     /* Binding the metrics port (and memory) are the only things that can
      * fail: first, so a failed start leaves nothing to close. */
     if (r->redis.state == RC_NONE) {
-        static const struct link_hooks hooks = {on_redis_up, on_redis_down};
+        static const struct link_hooks hooks = {on_redis_up, on_redis_down, on_redis_problem};
         if (outbox__link_init(r, &hooks) != 0)
             return OUTBOX_ENOMEM;
     }
@@ -240,15 +280,35 @@ int outbox_relay_start(outbox_relay *r)
     uv_timer_init(r->loop, &r->stop.shutdown_timer);
     r->stop.shutdown_timer.data = r;
     r->stop.handles_open++;
-    r->stop.handles_open += outbox__wake_init(r);
     r->stop.handles_open += outbox__ops_start(r);
+    r->stop.handles_open += outbox__dbwait_start(r);
+    if (r->dbwait.waiting)
+        r->state = R_WAITING; /* on_db_opened begins */
+    else
+        begin(r);
+    return 0;
+}
+
+/* The database is open: what needs it starts (wake-ups, retention), then
+ * Redis and the first scan. */
+static void begin(outbox_relay *r)
+{
+    r->stop.began = 1;
+    r->stop.handles_open += outbox__wake_init(r);
+    r->stop.handles_open += outbox__retention_start(r);
     r->redis.down_since = uv_now(r->loop);
     r->state = R_RUNNING;
     LOG(r, OUTBOX_LOG_INFO, "msg=started worker=%s db=%s redis=%s batch=%u inflight=%u", r->cfg.worker_id,
         r->cfg.db_path, r->cfg.url_desc, r->cfg.s.batch, r->cfg.s.inflight);
     outbox__link_start(r);
     outbox__sched_arm_scan(r, 0);
-    return 0;
+}
+
+/* The wait for the database is over (dbwait.c). */
+static void on_db_opened(outbox_relay *r)
+{
+    db_hooks(r);
+    begin(r);
 }
 
 static void finish_stop(outbox_relay *r)
@@ -274,7 +334,8 @@ static void stop_check(outbox_relay *r)
     msg *m;
     if (r->state != R_STOPPING || r->stop.closing)
         return;
-    if (r->win.awaiting > 0 || r->ckpt.running || r->ops.dbstat_running || r->ret.running || r->sched.running)
+    if (r->win.awaiting > 0 || r->ckpt.running || r->ops.dbstat_running || r->ret.running || r->sched.running ||
+        r->dbwait.running)
         return;
     if (r->win.marks_head) {
         /* Marks still to write: a unit writes them (or its busy retry does).
@@ -299,7 +360,11 @@ static void stop_check(outbox_relay *r)
     close_redis(r);
     outbox__sched_close(r, on_handle_closed);
     uv_close((uv_handle_t *)&r->stop.shutdown_timer, on_handle_closed);
-    outbox__wake_close(r, on_handle_closed);
+    outbox__dbwait_close(r, on_handle_closed);
+    if (r->stop.began) {
+        outbox__wake_close(r, on_handle_closed);
+        outbox__retention_close(r, on_handle_closed);
+    }
     outbox__ops_close(r, on_handle_closed);
 }
 
@@ -317,7 +382,7 @@ static void on_shutdown_timeout(uv_timer_t *t)
 
 int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), void *data)
 {
-    if (!r || r->state != R_RUNNING)
+    if (!r || (r->state != R_RUNNING && r->state != R_WAITING))
         return OUTBOX_ESTATE;
     r->state = R_STOPPING;
     r->stop.cb = cb;
@@ -325,13 +390,18 @@ int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), 
     LOG(r, OUTBOX_LOG_INFO, "msg=stopping inflight=%llu awaiting_replies=%llu", (unsigned long long)r->win.inflight,
         (unsigned long long)r->win.awaiting);
     uv_timer_stop(&r->sched.scan_timer);
-    outbox__ops_stop(r);
-    outbox__wake_stop(r);
-    /* No more reconnects; a live connection stays for the replies awaited. */
-    outbox__link_hold(r);
-    if (r->win.awaiting)
-        uv_timer_start(&r->stop.shutdown_timer, on_shutdown_timeout, r->cfg.s.shutdown_timeout_ms, 0);
-    outbox__sched_schedule(r);
+    /* Stopped while waiting for the database: a try on a worker thread
+     * still ends (stop_check waits for it); nothing else was started. */
+    outbox__dbwait_stop(r);
+    if (r->stop.began) {
+        outbox__retention_stop(r);
+        outbox__wake_stop(r);
+        /* No more reconnects; a live connection stays for the replies awaited. */
+        outbox__link_hold(r);
+        if (r->win.awaiting)
+            uv_timer_start(&r->stop.shutdown_timer, on_shutdown_timeout, r->cfg.s.shutdown_timeout_ms, 0);
+        outbox__sched_schedule(r);
+    }
     stop_check(r);
     return 0;
 }
@@ -345,6 +415,6 @@ void outbox_relay_destroy(outbox_relay *r)
         return;
     }
     r->stop.destroy_pending = 1;
-    if (r->state == R_RUNNING)
+    if (r->state == R_RUNNING || r->state == R_WAITING)
         outbox_relay_stop(r, NULL, NULL);
 }

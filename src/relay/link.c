@@ -8,11 +8,20 @@
  * A node is named by an opaque pointer: NULL for the single node, the
  * cluster's node otherwise. WAIT goes to the node that took the XADDs.
  *
- * A plain URL that names a cluster node would fail message by message with
- * MOVED. It is found at connect (INFO cluster: cluster_enabled:1) or at the
- * first MOVED/ASK/CLUSTERDOWN reply, logged once as a configuration error
- * naming redis-cluster://, and publishing is held (/healthz says why) while
- * the check is repeated every 10 s. Loop thread.
+ * Some answers say that Redis cannot be used as configured, and asking
+ * again will not change them until Redis or the URL is changed: a plain URL
+ * that names a cluster node (INFO cluster says cluster_enabled:1 at
+ * connect, or a MOVED/ASK/CLUSTERDOWN reply: it would fail message by
+ * message), credentials refused (WRONGPASS, NOAUTH: rconn.h, or every node
+ * of a cluster), an ACL that forbids a command the relay sends (NOPERM on
+ * XADD, EVALSHA, WAIT, or a command of the handshake), no sentinel naming
+ * the master. Each is logged once as a configuration error, publishing is
+ * held (no message fails one by one: those in flight are released, their
+ * attempts not counted), /healthz says why, and the lifecycle hears of it
+ * (a drain cannot finish and ends). Publishing resumes once the check is
+ * passed: INFO cluster again every 10 s, the next connection accepted, or a
+ * batch sent again 10 s later for an ACL (nothing asks Redis what an ACL
+ * allows without a permission of its own). Loop thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,19 +32,17 @@
 
 #define RECHECK_MS 10000
 
-static void cluster_problem(outbox_relay *r, const char *how)
+/* Publishing is held: kind, and why (Redis's words included). */
+static void hold(outbox_relay *r, enum link_problem_kind kind, const char *why)
 {
-    char url[200];
-    const char *host = r->redis.rc.node.host ? r->redis.rc.node.host : r->cfg.url.host;
-    int port = r->redis.rc.node.host ? r->redis.rc.node.port : r->cfg.url.port;
     uint64_t now = uv_now(r->loop);
-    if (host)
-        snprintf(url, sizeof url, "%s://%s%s%s:%d", r->cfg.url.tls ? "rediss-cluster" : "redis-cluster",
-                 strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", port);
-    else
-        snprintf(url, sizeof url, "redis-cluster://host:port");
-    snprintf(r->redis.misconfig, sizeof r->redis.misconfig,
-             "the Redis URL names a Redis Cluster node (%s): use a cluster URL, %s", how, url);
+    r->redis.problem = kind;
+    r->redis.acl_probe = 0;
+    outbox__strlcpy(r->redis.misconfig, why, sizeof r->redis.misconfig);
+    /* It goes into log lines and /healthz between double quotes. */
+    for (char *p = r->redis.misconfig; *p; p++)
+        if (*p == '"' || *p == '\n' || *p == '\r')
+            *p = '\'';
     r->redis.misconfig_at = now;
     /* Once, and again at most once a minute while it lasts (a node that
      * answers INFO as a plain node but MOVED to commands flips back and
@@ -44,6 +51,44 @@ static void cluster_problem(outbox_relay *r, const char *how)
         r->redis.misconfig_logged = now ? now : 1;
         LOG(r, OUTBOX_LOG_ERROR, "msg=\"publishing held: %s\" redis=%s", r->redis.misconfig, r->cfg.url_desc);
     }
+    if (r->redis.hooks.problem)
+        r->redis.hooks.problem(r);
+}
+
+/* The problem of that kind is over (what: the log's words). */
+static void resume(outbox_relay *r, enum link_problem_kind kind, const char *what)
+{
+    if (r->redis.problem != kind)
+        return;
+    LOG(r, OUTBOX_LOG_INFO, "msg=\"publishing resumed: %s\"", what);
+    r->redis.problem = LP_NONE;
+    r->redis.misconfig[0] = '\0';
+}
+
+static void cluster_problem(outbox_relay *r, const char *how)
+{
+    char url[200], why[400];
+    const char *host = r->redis.rc.node.host ? r->redis.rc.node.host : r->cfg.url.host;
+    int port = r->redis.rc.node.host ? r->redis.rc.node.port : r->cfg.url.port;
+    if (host)
+        snprintf(url, sizeof url, "%s://%s%s%s:%d", r->cfg.url.tls ? "rediss-cluster" : "redis-cluster",
+                 strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", port);
+    else
+        snprintf(url, sizeof url, "redis-cluster://host:port");
+    snprintf(why, sizeof why, "the Redis URL names a Redis Cluster node (%s): use a cluster URL, %s", how, url);
+    hold(r, LP_CLUSTER_NODE, why);
+}
+
+/* An error reply saying that the user may not run the command at all
+ * (Redis 7.0: "NOPERM this user has no permissions to run the 'xadd'
+ * command"; inside a script: "ERR The user executing the script can't run
+ * this command or subcommand ..."). A key the ACL does not cover ("NOPERM
+ * ... access one of the keys") is not one: other topics' streams may be
+ * allowed, so such a message fails on its own. */
+static int acl_refusal(const redisReply *reply)
+{
+    return reply->str && (strstr(reply->str, "no permissions to run") != NULL ||
+                          strstr(reply->str, "can't run this command or subcommand") != NULL);
 }
 
 /* ---- the single node -------------------------------------------------- */
@@ -63,10 +108,7 @@ static void on_info(outbox__redis *conn, int status, redisReply *reply, void *da
     }
     if (status != 0)
         return; /* the connection is gone: the next one checks again */
-    if (r->redis.misconfig[0]) {
-        LOG(r, OUTBOX_LOG_INFO, "msg=\"publishing resumed: the node is not a cluster node any more\"");
-        r->redis.misconfig[0] = '\0';
-    }
+    resume(r, LP_CLUSTER_NODE, "the node is not a cluster node any more");
     if (r->redis.hooks.up)
         r->redis.hooks.up(r);
 }
@@ -87,8 +129,10 @@ static void check_node(outbox_relay *r)
 
 static void on_rc_up(outbox__rconn *rc, void *data)
 {
+    outbox_relay *r = data;
     (void)rc;
-    check_node(data);
+    resume(r, LP_REFUSED, "redis accepted the connection");
+    check_node(r);
 }
 
 static void on_rc_down(outbox__rconn *rc, int status, void *data)
@@ -100,12 +144,19 @@ static void on_rc_down(outbox__rconn *rc, int status, void *data)
         r->redis.hooks.down(r, status);
 }
 
+static void on_rc_refused(outbox__rconn *rc, int status, const char *why, void *data)
+{
+    (void)rc, (void)status;
+    hold(data, LP_REFUSED, why);
+}
+
 /* ---- the cluster ------------------------------------------------------ */
 
 static void on_cluster_ready(outbox__cluster *c, void *data)
 {
     outbox_relay *r = data;
     (void)c;
+    resume(r, LP_REFUSED, "a cluster node accepted the connection");
     if (r->redis.hooks.up)
         r->redis.hooks.up(r);
 }
@@ -113,7 +164,12 @@ static void on_cluster_ready(outbox__cluster *c, void *data)
 static void on_cluster_down(outbox__cluster *c, int status, void *data)
 {
     outbox_relay *r = data;
-    (void)c;
+    if (status == OUTBOX_EAUTH) {
+        char why[600];
+        snprintf(why, sizeof why, "redis refused the credentials (every cluster node tried: %s)",
+                 outbox__cluster_errstr(c));
+        hold(r, LP_REFUSED, why);
+    }
     if (r->redis.hooks.down)
         r->redis.hooks.down(r, status);
 }
@@ -149,6 +205,7 @@ int outbox__link_init(outbox_relay *r, const struct link_hooks *hooks)
             return OUTBOX_ENOMEM;
         r->redis.rc.on_up = on_rc_up;
         r->redis.rc.on_down = on_rc_down;
+        r->redis.rc.on_refused = on_rc_refused;
         r->redis.rc.data = r;
     }
     r->redis.state = RC_INITIALISED;
@@ -180,21 +237,31 @@ int outbox__link_up(const outbox_relay *r)
 {
     if (r->redis.state != RC_STARTED)
         return 0;
+    if (r->redis.problem != LP_NONE)
+        return 0;
     if (r->redis.cluster)
         return !r->redis.cluster_closing && outbox__cluster_reachable(r->redis.cluster);
-    return outbox__rconn_get(&r->redis.rc) != NULL && !r->redis.info_pending && !r->redis.misconfig[0];
+    return outbox__rconn_get(&r->redis.rc) != NULL && !r->redis.info_pending;
 }
 
 const char *outbox__link_problem(const outbox_relay *r)
 {
-    return r->redis.misconfig[0] ? r->redis.misconfig : NULL;
+    return r->redis.problem != LP_NONE ? r->redis.misconfig : NULL;
 }
 
 void outbox__link_check(outbox_relay *r)
 {
-    if (r->redis.misconfig[0] && r->redis.state == RC_STARTED && !r->redis.cluster &&
-        uv_now(r->loop) - r->redis.misconfig_at >= RECHECK_MS)
+    if (r->redis.state != RC_STARTED || uv_now(r->loop) - r->redis.misconfig_at < RECHECK_MS)
+        return;
+    if (r->redis.problem == LP_CLUSTER_NODE && !r->redis.cluster) {
         check_node(r);
+    } else if (r->redis.problem == LP_ACL) {
+        /* The next batch tries: refused again, it is held again (and
+         * logged at most once a minute); accepted, it is over. */
+        r->redis.problem = LP_NONE;
+        r->redis.misconfig[0] = '\0';
+        r->redis.acl_probe = 1;
+    }
 }
 
 int outbox__link_send(outbox_relay *r, const char *topic, const char *cmd, size_t len, outbox__redis_reply_cb cb,
@@ -246,7 +313,22 @@ static int is_word(const redisReply *reply, const char *w)
 
 int outbox__link_lost(outbox_relay *r, const outbox__redis *conn, const redisReply *reply)
 {
-    if (!reply || reply->type != REDIS_REPLY_ERROR || r->redis.cluster)
+    if (!reply)
+        return 0;
+    if (reply->type != REDIS_REPLY_ERROR) {
+        if (r->redis.acl_probe) {
+            r->redis.acl_probe = 0;
+            LOG(r, OUTBOX_LOG_INFO, "msg=\"publishing resumed: redis accepted a command the ACL refused before\"");
+        }
+        return 0;
+    }
+    if (acl_refusal(reply)) {
+        char why[400];
+        snprintf(why, sizeof why, "the ACL forbids a command the relay sends (%.300s)", reply->str);
+        hold(r, LP_ACL, why);
+        return 1; /* not executed: the message is released, not failed */
+    }
+    if (r->redis.cluster)
         return 0; /* the cluster layer handled redirections already */
     if (is_word(reply, "MOVED") || is_word(reply, "ASK") || is_word(reply, "CLUSTERDOWN")) {
         char how[40];

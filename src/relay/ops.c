@@ -224,11 +224,12 @@ static void write_metrics(outbox_relay *r, outbox__sbuf *b)
         if (r->ops.dbstat.ok)
             outbox__sbuf_printf(b, "outbox_messages{state=\"%s\"} %lld\n", states[i],
                                 (long long)r->ops.dbstat.by_state[i]);
-    outbox__sbuf_printf(b,
-                        "# HELP outbox_oldest_pending_seconds Age of the oldest due pending row.\n"
-                        "# TYPE outbox_oldest_pending_seconds gauge\n"
-                        "outbox_oldest_pending_seconds %.3f\n",
-                        r->ops.dbstat.ok ? (double)r->ops.dbstat.oldest_due_ms / 1000.0 : 0.0);
+    /* Without the database's figures (it does not answer, or the relay
+     * waits for it) the gauge has no sample: 0 would say nothing waits. */
+    outbox__sbuf_printf(b, "# HELP outbox_oldest_pending_seconds Age of the oldest due pending row.\n"
+                           "# TYPE outbox_oldest_pending_seconds gauge\n");
+    if (r->ops.dbstat.ok)
+        outbox__sbuf_printf(b, "outbox_oldest_pending_seconds %.3f\n", (double)r->ops.dbstat.oldest_due_ms / 1000.0);
     outbox__sbuf_printf(b,
                         "# HELP outbox_inflight Messages claimed by this relay and not yet marked.\n"
                         "# TYPE outbox_inflight gauge\noutbox_inflight %llu\n"
@@ -298,11 +299,18 @@ static void answer(outbox_relay *r, outbox__http_req *req, const char *path)
     }
     /* /healthz */
     {
-        /* Room for the longest URL description and database error. */
-        char body[sizeof r->cfg.url_desc + sizeof r->ops.dbstat.err + sizeof r->redis.misconfig + 64];
-        uint64_t down = r->redis.down_since ? uv_now(r->loop) - r->redis.down_since : 0;
+        /* Room for the longest URL description and database error, and a
+         * database path of a few hundred bytes (a longer one is cut). */
+        char body[sizeof r->cfg.url_desc + sizeof r->dbwait.why + sizeof r->redis.misconfig + 512];
+        uint64_t now = uv_now(r->loop), down = r->redis.down_since ? now - r->redis.down_since : 0;
         int n;
-        if (!r->ops.dbstat.ok)
+        if (!r->stop.began)
+            n = snprintf(body, sizeof body, "unhealthy: waiting for the database %s: %s\n", r->cfg.db_path,
+                         r->dbwait.why);
+        else if (r->sched.fail_since)
+            n = snprintf(body, sizeof body, "unhealthy: database %s failing for %llu ms: %s\n", r->cfg.db_path,
+                         (unsigned long long)(now - r->sched.fail_since), r->sched.fail_why);
+        else if (!r->ops.dbstat.ok)
             n = snprintf(body, sizeof body, "unhealthy: %s\n", r->ops.dbstat.err[0] ? r->ops.dbstat.err : "database not checked");
         else if (outbox__link_problem(r))
             n = snprintf(body, sizeof body, "unhealthy: %s\n", outbox__link_problem(r));
@@ -327,8 +335,9 @@ static void on_http(void *data, outbox__http_req *req, const char *path)
         outbox__http_respond(req, 404, "text/plain; charset=utf-8", nf, sizeof nf - 1);
         return;
     }
-    /* Database figures at most a second old; a refresh runs off the loop. */
-    if (r->ops.dbstat_at && uv_now(r->loop) - r->ops.dbstat_at < 1000 && !r->ops.dbstat_running) {
+    /* Database figures at most a second old; a refresh runs off the loop.
+     * None while the relay waits for its database. */
+    if (!r->stop.began || (r->ops.dbstat_at && uv_now(r->loop) - r->ops.dbstat_at < 1000 && !r->ops.dbstat_running)) {
         answer(r, req, path);
         return;
     }
@@ -392,19 +401,13 @@ int outbox__ops_start(outbox_relay *r)
     /* The stall probes must not keep the loop alive by themselves. */
     uv_unref((uv_handle_t *)&r->ops.stall_prepare);
     uv_unref((uv_handle_t *)&r->ops.stall_check);
-    return 2 + outbox__retention_start(r) + (r->ops.http ? 1 : 0);
-}
-
-void outbox__ops_stop(outbox_relay *r)
-{
-    outbox__retention_stop(r);
+    return 2 + (r->ops.http ? 1 : 0);
 }
 
 void outbox__ops_close(outbox_relay *r, uv_close_cb cb)
 {
     uv_close((uv_handle_t *)&r->ops.stall_prepare, cb);
     uv_close((uv_handle_t *)&r->ops.stall_check, cb);
-    outbox__retention_close(r, cb);
     if (r->ops.http) {
         outbox__http *h = r->ops.http;
         outbox__http_close(h, on_http_closed, r);

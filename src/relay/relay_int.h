@@ -5,9 +5,10 @@
  * has a paragraph on each. Calls run one way, from the top down:
  *
  *   lifecycle.c      create, start, stop, destroy; the Redis up/down events
- *   sched.c  ops.c  retention.c  attach.c
+ *   sched.c  ops.c  retention.c  attach.c  dbwait.c
  *                    units of work and their timers; metrics, HTTP,
- *                    database figures; retention; attached connections
+ *                    database figures; retention; attached connections;
+ *                    waiting for a database on a full disk or locked
  *   wake.c  publish.c  idem_publish.c
  *                    WAL watch, data_version and checkpoints; XADD and WAIT;
  *                    idempotent publishing
@@ -43,6 +44,7 @@
 #include "outbox/schema.h"
 #include "redis/rconn.h"
 #include "redis/redis.h"
+#include "store/sqlite_util.h"
 
 /* What became of one message; decides its mark. */
 enum outcome {
@@ -128,8 +130,10 @@ typedef struct wait_set {
 } wait_set;
 
 /* The relay's life: created, running (start), stopping (stop), stopped
- * (every handle closed). */
-enum relay_state { R_CREATED, R_RUNNING, R_STOPPING, R_STOPPED };
+ * (every handle closed). Waiting: started, but the database could not be
+ * opened yet (wait_for_db): only the handles of the wait, the schedule's
+ * timers and the HTTP endpoint exist; running follows once it opened. */
+enum relay_state { R_CREATED, R_WAITING, R_RUNNING, R_STOPPING, R_STOPPED };
 /* Where the Redis connection (an rconn) is in its life. */
 enum rc_state { RC_NONE, RC_INITIALISED, RC_STARTED, RC_CLOSING };
 
@@ -138,6 +142,7 @@ typedef struct relay_hooks {
     void (*schedule)(outbox_relay *r);   /* run a unit of work soon */
     void (*stop_check)(outbox_relay *r); /* a stop in progress may be able to finish */
     void (*closed)(outbox_relay *r);     /* one of the relay's handles finished closing */
+    void (*db_opened)(outbox_relay *r);  /* the wait for the database is over: it is open */
 } relay_hooks;
 
 /* Configuration: set by create, read-only afterwards (any thread). */
@@ -162,11 +167,39 @@ struct relay_db {
     int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
 };
 
+/* Waiting for the database (dbwait.c). The loop thread's, except the
+ * try's results (try_*), which are the worker's while running. */
+struct relay_dbwait {
+    int waiting;          /* create could not open the database, for a reason that heals */
+    uv_timer_t timer;     /* the next try */
+    uv_work_t work;
+    int running;          /* a try is on a worker thread (it has r->db) */
+    unsigned failures;    /* failed opens so far, create's included */
+    uint64_t since_ms;    /* monotonic ms the wait began (create's failure) */
+    uint64_t logged_ms;   /* monotonic ms of the last warning */
+    char why[512];        /* the last failure's reason */
+    char logged[512];     /* the reason last logged */
+    int try_e;            /* the try's OUTBOX_E* (0: open) */
+    outbox__sqlfail try_f;
+    char try_why[512];
+};
+
 /* What the link (link.c) tells the lifecycle: Redis can be used now; it
- * cannot any more (every pending reply callback already ran). */
+ * cannot any more (every pending reply callback already ran); it cannot be
+ * used as configured (outbox__link_problem says why; publishing is held). */
 struct link_hooks {
     void (*up)(outbox_relay *r);
     void (*down)(outbox_relay *r, int status);
+    void (*problem)(outbox_relay *r);
+};
+
+/* Why Redis cannot be used as configured (link.c), and how the link finds
+ * out that it can again. */
+enum link_problem_kind {
+    LP_NONE,
+    LP_CLUSTER_NODE, /* a plain URL names a cluster node: INFO cluster again every 10 s */
+    LP_REFUSED,      /* connecting is refused (credentials, an ACL, the sentinels): over once connected */
+    LP_ACL,          /* an ACL forbids a command the relay sends: publishing is tried again every 10 s */
 };
 
 /* The Redis connection (loop thread): one node (rc) or a cluster, behind
@@ -180,9 +213,11 @@ struct relay_redis {
     char idem_sha[41];   /* the idempotent publish script's sha, "" until loaded */
     uint64_t down_since; /* loop ms when Redis became unreachable, 0 while up */
     int info_pending;    /* a single node's INFO cluster check awaits its reply */
-    char misconfig[400]; /* a plain URL names a cluster node: why publishing is held, "" otherwise */
+    enum link_problem_kind problem; /* Redis cannot be used as configured, LP_NONE otherwise */
+    char misconfig[700]; /* why publishing is held, "" while problem is LP_NONE */
     uint64_t misconfig_at; /* loop ms of the last check */
     uint64_t misconfig_logged; /* loop ms of its last error line, 0 if none */
+    int acl_probe; /* LP_ACL was lifted to try again: the next accepted command says it is over */
 };
 
 /* The window (loop thread; read by the unit's worker while it runs, never
@@ -239,6 +274,7 @@ struct relay_unit {
     uint64_t held, rest; /* in the window without a queued mark; marks left in the queue */
     int rc;           /* OUTBOX_E* of the transaction, 0 if it committed */
     int sqlite_rc;    /* the SQLite code behind rc (the busy retry tells locks from errors) */
+    int sys_errno;    /* the system's errno behind it (sqlite3_system_errno), for the log */
     const char *what;
     uint64_t t0, t_claim0, t_end;
 };
@@ -263,6 +299,10 @@ struct relay_sched {
     unsigned stop_failures;   /* units in a row that failed while stopping */
     int drained;              /* drain mode: on_drained was called */
     int drain_timed_out;      /* drain mode: on_drained was called because drain_timeout_ms expired */
+    int drain_error;          /* drain mode: the drain cannot finish (outbox__sched_drain_fail), 0 otherwise */
+    uint64_t fail_since;      /* loop ms units began to fail with an error other than a lock; 0 once one commits */
+    uint64_t fail_logged;     /* loop ms that failure was last logged */
+    char fail_why[160];       /* its error, for the log and /healthz */
 };
 
 /* Cross-thread state of a unit's transaction (mutex, or atomics where
@@ -363,6 +403,7 @@ struct relay_stop {
     int closing;            /* the handles are being closed: the stop is past waiting */
     int in_finish;          /* inside the stop callback: destroy there is deferred */
     int destroy_pending;    /* destroy was called while running: free after the stop */
+    int began;              /* the database opened and the rest started (wake-ups, retention, Redis) */
 };
 
 struct outbox_relay {
@@ -371,6 +412,7 @@ struct outbox_relay {
     relay_hooks hooks;
     struct relay_config cfg;
     struct relay_db db;
+    struct relay_dbwait dbwait;
     struct relay_redis redis;
     struct relay_window win;
     struct relay_claim_ws cw;
@@ -398,9 +440,18 @@ void outbox__relay_settings_resolve(outbox_relay_settings *s);
 /* ---- db.c ---- */
 
 /* Opens r->db.conn on r->cfg.db_path, checks (or migrates) the schema and
- * prepares the statements. May wait for a lock (see relay.h). 0 or the
- * OUTBOX_E* of outbox_db_open / outbox_schema_check, err saying why. */
-int outbox__relay_db_open(outbox_relay *r, char *err, size_t errlen);
+ * prepares the statements. With wait_lock it waits for a lock (see
+ * relay.h), else it tries once. 0 or the OUTBOX_E* of outbox_db_open /
+ * outbox_schema_check, err saying why and *f (may be NULL) SQLite's code
+ * behind it; r->db.conn may then be open: outbox__relay_db_close. Any
+ * thread, while nothing else uses r->db. */
+int outbox__relay_db_open(outbox_relay *r, int wait_lock, outbox__sqlfail *f, char *err, size_t errlen);
+/* 1 when a failed open (e, f) may succeed later with nothing changed by
+ * hand: a full disk (SQLITE_FULL, an I/O error, a -wal or -shm file that
+ * cannot be created for want of space) or a lock (SQLITE_BUSY, LOCKED). 0
+ * for what someone must fix: not a database, corrupt, no, a foreign or a
+ * newer schema, a missing or read-only file. */
+int outbox__relay_db_heals(int e, const outbox__sqlfail *f);
 /* Prepares the statements on r->db.conn (a database with the schema). */
 int outbox__relay_db_prepare(outbox_relay *r, char *err, size_t errlen);
 /* Finalizes the statements and closes the connection; safe on a partial open. */
@@ -522,11 +573,14 @@ void outbox__link_start(outbox_relay *r);
 /* Frees what an init of a start that failed created. */
 void outbox__link_discard(outbox_relay *r);
 /* 1 while commands can be sent (connected; a cluster with a slot map; not
- * held for a plain URL naming a cluster node). */
+ * held by a problem, see outbox__link_problem). */
 int outbox__link_up(const outbox_relay *r);
-/* Why publishing is held although Redis answers, or NULL. */
+/* Why publishing is held because Redis cannot be used as configured (a
+ * plain URL naming a cluster node, credentials refused, an ACL forbidding a
+ * command the relay sends, no sentinel naming the master), or NULL. */
 const char *outbox__link_problem(const outbox_relay *r);
-/* Repeats the held check now and then (called by every unit). */
+/* Repeats the held check now and then (called by every unit, and by the
+ * scan timer while a problem holds publishing). */
 void outbox__link_check(outbox_relay *r);
 /* Queues a formatted command about topic's stream (its slot picks the
  * node); *node (may be NULL) gets the node. 0, or an OUTBOX_E* without a
@@ -538,9 +592,11 @@ int outbox__link_node_argv(outbox_relay *r, void *node, int argc, const char **a
                            uint64_t timeout_ms, outbox__redis_reply_cb cb, void *data);
 /* The node of the connection that answered. */
 void *outbox__link_node_of(const outbox_relay *r, const outbox__redis *conn);
-/* For reply callbacks: 1 if the error reply means the message's outcome is
- * the connection's problem, not the message's (release it): a Sentinel
- * master demoted (rconn.h), or a plain URL answered by a cluster node. */
+/* For reply callbacks (every reply with status 0): 1 if the error reply
+ * means the message's outcome is the connection's problem, not the
+ * message's (release it): a Sentinel master demoted (rconn.h), a plain URL
+ * answered by a cluster node, an ACL that forbids the command (the last two
+ * hold publishing: outbox__link_problem). */
 int outbox__link_lost(outbox_relay *r, const outbox__redis *conn, const redisReply *reply);
 /* Stop: no more reconnects. Shutdown timeout: drop the connections. Close. */
 void outbox__link_hold(outbox_relay *r);
@@ -595,8 +651,28 @@ void outbox__sched_close(outbox_relay *r, uv_close_cb cb);
 void outbox__sched_schedule(outbox_relay *r);
 /* Schedules a unit after delay ms (at most the scan interval). */
 void outbox__sched_arm_scan(outbox_relay *r, uint64_t delay);
+/* Drain mode: the drain cannot finish (code, e.g. OUTBOX_ECONFIG: Redis
+ * cannot be used as configured) and ends on the next loop turn, as
+ * drain_timeout_ms would end it: on_drained, with
+ * outbox_relay_drain_result() returning code. A no-op without drain mode or
+ * once the drain ended. */
+void outbox__sched_drain_fail(outbox_relay *r, int code);
 /* The relay connection's busy handler: waits only inside a unit. */
 int outbox__sched_busy_handler(void *arg, int count);
+
+/* ---- dbwait.c ---- */
+
+/* Create could not open the database for a reason that heals (e, f, why):
+ * the relay will wait for it. */
+void outbox__dbwait_begin(outbox_relay *r, int e, const outbox__sqlfail *f, const char *why);
+/* Initialises the wait's timer; returns 1 (the handle). When the relay
+ * waits, logs it and arms the first try; hooks.db_opened follows the try
+ * that opens the database. */
+int outbox__dbwait_start(outbox_relay *r);
+/* Stops trying (a stop begins); a try on a worker thread still ends
+ * (r->dbwait.running). Closes the timer with cb. */
+void outbox__dbwait_stop(outbox_relay *r);
+void outbox__dbwait_close(outbox_relay *r, uv_close_cb cb);
 
 /* ---- ops.c ---- */
 
@@ -605,10 +681,9 @@ void outbox__ops_init(outbox_relay *r);
 void outbox__ops_free(outbox_relay *r);
 /* Binds metrics_listen, if set. 0 or OUTBOX_E* with err. */
 int outbox__ops_listen(outbox_relay *r, char *err, size_t errlen);
-/* Starts the stall probes and retention; returns the number of handles
- * (the HTTP server's included). Stops retention; closes with cb. */
+/* Starts the stall probes; returns the number of handles (the HTTP
+ * server's included). Closes them with cb. */
 int outbox__ops_start(outbox_relay *r);
-void outbox__ops_stop(outbox_relay *r);
 void outbox__ops_close(outbox_relay *r, uv_close_cb cb);
 
 /* ---- retention.c ---- */

@@ -90,7 +90,8 @@ static int drain_left(outbox_relay *r, int64_t now, int64_t limit, int64_t left[
 static void check_drained(outbox_relay *r, int64_t now)
 {
     int64_t left[3];
-    if (!r->cfg.s.drain || r->sched.drained || r->state != R_RUNNING || r->win.inflight || r->win.marks_head)
+    if (!r->cfg.s.drain || r->sched.drained || r->sched.drain_error || r->state != R_RUNNING || r->win.inflight ||
+        r->win.marks_head)
         return;
     if (drain_left(r, now, 1, left) != 0 || left[0] + left[1] + left[2] > 0)
         return;
@@ -106,15 +107,18 @@ static void check_drained(outbox_relay *r, int64_t now)
 static void on_drain_timeout(uv_timer_t *t)
 {
     outbox_relay *r = t->data;
-    int64_t left[3];
-    if (r->sched.drained || r->state != R_RUNNING)
+    int64_t left[3] = {-1, -1, -1};
+    if (r->sched.drained || (r->state != R_RUNNING && r->state != R_WAITING))
         return;
     if (r->sched.running) {
         /* The unit's worker has the connection: count once it is done. */
         uv_timer_start(t, on_drain_timeout, 1, 0);
         return;
     }
-    drain_left(r, outbox_now_ms(), -1, left);
+    if (r->state == R_RUNNING)
+        drain_left(r, outbox_now_ms(), -1, left);
+    else
+        LOG(r, OUTBOX_LOG_WARN, "msg=\"drain timeout while waiting for the database\" db=%s", r->cfg.db_path);
     r->sched.drained = 1;
     r->sched.drain_timed_out = 1;
     LOG(r, OUTBOX_LOG_WARN,
@@ -126,36 +130,101 @@ static void on_drain_timeout(uv_timer_t *t)
     r->cfg.s.on_drained(r, r->cfg.s.on_drained_data);
 }
 
+/* The drain cannot finish (outbox__sched_drain_fail): it ends as a drain
+ * timeout does, the log saying why and what is left. The rows claimed so
+ * far are handed back by the stop that on_drained starts. */
+static void on_drain_failed(uv_timer_t *t)
+{
+    outbox_relay *r = t->data;
+    const char *why = outbox__link_problem(r);
+    int64_t left[3];
+    if (r->sched.drained || r->state != R_RUNNING)
+        return;
+    if (r->sched.running) {
+        uv_timer_start(t, on_drain_failed, 1, 0);
+        return;
+    }
+    drain_left(r, outbox_now_ms(), -1, left);
+    r->sched.drained = 1;
+    LOG(r, OUTBOX_LOG_ERROR,
+        "msg=\"drain failed: %s\" err=%s due=%lld waiting_retry=%lld leased=%lld inflight=%llu published=%llu "
+        "dead=%llu",
+        why ? why : outbox_strerror(r->sched.drain_error), outbox_err_name(r->sched.drain_error), (long long)left[0],
+        (long long)left[1], (long long)left[2], (unsigned long long)r->win.inflight,
+        (unsigned long long)r->stats.published_total, (unsigned long long)r->stats.dead_total);
+    r->cfg.s.on_drained(r, r->cfg.s.on_drained_data);
+}
+
+void outbox__sched_drain_fail(outbox_relay *r, int code)
+{
+    if (!r->cfg.s.drain || r->sched.drained || r->sched.drain_error || r->state != R_RUNNING)
+        return;
+    r->sched.drain_error = code;
+    /* Not from here: this runs inside reply and connection callbacks, and
+     * on_drained may stop or destroy the relay. The drain timeout, if any,
+     * has nothing left to do. */
+    uv_timer_start(&r->sched.drain_timer, on_drain_failed, 0, 0);
+}
+
 int outbox_relay_drain_result(const outbox_relay *r)
 {
     if (!r)
         return OUTBOX_EINVAL;
     if (!r->sched.drained)
         return OUTBOX_ESTATE;
+    if (r->sched.drain_error)
+        return r->sched.drain_error;
     return r->sched.drain_timed_out ? OUTBOX_ETIMEDOUT : 0;
 }
 
+/* How often a failure that goes on (a full disk) is logged again. */
+#define FAIL_REMIND_MS 30000
+
 /* A unit failed with rc (OUTBOX_E*; sqlite_rc the SQLite code behind it, or
- * 0): nothing was written. Never sleep on the loop thread: try again from a
- * timer. */
-static void db_busy_retry(outbox_relay *r, int rc, int sqlite_rc, const char *what)
+ * 0, and sys the system's errno, or 0): nothing was written. Never sleep on
+ * the loop thread: try again from a timer. A failure other than a lock is
+ * logged when it begins or changes, then every FAIL_REMIND_MS, like an
+ * unreachable Redis: a full disk fails every unit until space is freed. */
+static void db_busy_retry(outbox_relay *r, int rc, int sqlite_rc, int sys, const char *what)
 {
     int locked = rc == OUTBOX_EBUSY;
     /* A lock is held for a transaction's length, usually a few ms: retry
      * every few ms, or a writer committing constantly would push the retries
      * far apart and delay every message by them. Other errors (I/O, disk
      * full) back off further. */
-    uint64_t cap = locked ? 8 : 500;
+    uint64_t cap = locked ? 8 : 500, now = uv_now(r->loop);
+    char why[sizeof r->sched.fail_why];
     r->sched.busy_delay_ms = r->sched.busy_delay_ms ? r->sched.busy_delay_ms * 2 : 1;
     if (r->sched.busy_delay_ms > cap)
         r->sched.busy_delay_ms = cap;
-    if (locked)
+    uv_timer_start(&r->sched.busy_timer, on_busy_retry, r->sched.busy_delay_ms, 0);
+    if (locked) {
         LOG(r, OUTBOX_LOG_DEBUG, "msg=\"database locked, retrying\" during=%s retry_ms=%llu", what,
             (unsigned long long)r->sched.busy_delay_ms);
+        return;
+    }
+    /* errno says something only after a failed system call. */
+    if (sys && ((sqlite_rc & 0xff) == SQLITE_IOERR || (sqlite_rc & 0xff) == SQLITE_FULL ||
+                (sqlite_rc & 0xff) == SQLITE_CANTOPEN))
+        snprintf(why, sizeof why, "%s (%s)", sqlite_rc ? sqlite3_errstr(sqlite_rc) : outbox_strerror(rc),
+                 strerror(sys));
     else
-        LOG(r, OUTBOX_LOG_ERROR, "msg=\"database error, retrying\" during=%s error=\"%s\" retry_ms=%llu", what,
-            sqlite_rc ? sqlite3_errstr(sqlite_rc) : outbox_strerror(rc), (unsigned long long)r->sched.busy_delay_ms);
-    uv_timer_start(&r->sched.busy_timer, on_busy_retry, r->sched.busy_delay_ms, 0);
+        snprintf(why, sizeof why, "%s", sqlite_rc ? sqlite3_errstr(sqlite_rc) : outbox_strerror(rc));
+    if (!r->sched.fail_since || strcmp(why, r->sched.fail_why) != 0) {
+        if (!r->sched.fail_since)
+            r->sched.fail_since = now ? now : 1;
+        r->sched.fail_logged = now;
+        outbox__strlcpy(r->sched.fail_why, why, sizeof r->sched.fail_why);
+        LOG(r, OUTBOX_LOG_ERROR, "msg=\"database error, retrying\" db=%s during=%s error=\"%s\" retry_ms=%llu",
+            r->cfg.db_path, what, why, (unsigned long long)r->sched.busy_delay_ms);
+    } else if (now - r->sched.fail_logged >= FAIL_REMIND_MS) {
+        r->sched.fail_logged = now;
+        LOG(r, OUTBOX_LOG_ERROR, "msg=\"database error, still retrying\" db=%s during=%s error=\"%s\" for_ms=%llu",
+            r->cfg.db_path, what, why, (unsigned long long)(now - r->sched.fail_since));
+    } else {
+        LOG(r, OUTBOX_LOG_DEBUG, "msg=\"database error, retrying\" during=%s error=\"%s\" retry_ms=%llu", what, why,
+            (unsigned long long)r->sched.busy_delay_ms);
+    }
 }
 
 static void txn_open(outbox_relay *r, int open)
@@ -233,6 +302,7 @@ static void unit_txn(outbox_relay *r)
     if (rc != 0) {
         u->rc = rc;
         u->sqlite_rc = r->db.last_rc;
+        u->sys_errno = sqlite3_system_errno(r->db.conn);
         u->what = "begin";
         return;
     }
@@ -296,6 +366,7 @@ static void unit_txn(outbox_relay *r)
 rollback:
     u->rc = rc;
     u->sqlite_rc = r->db.last_rc;
+    u->sys_errno = sqlite3_system_errno(r->db.conn);
     sqlite3_exec(r->db.conn, "ROLLBACK", NULL, NULL, NULL);
     txn_open(r, 0);
     for (i = 0; i < u->nclaimed; i++)
@@ -357,12 +428,18 @@ static void unit_done(uv_work_t *w, int status)
         u->marks = NULL;
         if (r->state == R_STOPPING)
             r->sched.stop_failures++;
-        db_busy_retry(r, u->rc, u->sqlite_rc, u->what);
+        db_busy_retry(r, u->rc, u->sqlite_rc, u->sys_errno, u->what);
         r->hooks.stop_check(r);
         return;
     }
     r->sched.busy_delay_ms = 0;
     r->sched.stop_failures = 0;
+    if (r->sched.fail_since) {
+        LOG(r, OUTBOX_LOG_INFO, "msg=\"database writable again\" db=%s failed_for_ms=%llu", r->cfg.db_path,
+            (unsigned long long)(uv_now(r->loop) - r->sched.fail_since));
+        r->sched.fail_since = 0;
+        r->sched.fail_why[0] = '\0';
+    }
     if (u->nwritten) {
         /* The budget ran out: the marks not written go back to the queue. */
         msg *last = u->marks;
@@ -515,7 +592,8 @@ static void do_work(outbox_relay *r)
         r->sched.again = 1;
         return;
     }
-    if (uv_is_active((uv_handle_t *)&r->sched.busy_timer) || r->state == R_STOPPED || r->state == R_CREATED)
+    /* Nothing before the database opened (R_WAITING, or a stop since). */
+    if (uv_is_active((uv_handle_t *)&r->sched.busy_timer) || r->state == R_STOPPED || !r->stop.began)
         return;
     outbox__win_flush_parked(r, r->cfg.s.idempotent ? PARKED_IDEM_MS : PARKED_MS);
     /* The marks written below leave the window in this same transaction,
@@ -530,6 +608,10 @@ static void do_work(outbox_relay *r)
             want = r->cfg.s.batch;
     }
     if (!r->win.marks_head && !want_claim) {
+        /* Held by a problem, nothing else would run a unit: the scan
+         * timer comes back for the check (a timer tick a second). */
+        if (outbox__link_problem(r))
+            outbox__sched_arm_scan(r, r->cfg.s.scan_interval_ms);
         r->hooks.stop_check(r);
         return;
     }
@@ -578,7 +660,7 @@ static void do_work(outbox_relay *r)
         want_claim = 0;
         want = 0;
         if (!u->nmarks) {
-            db_busy_retry(r, OUTBOX_ENOMEM, 0, "claim");
+            db_busy_retry(r, OUTBOX_ENOMEM, 0, 0, "claim");
             return;
         }
     }
@@ -591,7 +673,7 @@ static void do_work(outbox_relay *r)
         /* Cannot happen with a valid loop; put the marks back and retry. */
         outbox__win_requeue(r, u->marks);
         u->marks = NULL;
-        db_busy_retry(r, OUTBOX_EINVAL, 0, "queue");
+        db_busy_retry(r, OUTBOX_EINVAL, 0, 0, "queue");
         return;
     }
     r->sched.running = 1;
@@ -604,7 +686,7 @@ static void on_kick(uv_timer_t *t)
 
 void outbox__sched_schedule(outbox_relay *r)
 {
-    if (r->state == R_STOPPED || r->state == R_CREATED)
+    if (r->state == R_STOPPED || !r->stop.began)
         return;
     if (!uv_is_active((uv_handle_t *)&r->sched.kick_timer) && !uv_is_active((uv_handle_t *)&r->sched.busy_timer)) {
         uint64_t now = uv_now(r->loop);

@@ -106,7 +106,9 @@
       "logfmt, or json for one JSON object per line with the same fields (ts, level, msg, ...)")                     \
     X("drain", FLAG, drain, 0, 0, 0, 0, NULL, NULL,                                                                   \
       "exit 0 once nothing is due, nothing is leased, nothing is in flight and no row waits for a retry (rows "      \
-      "delayed by the application, never attempted, do not count)")                                                 \
+      "delayed by the application, never attempted, do not count); exit 2 at once when Redis cannot be used as "     \
+      "configured (credentials refused, an ACL forbidding XADD, a cluster node behind a plain URL, a master no "     \
+      "sentinel knows), the rows left pending")                                                                      \
     X("drain-timeout-ms", U64, drain_timeout_ms, OUTBOX__OPT_ZERO, 0, 1, 2592000000ull, "MS", NULL,                   \
       "with --drain: stop after this long even if rows are left, log how many and exit 1; 0 = no limit")             \
     X("idempotent", FLAG, idempotent, 0, 0, 0, 0, NULL, NULL,                                                         \

@@ -91,14 +91,42 @@ int outbox__busy_ms(sqlite3 *db, int *naps)
     return 0;
 }
 
+/* SQLite's words for db's last failure, with the system's when it gave one
+ * ("disk I/O error (No space left on device)"): a full disk and a failing
+ * one read the same otherwise. */
+static const char *why(sqlite3 *db, char *buf, size_t len)
+{
+    int sys = sqlite3_system_errno(db), rc = sqlite3_errcode(db) & 0xff;
+    /* errno says something only after a failed system call. */
+    if (sys == 0 || (rc != SQLITE_IOERR && rc != SQLITE_FULL && rc != SQLITE_CANTOPEN))
+        return sqlite3_errmsg(db);
+    snprintf(buf, len, "%s (%s)", sqlite3_errmsg(db), strerror(sys));
+    return buf;
+}
+
 int outbox_db_open(const char *path, int flags, sqlite3 **out, char *err, size_t errlen)
+{
+    return outbox__db_open_rc(path, flags, out, NULL, err, errlen);
+}
+
+void outbox__sqlfail_get(sqlite3 *db, outbox__sqlfail *f)
+{
+    if (!f)
+        return;
+    f->rc = db ? sqlite3_extended_errcode(db) : 0;
+    f->sys = db ? sqlite3_system_errno(db) : 0;
+}
+
+int outbox__db_open_rc(const char *path, int flags, sqlite3 **out, outbox__sqlfail *f, char *err, size_t errlen)
 {
     sqlite3 *db = NULL;
     struct stat st;
     int oflags, rc, e;
+    char wbuf[300];
 
     if (out)
         *out = NULL;
+    outbox__sqlfail_get(NULL, f);
     if (!path || !*path || !out) {
         set_err(err, errlen, "no database path given");
         return OUTBOX_EINVAL;
@@ -152,7 +180,7 @@ int outbox_db_open(const char *path, int flags, sqlite3 **out, char *err, size_t
         if (e == OUTBOX_ENOTDB)
             set_err(err, errlen, "'%s' is not a usable SQLite database: %s", path, sqlite3_errmsg(db));
         else
-            set_err(err, errlen, "cannot read database '%s': %s", path, sqlite3_errmsg(db));
+            set_err(err, errlen, "cannot read database '%s': %s", path, why(db, wbuf, sizeof wbuf));
         goto fail;
     }
 
@@ -164,7 +192,7 @@ int outbox_db_open(const char *path, int flags, sqlite3 **out, char *err, size_t
             mode = sqlite3_column_text(st_mode, 0);
         if (!mode || strcmp((const char *)mode, "wal") != 0) {
             set_err(err, errlen, "cannot switch '%s' to WAL mode: %s", path,
-                    mode ? (const char *)mode : sqlite3_errmsg(db));
+                    mode ? (const char *)mode : why(db, wbuf, sizeof wbuf));
             e = outbox__sqlite_code(rc == SQLITE_OK ? sqlite3_errcode(db) : rc);
             if (e == 0)
                 e = OUTBOX_ESQLITE;
@@ -188,6 +216,9 @@ int outbox_db_open(const char *path, int flags, sqlite3 **out, char *err, size_t
     *out = db;
     return 0;
 fail:
+    outbox__sqlfail_get(db, f);
+    if (f && !db)
+        f->rc = rc;
     sqlite3_close_v2(db);
     return e ? e : OUTBOX_ESQLITE;
 }
@@ -484,11 +515,17 @@ int outbox_schema_check(sqlite3 *db, char *err, size_t errlen)
 
 int outbox_schema_apply(sqlite3 *db, char *err, size_t errlen)
 {
+    return outbox__schema_apply_rc(db, NULL, err, errlen);
+}
+
+int outbox__schema_apply_rc(sqlite3 *db, outbox__sqlfail *f, char *err, size_t errlen)
+{
     int64_t version = 0;
     int exists = 0, reload = 0, e, rc;
     char *msg = NULL;
     char sql[64];
 
+    outbox__sqlfail_get(NULL, f);
     if (!db)
         return OUTBOX_EINVAL;
     if (!sqlite3_get_autocommit(db)) {
@@ -497,14 +534,17 @@ int outbox_schema_apply(sqlite3 *db, char *err, size_t errlen)
     }
     /* Cheap check first, so that a refused database is never written to. */
     e = examine(db, &version, &exists, err, errlen);
-    if (e != 0)
+    if (e != 0) {
+        outbox__sqlfail_get(db, f);
         return e;
+    }
     if (version == OUTBOX_SCHEMA_VERSION)
         return 0;
 
     rc = sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc != SQLITE_OK) {
         set_err(err, errlen, "cannot begin the schema transaction: %s", sqlite3_errmsg(db));
+        outbox__sqlfail_get(db, f);
         return outbox__sqlite_code(rc);
     }
     /* Again under the write lock: another process may have migrated since. */
@@ -545,6 +585,9 @@ done:
             sqlite3_exec(db, "PRAGMA writable_schema=RESET", NULL, NULL, NULL);
         }
     }
+    /* The failure's code before ROLLBACK replaces it. */
+    if (e != 0)
+        outbox__sqlfail_get(db, f);
     if (e != 0 && !sqlite3_get_autocommit(db))
         sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
     return e;

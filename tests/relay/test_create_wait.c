@@ -8,7 +8,10 @@
  *     writer holding it for 300 ms makes create wait that long, and create
  *     then migrates and succeeds;
  *   - a connection in locking_mode=EXCLUSIVE keeps every other connection
- *     from reading: create gives up after about 2 s with OUTBOX_EBUSY.
+ *     from reading: create gives up after about 2 s with OUTBOX_EBUSY;
+ *   - with wait_for_db it succeeds instead, and the relay waits for the
+ *     lock: outbox_relay_db_waiting says why, a stop during the wait closes
+ *     every handle, and once the lock is gone the relay opens its database.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +96,67 @@ static void make_schema_4(const char *path)
     sqlite3_close_v2(db);
 }
 
+/* A relay created with wait_for_db, started on the loop: polled until its
+ * database opened (or the deadline), then stopped. */
+typedef struct waiter {
+    outbox_relay *r;
+    uv_timer_t timer;
+    int64_t deadline;
+    int opened, stopped;
+} waiter;
+
+static void on_waiter_stopped(outbox_relay *r, void *data)
+{
+    waiter *w = data;
+    (void)r;
+    w->stopped = 1;
+}
+
+static void poll_open(uv_timer_t *t)
+{
+    waiter *w = t->data;
+    w->opened = outbox_relay_db_waiting(w->r, NULL, 0) == 0;
+    if (!w->opened && th_now_ms() < w->deadline)
+        return;
+    uv_close((uv_handle_t *)t, NULL);
+    outbox_relay_stop(w->r, on_waiter_stopped, w);
+}
+
+/* Creates a waiting relay on path while it is locked, starts it and either
+ * stops it at once or waits up to wait_ms for its database; the checks. */
+static void waiting_relay(uv_loop_t *loop, const char *path, int wait_ms)
+{
+    outbox_relay_settings s;
+    waiter w = {0};
+    char err[256] = "", why[512] = "";
+    int rc;
+    outbox_relay_defaults(&s);
+    s.db_path = path;
+    s.redis_url = "redis://127.0.0.1:1"; /* nothing listens: reconnects until the stop */
+    s.log_level = OUTBOX_LOG_ERROR;
+    s.wait_for_db = 1;
+    rc = outbox_relay_create(&w.r, loop, &s, err, sizeof err);
+    is_int(rc, 0, "wait_for_db: create succeeds while the lock is held (%s)", err);
+    if (rc != 0)
+        return;
+    is_int(outbox_relay_db_waiting(w.r, why, sizeof why), 1, "the relay waits for its database: %s", why);
+    ok(strstr(why, "locked") != NULL, "... because it is locked");
+    is_int(outbox_relay_start(w.r), 0, "start succeeds while waiting");
+    if (wait_ms == 0) {
+        is_int(outbox_relay_stop(w.r, on_waiter_stopped, &w), 0, "stop while waiting");
+    } else {
+        w.deadline = th_now_ms() + wait_ms;
+        uv_timer_init(loop, &w.timer);
+        w.timer.data = &w;
+        uv_timer_start(&w.timer, poll_open, 10, 10);
+    }
+    uv_run(loop, UV_RUN_DEFAULT);
+    ok(w.stopped, "the relay stopped, every handle closed");
+    if (wait_ms)
+        ok(w.opened, "once the lock was released the relay opened its database");
+    outbox_relay_destroy(w.r);
+}
+
 int main(void)
 {
     char *dir, *path, *old;
@@ -135,6 +199,17 @@ int main(void)
     ok(took >= 1800 && took < 4000 * th_slow(), "after about 2 s (%lld ms)", (long long)took);
     lock_end(&l);
     is_int(create_timed(&loop, path, &took), 0, "once it closed: create succeeds");
+
+    /* The same lock with wait_for_db: the relay waits. Held beyond create's
+     * own 2 s of tries, so that create ends with the lock still held. */
+    lock_start(&l, path, "PRAGMA locking_mode = EXCLUSIVE; BEGIN IMMEDIATE; "
+                         "INSERT INTO outbox(id, topic, payload) VALUES ('x2', 't', x'00')", 4000 * th_slow());
+    waiting_relay(&loop, path, 0);
+    lock_end(&l);
+    lock_start(&l, path, "PRAGMA locking_mode = EXCLUSIVE; BEGIN IMMEDIATE; "
+                         "INSERT INTO outbox(id, topic, payload) VALUES ('x3', 't', x'00')", 4000 * th_slow());
+    waiting_relay(&loop, path, 20000 * th_slow());
+    lock_end(&l);
 
     is_int(uv_loop_close(&loop), 0, "loop closes: no handle left behind");
     free(path);

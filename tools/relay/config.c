@@ -99,8 +99,12 @@ void relay_config_usage(FILE *f, const char *prog)
     fprintf(f, "\n"
                "Signals: SIGTERM or SIGINT stop gracefully (in-flight replies are awaited up to\n"
                "--shutdown-timeout-ms, unfinished rows are handed back); a second one exits at once.\n"
+               "A database that cannot be opened because the disk is full or it is locked is\n"
+               "waited for like an unreachable Redis: tried again after 100 ms doubling to 5 s,\n"
+               "/healthz answering 503 meanwhile; --drain exits 1 instead.\n"
                "Exit status: 0 clean stop or drained, 1 fatal runtime error or --drain-timeout-ms\n"
-               "expired, 2 usage or configuration error. Logs go to stderr (--log-format).\n");
+               "expired, 2 usage or configuration error (also a --drain that Redis refuses as\n"
+               "configured). Logs go to stderr (--log-format).\n");
 }
 
 static int fail(relay_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

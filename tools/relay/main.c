@@ -111,9 +111,14 @@ static void on_signal(uv_signal_t *h, int signum)
 static void on_drained(outbox_relay *r, void *data)
 {
     daemon_state *d = data;
-    /* The relay logged the rows left. */
-    if (outbox_relay_drain_result(r) == OUTBOX_ETIMEDOUT)
+    int e = outbox_relay_drain_result(r);
+    /* The relay logged the rows left, and for OUTBOX_ECONFIG why Redis
+     * cannot be used as configured: a configuration error, like a bad
+     * option, which running again as it is would not cure. */
+    if (e == OUTBOX_ETIMEDOUT)
         d->exit_code = EXIT_FATAL;
+    else if (e == OUTBOX_ECONFIG)
+        d->exit_code = EXIT_USAGE;
     outbox_relay_stop(r, on_stopped, d);
 }
 
@@ -144,6 +149,9 @@ static int cmd_run(int argc, char **argv, int first)
         c.s.on_drained = on_drained;
         c.s.on_drained_data = &d;
     }
+    /* A full disk or a lock is waited for like an unreachable Redis (a
+     * drain refuses to wait, below, but learns that it would have). */
+    c.s.wait_for_db = 1;
     if (uv_loop_init(&d.loop) != 0) {
         outbox__log(&d.log, OUTBOX_LOG_ERROR, "msg=\"cannot create the event loop\"");
         relay_config_finish(&c);
@@ -160,6 +168,19 @@ static int cmd_run(int argc, char **argv, int first)
         /* A database that stays locked is a runtime failure, not a usage
          * error: a supervisor should restart us. */
         return e == OUTBOX_ENOMEM || e == OUTBOX_EBUSY ? EXIT_FATAL : EXIT_USAGE;
+    }
+    if (c.s.drain && outbox_relay_db_waiting(d.relay, err, sizeof err) == 1) {
+        /* A batch job that cannot read its database now fails now: it is
+         * a runtime failure (the disk is full, the database is locked), not
+         * a configuration error, and running it again later may succeed. */
+        char q[600];
+        outbox__logfmt_quote(q, sizeof q, err);
+        outbox__log(&d.log, OUTBOX_LOG_ERROR, "msg=\"cannot open the database; --drain does not wait\" db=%s error=%s",
+                    c.s.db_path, q);
+        outbox_relay_destroy(d.relay);
+        uv_loop_close(&d.loop);
+        relay_config_finish(&c);
+        return EXIT_FATAL;
     }
     uv_signal_init(&d.loop, &d.sigterm);
     uv_signal_init(&d.loop, &d.sigint);

@@ -89,9 +89,10 @@ typedef struct outbox__cluster_hooks {
      * commands can be sent. */
     void (*on_ready)(outbox__cluster *c, void *data);
     /* No node of the URL or of the last map could be reached or gave a map
-     * (status, details in outbox__cluster_errstr()); refreshes go on with
-     * a backoff and on_ready follows when one succeeds. Commands are still
-     * accepted and routed by the last map, if any. */
+     * (status OUTBOX_EAUTH when every node tried refused the credentials,
+     * else OUTBOX_ECONNECT; details in outbox__cluster_errstr()); refreshes
+     * go on with a backoff and on_ready follows when one succeeds. Commands
+     * are still accepted and routed by the last map, if any. */
     void (*on_down)(outbox__cluster *c, int status, void *data);
     /* A node's connection is up; called before the commands queued for it
      * are written, so that what the owner sends here (SCRIPT LOAD) goes

@@ -78,6 +78,10 @@ struct outbox__cluster {
     /* The map refresh in progress (cluster_map.c). */
     int refreshing, refresh_again, use_slots;
     size_t *probe_order, nprobe, probe;
+    /* Of the nodes this refresh tried: how many refused the credentials,
+     * and whether any failed otherwise (on_down's status). */
+    size_t refused;
+    int failed_otherwise;
     uint64_t last_refresh, refreshes, refresh_failed;
     unsigned refresh_failures; /* in a row */
     char errstr[512];

@@ -28,8 +28,11 @@ static void refresh_failed(outbox__cluster *c)
         outbox__log(c->log, OUTBOX_LOG_WARN,
                     "msg=\"no cluster node gave a slot map, retrying with backoff\" conn=%s redis=%s detail=\"%s\"",
                     c->what, c->desc, c->errstr);
+        /* Every node tried refused the credentials: they are wrong for
+         * the whole cluster, not a node that is down. */
         if (c->hooks.on_down)
-            c->hooks.on_down(c, OUTBOX_ECONNECT, c->hooks.data);
+            c->hooks.on_down(c, c->refused && !c->failed_otherwise ? OUTBOX_EAUTH : OUTBOX_ECONNECT,
+                             c->hooks.data);
         if (c->closing)
             return;
     }
@@ -180,6 +183,7 @@ static void on_map_reply(outbox__redis *conn, int status, redisReply *reply, voi
     (void)conn;
     if (c->closing || !c->refreshing)
         return;
+    c->failed_otherwise = 1; /* unless it gives a map, which ends the refresh */
     if (status != 0 || !reply) {
         snprintf(c->errstr, sizeof c->errstr, "%s: %s: %s", n->name, what, outbox_strerror(status));
         try_next(c);
@@ -226,12 +230,15 @@ static void try_next(outbox__cluster *c)
         if (n->state == NS_UP) {
             if (send_query(c, n) == 0)
                 return;
+            c->failed_otherwise = 1;
         } else if (n->state == NS_CONNECTING) {
             n->probe_wait = 1;
             return;
         } else if (now >= n->down_until && outbox__cluster_node_connect(n) == 0) {
             n->probe_wait = 1;
             return;
+        } else {
+            c->failed_otherwise = 1; /* not tried: it may not refuse */
         }
     }
     refresh_failed(c);
@@ -260,6 +267,8 @@ static void start_refresh(outbox__cluster *c)
     c->probe = 0;
     c->refreshing = 1;
     c->refresh_again = 0;
+    c->refused = 0;
+    c->failed_otherwise = 0;
     try_next(c);
 }
 
@@ -301,5 +310,9 @@ void outbox__cluster_map_node_event(outbox__cluster *c, outbox__cluster_node *n,
         return;
     if (status == 0 && send_query(c, n) == 0)
         return;
+    if (status == OUTBOX_EAUTH)
+        c->refused++;
+    else
+        c->failed_otherwise = 1;
     try_next(c);
 }
