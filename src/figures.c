@@ -84,6 +84,8 @@ static int read_in_txn(sqlite3 *db, int64_t now, outbox__figures *f)
     rc = sqlite3_prepare_v2(db, SQL_HEAD, -1, &st, NULL);
     if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
         from = sqlite3_column_int64(st, 0);
+        if (from < 1)
+            from = 1; /* no cursor row and no batch: the walk starts at the first seq, which is 1 or more */
         last = sqlite3_column_int64(st, 1);
         published_span = sqlite3_column_int64(st, 2);
         rc = SQLITE_DONE;
