@@ -1,4 +1,4 @@
--- The outbox table, schema version 6 (PRAGMA user_version = 6).
+-- The outbox table, schema version 7 (PRAGMA user_version = 7).
 --
 -- This file is the contract for writers in any language and is compiled into
 -- the library verbatim: outbox-relay init (or outbox_schema_apply()) runs it.
@@ -144,6 +144,63 @@ CREATE TRIGGER outbox_cursor_after_update AFTER UPDATE OF available_at, created_
 WHEN new.state = 0 AND new.available_at <= new.created_at AND new.seq < (SELECT new_from FROM outbox_cursor)
 BEGIN
     UPDATE outbox SET available_at = new.created_at + 1 WHERE seq = new.seq;
+END;
+
+-- Relay-owned: the seqs that have no row although they lie in a batch's
+-- range or at or after the cursor (rows deleted there: by hand, by
+-- outbox-replay purge, rows published on their own deleted by retention).
+-- The figures (rows by state, for /metrics and outbox-replay stats) count
+-- the rows of a range as its length less its holes and less its rows with a
+-- state of their own (each found through its partial index), so that they
+-- never walk the rows themselves: a count of a seq range walks every row of
+-- it. A seq kept here that has a row again (the rows at the end of the
+-- table were deleted and their seqs given to new rows) is not a hole.
+CREATE TABLE outbox_gone (
+    seq INTEGER PRIMARY KEY
+);
+
+-- Relay-owned: how many seqs the ranges of the published batches hold
+-- together (their rows as written, their holes and the rows that left
+-- them), kept by the triggers on outbox_batch, so that the figures need not
+-- read every published batch's record. Without its row, the figures add up
+-- the records instead.
+CREATE TABLE outbox_tally (
+    one       INTEGER PRIMARY KEY CONSTRAINT one_row CHECK (one = 1),
+    published INTEGER NOT NULL
+);
+INSERT INTO outbox_tally(one, published) VALUES (1, 0);
+
+-- A deleted row's seq becomes a hole when a batch's range or the cursor's
+-- part of the table holds it. Retention deletes a published batch's record
+-- before its rows, which then lie in no range: it writes nothing here. An
+-- INSERT fires no trigger.
+CREATE TRIGGER outbox_gone_after_delete AFTER DELETE ON outbox
+WHEN old.seq >= coalesce((SELECT new_from FROM outbox_cursor), 0)
+  OR old.seq <= (SELECT hi FROM outbox_batch WHERE lo <= old.seq ORDER BY lo DESC LIMIT 1)
+BEGIN
+    INSERT OR IGNORE INTO outbox_gone(seq) VALUES (old.seq);
+END;
+
+-- The published ranges' total follows every change of a batch record; a
+-- record that goes takes its holes with it.
+CREATE TRIGGER outbox_batch_after_insert AFTER INSERT ON outbox_batch
+WHEN new.state = 2
+BEGIN
+    UPDATE outbox_tally SET published = published + new.hi - new.lo + 1;
+END;
+
+CREATE TRIGGER outbox_batch_after_update AFTER UPDATE OF lo, hi, state ON outbox_batch
+WHEN old.state = 2 OR new.state = 2
+BEGIN
+    UPDATE outbox_tally SET published = published
+        - CASE WHEN old.state = 2 THEN old.hi - old.lo + 1 ELSE 0 END
+        + CASE WHEN new.state = 2 THEN new.hi - new.lo + 1 ELSE 0 END;
+END;
+
+CREATE TRIGGER outbox_batch_after_delete AFTER DELETE ON outbox_batch
+BEGIN
+    UPDATE outbox_tally SET published = published - (old.hi - old.lo + 1) WHERE old.state = 2;
+    DELETE FROM outbox_gone WHERE seq BETWEEN old.lo AND old.hi;
 END;
 
 -- Every row's state as derived from the table and the batch records: a

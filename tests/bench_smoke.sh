@@ -26,7 +26,8 @@ ok "outbox-bench --quick exits 0 (every scenario ran)" $rc
 [ $rc = 0 ] || sed 's/^/# /' "$tmp/err" "$tmp/out"
 python3 - "$tmp/out" >"$tmp/check" 2>&1 <<'PY'
 import json, sys
-want = ["drain", "drain_tls", "drain_cluster", "idle", "latency", "sustained", "writer", "loop", "idempotent", "consume", "memory", "claim"]
+want = ["drain", "drain_tls", "drain_cluster", "idle", "latency", "sustained", "writer", "loop", "idempotent", "consume", "memory", "claim",
+        "figures"]
 fields = {
     "drain": ["msgs_per_s", "ceiling_per_s", "ratio", "sql_budget_us_per_msg", "sql_floor_us_per_msg",
               "sql_floor_ratio", "sql_floor_bare_us_per_msg", "sql_floor_bare_ratio", "relay_cpu_us_per_msg",
@@ -43,6 +44,7 @@ fields = {
                   "relay_cpu_us_per_msg"],
     "claim": ["ratio", "sql_ratio"],
     "memory": ["peak_rss_mib"],
+    "figures": ["target_ratio"],
 }
 seen = []
 for line in open(sys.argv[1]):
@@ -88,6 +90,14 @@ for k in ("naive", "ranged", "norow"):
 if abs(d["ratio_peers_min"] - min(d["ratio_peer_%s" % k] for k in ("naive", "ranged", "norow"))) > 0.002:
     print("ratio_peers_min is not the smallest peer ratio")
     sys.exit(1)
+# figures: every variant's scrape, healthz and stats time, and the counts
+# it replaced.
+d = [json.loads(l[6:]) for l in open(sys.argv[1]) if '"figures"' in l][0]
+for run in ("small_pending", "small_published", "big_pending", "big_published"):
+    for f in ("scrape_ms", "healthz_ms", "stats_ms", "before_count_ms", "before_stats_ms"):
+        if not (d.get(run) or {}).get(f, 0) > 0:
+            print("figures: %s.%s is %r" % (run, f, (d.get(run) or {}).get(f)))
+            sys.exit(1)
 # sustained: quantiles in order, one backlog sample a second of writing, and
 # no message missing (the relay publishes every row it was given).
 d = [json.loads(l[6:]) for l in open(sys.argv[1]) if '"sustained"' in l][0]

@@ -30,7 +30,7 @@ extern "C" {
 
 /* The outbox table schema version this library creates and understands
  * (stored in PRAGMA user_version, see proto/schema.md). */
-#define OUTBOX_SCHEMA_VERSION 6
+#define OUTBOX_SCHEMA_VERSION 7
 
 /*
  * Error codes. XX(name, message). Values are negative and stable: scripts

@@ -346,10 +346,11 @@ typedef struct outbox_relay_stats {
 } outbox_relay_stats;
 
 /* Fills st (loop thread). Never queries the database itself: the figures
- * by state and the oldest pending age are the ones /metrics shows, counted
- * on a worker thread through a read-only connection of the relay's own and
- * at most about a second old (a call finding them older starts a refresh,
- * which a later call sees). The counters since start and the window are
+ * by state and the oldest pending age are the ones /metrics shows, read on
+ * a worker thread through a read-only connection of the relay's own (from
+ * the batch records, the cursor and the indexes, never a pass over the rows:
+ * proto/schema.md, "The figures") and at most about a second old (a call
+ * finding them older starts a refresh, which a later call sees). The counters since start and the window are
  * current. Returns 0; OUTBOX_EBUSY before the first refresh finished, or
  * OUTBOX_ESQLITE when the last refresh failed (the database figures are
  * then -1); OUTBOX_EINVAL for a NULL argument. */

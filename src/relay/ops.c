@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "store/figures.h"
 #include "relay_int.h"
-#include "sql.h"
 #include "util/array.h"
 
 static void answer(outbox_relay *r, outbox__http_req *req, const char *path);
@@ -57,13 +57,16 @@ static void on_stall_prepare(uv_prepare_t *h)
     outbox__hist_observe(&r->stats.h_stall, (double)d / 1e9);
 }
 
-/* Runs on a libuv worker thread with its own read-only connection: a count
- * over a large table must never hold up publishing. */
+/* Runs on a libuv worker thread with its own read-only connection, so that
+ * even a slow disk never holds up publishing. The figures come from the
+ * batch records, the cursor and the indexes (src/figures.h): their cost
+ * does not grow with the table. */
 static void dbstat_run(uv_work_t *w)
 {
     outbox_relay *r = w->data;
     struct relay_dbstat *d = &r->ops.dbstat_tmp;
-    sqlite3_stmt *st = NULL;
+    outbox__figures f;
+    int64_t now = outbox_now_ms();
     int rc;
     memset(d, 0, sizeof *d);
     if (!r->ops.dbstat_db) {
@@ -77,29 +80,12 @@ static void dbstat_run(uv_work_t *w)
         }
         sqlite3_busy_timeout(r->ops.dbstat_db, 1000);
     }
-    rc = sqlite3_prepare_v2(r->ops.dbstat_db, OUTBOX__SQL_STATE_COUNTS, -1, &st, NULL);
-    if (rc == SQLITE_OK) {
-        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-            int state = sqlite3_column_int(st, 0);
-            if (state >= 0 && state < OUTBOX_STATE_COUNT)
-                d->by_state[state] = sqlite3_column_int64(st, 1);
-        }
-    }
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE) {
+    if (outbox__figures_read(r->ops.dbstat_db, now, &f) != 0) {
         snprintf(d->err, sizeof d->err, "database query failed: %s", sqlite3_errmsg(r->ops.dbstat_db));
         return;
     }
-    st = NULL;
-    rc = sqlite3_prepare_v2(r->ops.dbstat_db, OUTBOX__SQL_OLDEST_DUE, -1, &st, NULL);
-    if (rc == SQLITE_OK) {
-        int64_t now = outbox_now_ms();
-        sqlite3_bind_int64(st, 1, now);
-        if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL &&
-            sqlite3_column_int64(st, 0) <= now)
-            d->oldest_due_ms = now - sqlite3_column_int64(st, 0);
-    }
-    sqlite3_finalize(st);
+    memcpy(d->by_state, f.by_state, sizeof d->by_state);
+    d->oldest_due_ms = f.oldest_due_at >= 0 ? now - f.oldest_due_at : 0;
     d->ok = 1;
 }
 

@@ -351,7 +351,7 @@ struct relay_retention {
     int running;
     int64_t cutoff, limit; /* the step's: published before cutoff, limit rows at most */
     sqlite3 *db;
-    sqlite3_stmt *q_rows, *q_batches, *q_batch_rows, *q_batch, *q_oldest;
+    sqlite3_stmt *q_rows, *q_batches, *q_batch_rows, *q_batch, *q_oldest, *q_holes;
     int64_t deleted;     /* rows the step deleted */
     uint64_t held_ns;    /* how long it held the write lock */
     int full;            /* it stopped at its budget or limit: more may be due */

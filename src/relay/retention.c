@@ -74,6 +74,7 @@ static const struct {
     STMT(q_batch_rows, OUTBOX__SQL_RETENTION_BATCH_ROWS),
     STMT(q_batch, OUTBOX__SQL_RETENTION_BATCH),
     STMT(q_oldest, OUTBOX__SQL_RETENTION_OLDEST),
+    STMT(q_holes, OUTBOX__SQL_RETENTION_HOLES),
 #undef STMT
 };
 
@@ -114,7 +115,8 @@ static int ret_exec(sqlite3_stmt *st, int64_t a, int64_t b)
  * One step, on a worker thread: rows published on their own, then whole
  * published batches, oldest first, each with its rows that have no state
  * of their own (a dead or waiting row in a batch's range stays), until
- * the budget or rt->limit rows (at least one batch). Sets rt->deleted,
+ * the budget or rt->limit rows (at least one batch), then the holes left
+ * below every range. Sets rt->deleted,
  * rt->full (stopped by the budget or the limit: more may be due) and
  * rt->rc (the SQLite code of a failure, SQLITE_OK if none).
  */
@@ -161,19 +163,27 @@ static void ret_step(struct relay_retention *rt)
             rc = step;
             goto fail;
         }
-        rc = ret_exec(rt->q_batch_rows, lo, hi);
-        if (rc != SQLITE_DONE)
-            goto fail;
-        n += sqlite3_changes(db);
+        /* The record first: its rows then lie in no batch's range, and
+         * their deletes write no holes (outbox_gone_after_delete). */
         sqlite3_bind_int64(rt->q_batch, 1, lo);
         rc = sqlite3_step(rt->q_batch);
         sqlite3_reset(rt->q_batch);
         if (rc != SQLITE_DONE)
             goto fail;
+        rc = ret_exec(rt->q_batch_rows, lo, hi);
+        if (rc != SQLITE_DONE)
+            goto fail;
+        n += sqlite3_changes(db);
     }
     if (n >= rt->limit)
         rt->full = 1;
 commit:
+    if (n > 0) {
+        rc = sqlite3_step(rt->q_holes);
+        sqlite3_reset(rt->q_holes);
+        if (rc != SQLITE_DONE)
+            goto fail;
+    }
     /* The oldest row left: how far behind retention is, or when the next
      * becomes due. */
     step = sqlite3_step(rt->q_oldest);

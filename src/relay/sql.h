@@ -20,7 +20,7 @@
 /* Where the walk starts: the cursor, and never before the end of the last
  * batch's range (whose rows as written are not new). The cursor's row, NULL
  * when it was deleted by hand, is written again by the claim. */
-#define OUTBOX__SQL_LAST_HI "(SELECT hi + 1 FROM outbox_batch ORDER BY lo DESC LIMIT 1)"
+#define OUTBOX__SQL_LAST_HI "(SELECT hi + 1 FROM outbox_batch WHERE lo = (SELECT max(lo) FROM outbox_batch))"
 #define OUTBOX__SQL_NEW_FROM                                                                                          \
     "max(coalesce((SELECT new_from FROM outbox_cursor), 0), coalesce(" OUTBOX__SQL_LAST_HI ", 0))"
 #define OUTBOX__SQL_CURSOR "SELECT (SELECT new_from FROM outbox_cursor), " OUTBOX__SQL_LAST_HI
@@ -150,7 +150,9 @@
     "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"
 /* Retention: rows published on their own older than ?1, ?2 at most, oldest
  * first; batches published before ?1 (?2 at most, oldest first), each
- * deleted with its rows that have no state of their own (?1 lo, ?2 hi). */
+ * deleted with its rows that have no state of their own (?1 lo, ?2 hi): the
+ * record first, so that its rows lie in no batch's range when they go and
+ * their seqs are no holes to keep (outbox_gone_after_delete). */
 #define OUTBOX__SQL_RETENTION                                                                                         \
     "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE state = 2 "                                       \
     "AND published_at < ?1 ORDER BY published_at LIMIT ?2)"
@@ -158,6 +160,13 @@
     "SELECT lo, hi FROM outbox_batch WHERE state = 2 AND published_at < ?1 ORDER BY published_at LIMIT ?2"
 #define OUTBOX__SQL_RETENTION_BATCH_ROWS "DELETE FROM outbox WHERE seq BETWEEN ?1 AND ?2 AND " OUTBOX__SQL_BARE
 #define OUTBOX__SQL_RETENTION_BATCH "DELETE FROM outbox_batch WHERE lo = ?1 AND state = 2"
+/* The holes (outbox_gone) below every range that can hold one: below the
+ * first batch and the cursor. Those of a batch's range go with its record
+ * (a trigger); these are left by rows deleted where no batch came to hold
+ * their seqs. */
+#define OUTBOX__SQL_RETENTION_HOLES                                                                                   \
+    "DELETE FROM outbox_gone WHERE seq < coalesce((SELECT min(lo) FROM outbox_batch), 9223372036854775807) "         \
+    "AND seq < coalesce((SELECT new_from FROM outbox_cursor), 0)"
 /* The oldest published_at of a row published on its own or of a published
  * batch (NULL: none), from outbox_published and outbox_batch_published. */
 #define OUTBOX__SQL_RETENTION_OLDEST                                                                                  \
@@ -191,13 +200,10 @@
     "AND available_at > ?1 AND lease_token > 0 LIMIT ?2)), "                                                         \
     "(SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 1 LIMIT ?2)) "                                       \
     "+ (SELECT count(*) FROM (SELECT 1 FROM outbox_batch WHERE state = 1 LIMIT ?2))"
-/* The database figures of /metrics and outbox_relay_stats_get: rows by
- * state as outbox_messages derives them (one pass over the table, a lookup
- * of the batch by primary key per row), and the available_at of the oldest
- * due pending row by ?1 (the older of the first new row and the first due
- * waiting row: both found through indexes, never a scan of all pending
- * rows). */
-#define OUTBOX__SQL_STATE_COUNTS "SELECT state, count(*) FROM outbox_messages GROUP BY state"
+/* The available_at of the oldest due pending row by ?1 (the older of the
+ * first new row and the first due waiting row: both found through indexes,
+ * never a scan of all pending rows), one of the database figures of
+ * /metrics (src/figures.c has the others). */
 #define OUTBOX__SQL_OLDEST_DUE                                                                                        \
     "WITH h(a, b) AS (SELECT (SELECT available_at FROM outbox WHERE seq >= " OUTBOX__SQL_NEW_FROM " AND state = 0 " \
     "AND available_at <= created_at ORDER BY seq LIMIT 1), (SELECT min(available_at) "                               \

@@ -432,6 +432,54 @@ static const char migrate_5_to_6[] =
     "ON o.state = 0 AND o.available_at <= o.created_at AND o.lease_token = 0 "
     "AND b.lo = (SELECT max(x.lo) FROM outbox_batch x WHERE x.lo <= o.seq) AND b.hi >= o.seq; ";
 
+/*
+ * Schema 6 -> 7: what the figures (rows by state) need in order not to walk
+ * the rows: the holes of the batch ranges and of the cursor's part of the
+ * table (outbox_gone, found here by one walk of the rows of those ranges:
+ * each row whose next seq has no row starts a gap, which ends at the next
+ * row or at the range's end), and the total length of the published ranges
+ * (outbox_tally), with the triggers that keep both from then on.
+ */
+static const char migrate_6_to_7[] =
+    "CREATE TABLE outbox_gone (seq INTEGER PRIMARY KEY);"
+    "CREATE TABLE outbox_tally (one INTEGER PRIMARY KEY CONSTRAINT one_row CHECK (one = 1), "
+    "published INTEGER NOT NULL);"
+    "INSERT INTO outbox_tally(one, published) "
+    "VALUES (1, (SELECT coalesce(sum(hi - lo + 1), 0) FROM outbox_batch WHERE state = 2));"
+    "WITH RECURSIVE "
+    "r(lo, hi) AS (SELECT lo, hi FROM outbox_batch "
+    "UNION ALL SELECT new_from, (SELECT max(seq) FROM outbox) FROM outbox_cursor), "
+    "starts(hi, a) AS (SELECT hi, lo FROM r WHERE lo <= hi AND NOT EXISTS (SELECT 1 FROM outbox WHERE seq = r.lo) "
+    "UNION ALL SELECT r.hi, o.seq + 1 FROM r JOIN outbox o ON o.seq >= r.lo AND o.seq < r.hi "
+    "WHERE NOT EXISTS (SELECT 1 FROM outbox x WHERE x.seq = o.seq + 1)), "
+    "gaps(a, b) AS (SELECT a, min(hi, coalesce((SELECT min(seq) FROM outbox WHERE seq > starts.a), hi + 1) - 1) "
+    "FROM starts), "
+    "s(seq, b) AS (SELECT a, b FROM gaps WHERE a <= b UNION ALL SELECT seq + 1, b FROM s WHERE seq < b) "
+    "INSERT OR IGNORE INTO outbox_gone(seq) SELECT seq FROM s;"
+    "CREATE TRIGGER outbox_gone_after_delete AFTER DELETE ON outbox "
+    "WHEN old.seq >= coalesce((SELECT new_from FROM outbox_cursor), 0) "
+    "OR old.seq <= (SELECT hi FROM outbox_batch WHERE lo <= old.seq ORDER BY lo DESC LIMIT 1) "
+    "BEGIN "
+    "INSERT OR IGNORE INTO outbox_gone(seq) VALUES (old.seq); "
+    "END;"
+    "CREATE TRIGGER outbox_batch_after_insert AFTER INSERT ON outbox_batch "
+    "WHEN new.state = 2 "
+    "BEGIN "
+    "UPDATE outbox_tally SET published = published + new.hi - new.lo + 1; "
+    "END;"
+    "CREATE TRIGGER outbox_batch_after_update AFTER UPDATE OF lo, hi, state ON outbox_batch "
+    "WHEN old.state = 2 OR new.state = 2 "
+    "BEGIN "
+    "UPDATE outbox_tally SET published = published "
+    "- CASE WHEN old.state = 2 THEN old.hi - old.lo + 1 ELSE 0 END "
+    "+ CASE WHEN new.state = 2 THEN new.hi - new.lo + 1 ELSE 0 END; "
+    "END;"
+    "CREATE TRIGGER outbox_batch_after_delete AFTER DELETE ON outbox_batch "
+    "BEGIN "
+    "UPDATE outbox_tally SET published = published - (old.hi - old.lo + 1) WHERE old.state = 2; "
+    "DELETE FROM outbox_gone WHERE seq BETWEEN old.lo AND old.hi; "
+    "END;";
+
 /* migrations[v] takes a database from version v to v + 1 (as far as the
  * next steps need: they all run, in one transaction): SQL, or a function
  * for what SQL alone cannot say. */
@@ -443,7 +491,8 @@ static const struct {
                   {migrate_2_to_3, NULL},
                   {NULL, migrate_3_to_4},
                   {migrate_4_to_5, NULL},
-                  {migrate_5_to_6, NULL}};
+                  {migrate_5_to_6, NULL},
+                  {migrate_6_to_7, NULL}};
 _Static_assert(sizeof migrations / sizeof migrations[0] == OUTBOX_SCHEMA_VERSION, "a migration per version");
 
 /* Reads user_version and the table; shared by apply and check. */
@@ -476,9 +525,9 @@ static int examine(sqlite3 *db, int64_t *version, int *exists, char *err, size_t
         return OUTBOX_EFOREIGN;
     }
     if (*version >= 5) {
-        static const char *const tables[] = {"outbox_cursor", "outbox_batch"};
-        size_t i;
-        for (i = 0; i < (*version >= 6 ? 2u : 1u); i++) {
+        static const char *const tables[] = {"outbox_cursor", "outbox_batch", "outbox_gone", "outbox_tally"};
+        size_t i, ntables = *version >= 7 ? 4u : *version >= 6 ? 2u : 1u;
+        for (i = 0; i < ntables; i++) {
             int64_t n = 0;
             char q[128];
             snprintf(q, sizeof q, "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '%s'", tables[i]);

@@ -25,9 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "store/figures.h"
 #include "harness.h"
 #include "outbox.h"
-#include "relay/sql.h"
 #include "rt.h"
 #include "tap.h"
 
@@ -41,19 +41,15 @@ static sqlite3 *fresh(const char *name, char **path)
     return rt_open(*path);
 }
 
-/* Row counts by state as the relay's figures compute them (through the
- * view), compared with a count that reads the batch records directly. */
+/* Row counts by state as the relay's figures compute them (src/figures.h),
+ * compared with a count that reads the batch records directly. */
 static void counts_match_view(sqlite3 *db, const char *what)
 {
-    sqlite3_stmt *st;
-    int64_t fig[4] = {0}, view[4] = {0};
+    outbox__figures f;
+    int64_t *fig = f.by_state, view[4] = {0};
     int s;
-    if (sqlite3_prepare_v2(db, OUTBOX__SQL_STATE_COUNTS, -1, &st, NULL) != SQLITE_OK)
-        bail("prepare: %s", sqlite3_errmsg(db));
-    while (sqlite3_step(st) == SQLITE_ROW)
-        if ((s = sqlite3_column_int(st, 0)) >= 0 && s < 4)
-            fig[s] = sqlite3_column_int64(st, 1);
-    sqlite3_finalize(st);
+    if (outbox__figures_read(db, outbox_now_ms(), &f) != 0)
+        bail("figures: %s", sqlite3_errmsg(db));
     /* Rows by their own state, those as written moved to their batch's. */
     for (s = 0; s < 4; s++)
         view[s] = th_sql_int(db, "SELECT count(*) FROM outbox WHERE state = %d", s);

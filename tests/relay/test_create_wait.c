@@ -83,12 +83,13 @@ static int create_timed(uv_loop_t *loop, const char *path, int64_t *took)
     return rc;
 }
 
-/* Turns a current database back into schema 4 (no batch records, no cursor,
- * an index of new rows): create has to migrate it. */
+/* Turns a current database back into schema 4 (no holes or tally, no batch
+ * records, no cursor, an index of new rows): create has to migrate it. */
 static void make_schema_4(const char *path)
 {
     sqlite3 *db = rt_open(path);
-    th_sql_exec(db, "DROP VIEW outbox_messages; DROP TABLE outbox_batch; "
+    th_sql_exec(db, "DROP TRIGGER outbox_gone_after_delete; DROP TABLE outbox_gone; DROP TABLE outbox_tally; "
+                    "DROP VIEW outbox_messages; DROP TABLE outbox_batch; "
                     "DROP TRIGGER outbox_cursor_after_delete; DROP TRIGGER outbox_cursor_after_update; "
                     "DROP TABLE outbox_cursor; DROP INDEX outbox_stray; "
                     "CREATE INDEX outbox_new ON outbox(seq) WHERE state = 0 AND available_at <= created_at; "

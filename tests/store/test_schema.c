@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "store/figures.h"
 #include "harness.h"
 #include "outbox.h"
 #include "tap.h"
@@ -70,7 +71,14 @@ static int state_write_builds_table(sqlite3 *db)
     return found;
 }
 
-/* Turns a current database back into schema 5: no batch records, no view,
+/* Turns a current database back into schema 6: no holes, no tally of the
+ * published ranges, none of their triggers. */
+static const char to_v6[] =
+    "DROP TRIGGER outbox_gone_after_delete; DROP TRIGGER outbox_batch_after_insert;"
+    "DROP TRIGGER outbox_batch_after_update; DROP TRIGGER outbox_batch_after_delete;"
+    "DROP TABLE outbox_gone; DROP TABLE outbox_tally;";
+
+/* Turns a schema 6 database back into schema 5: no batch records, no view,
  * schema 5's triggers. */
 static const char to_v5[] =
     "DROP VIEW outbox_messages; DROP TABLE outbox_batch;"
@@ -272,20 +280,25 @@ static void test_refusals(void)
         ok(want && !strstr(want, "outbox_new") && strstr(want, "outbox_key") && strstr(want, "outbox_cursor:") &&
                strstr(want, "outbox_cursor_after_delete:") && strstr(want, "outbox_cursor_after_update:") &&
                strstr(want, "outbox_batch:") && strstr(want, "outbox_batch_leased:") &&
-               strstr(want, "outbox_batch_published:") && strstr(want, "outbox_messages:"),
-           "a new database: indexes, cursor, batch records, view and triggers");
+               strstr(want, "outbox_batch_published:") && strstr(want, "outbox_messages:") &&
+               strstr(want, "outbox_gone:") && strstr(want, "outbox_tally:") &&
+               strstr(want, "outbox_gone_after_delete:") && strstr(want, "outbox_batch_after_insert:") &&
+               strstr(want, "outbox_batch_after_update:") && strstr(want, "outbox_batch_after_delete:"),
+           "a new database: indexes, cursor, batch records, holes, tally, view and triggers");
         want_table = one_text(db, table_sql);
         is_int(state_write_builds_table(db), 0, "a new database: writing state builds no ephemeral table");
         sqlite3_close(db);
         free(p);
-        for (int from = 1; from <= 5; from++) {
+        for (int from = 1; from <= 6; from++) {
             char name[32];
             sqlite3 *other;
             snprintf(name, sizeof name, "v%d.db", from);
             p = th_path(dir, name);
             db = raw_open(p);
             is_int(outbox_schema_apply(db, err, sizeof err), 0, "apply");
-            is_int(sqlite3_exec(db, to_v5, NULL, NULL, NULL), SQLITE_OK, "back to schema 5");
+            is_int(sqlite3_exec(db, to_v6, NULL, NULL, NULL), SQLITE_OK, "back to schema 6");
+            if (from <= 5)
+                is_int(sqlite3_exec(db, to_v5, NULL, NULL, NULL), SQLITE_OK, "back to schema 5");
             if (from <= 4) {
                 is_int(sqlite3_exec(db, drop_cursor, NULL, NULL, NULL), SQLITE_OK, "without the cursor");
                 is_int(sqlite3_exec(db, v4_indexes, NULL, NULL, NULL), SQLITE_OK, "back to schema 4's indexes");
@@ -314,6 +327,16 @@ static void test_refusals(void)
                              "INSERT INTO outbox(id, topic, payload, state, lease_token, attempts, published_at, "
                              "stream_id) VALUES ('m5', 't', x'05', 2, 1, 1, 7000, '7-0');",
                              NULL, NULL, NULL);
+            if (from == 6) /* schema 6's batches, with holes the migration must find */
+                sqlite3_exec(db,
+                             "INSERT INTO outbox(id, topic, payload) VALUES ('m4', 't', x'04'), ('m5', 't', x'05'), "
+                             "('m6', 't', x'06'), ('m7', 't', x'07'), ('m8', 't', x'08'), ('m9', 't', x'09'), "
+                             "('m10', 't', x'0a');"
+                             "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, published_at) VALUES "
+                             "(1, 6, 2, NULL, 1, NULL, 7000), (7, 8, 1, 'r', 1, 9000000000000, NULL);"
+                             "UPDATE outbox_cursor SET new_from = 9;"
+                             "DELETE FROM outbox WHERE id IN ('m4', 'm7', 'm9');",
+                             NULL, NULL, NULL);
             snprintf(name, sizeof name, "PRAGMA user_version=%d", from);
             sqlite3_exec(db, name, NULL, NULL, NULL);
             is_int(outbox_schema_check(db, err, sizeof err), OUTBOX_ENOSCHEMA,
@@ -332,8 +355,9 @@ static void test_refusals(void)
             got = one_text(db, index_sql);
             ok(want && got && strcmp(want, got) == 0, "from %d: the indexes, cursor and triggers of a new database:\n%s",
                from, got ? got : "(none)");
-            is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 1, "from %d: the cursor is at the first new row",
-                   from);
+            if (from < 6)
+                is_int(one_int(db, "SELECT new_from FROM outbox_cursor"), 1,
+                       "from %d: the cursor is at the first new row", from);
             free(got);
             got_table = one_text(db, table_sql);
             ok(want_table && got_table && strcmp(want_table, got_table) == 0, "from %d: the table of a new database",
@@ -349,7 +373,20 @@ static void test_refusals(void)
             is_int(one_int(other, "SELECT count(*) FROM pragma_integrity_check WHERE integrity_check <> 'ok'"), 0,
                    "from %d: integrity_check ok", from);
             sqlite3_close(other);
-            is_int(one_int(db, "SELECT count(*) FROM outbox_messages"), from == 5 ? 5 : 3, "rows kept");
+            is_int(one_int(db, "SELECT count(*) FROM outbox_messages"), from == 5 ? 5 : from == 6 ? 7 : 3, "rows kept");
+            if (from == 6) {
+                outbox__figures f;
+                char *holes = one_text(db, "SELECT group_concat(seq) FROM (SELECT seq FROM outbox_gone ORDER BY seq)");
+                is_str(holes, "4,7,9", "from 6: the holes of the batch ranges and after the cursor are found");
+                free(holes);
+                is_int(one_int(db, "SELECT published FROM outbox_tally"), 6, "from 6: the published ranges' length");
+                is_int(outbox__figures_read(db, outbox_now_ms(), &f), 0, "from 6: the figures");
+                for (int st = 0; st < OUTBOX_STATE_COUNT; st++) {
+                    char q[96];
+                    snprintf(q, sizeof q, "SELECT count(*) FROM outbox_messages WHERE state = %d", st);
+                    is_int(f.by_state[st], one_int(db, q), "from 6: state %d as the view counts it", st);
+                }
+            }
             if (from == 5) {
                 is_int(one_int(db, "SELECT state FROM outbox_messages WHERE id = 'm4' AND lease_owner = 'old' "
                                    "AND lease_token = 1 AND batch IS NULL"),

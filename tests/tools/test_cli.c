@@ -135,7 +135,11 @@ static void test_init(void)
     ok(strstr(r.err, "EFOREIGN") != NULL, "error code named");
     res_free(&r);
     sqlite3_open(newer, &h);
-    sqlite3_exec(h, "PRAGMA user_version=7", NULL, NULL, NULL);
+    {
+        char sql[64];
+        snprintf(sql, sizeof sql, "PRAGMA user_version=%d", OUTBOX_SCHEMA_VERSION + 1);
+        sqlite3_exec(h, sql, NULL, NULL, NULL);
+    }
     sqlite3_close(h);
     r = RUN("init", "--db", newer);
     expect_usage(r, "newer", "init on a newer schema");

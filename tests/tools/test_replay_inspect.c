@@ -18,7 +18,7 @@ static void test_help(void)
     const char *must[] = {"list",       "show ID",  "stats",    "requeue",     "purge",    "--db",      "--state",
                           "pending",    "sending",  "published", "dead",       "--topic",  "--key",     "--id ",
                           "--id-prefix", "--since", "--until",   "--dry-run",  "--yes",    "--force",   "--reason",
-                          "--json",     "--limit",  "--batch",   "--threshold", "default 100", "default 500",
+                          "--json",     "--limit",  "--by-topic", "--batch",   "--threshold", "default 100", "default 500",
                           "JSON array", "base64",   "Exit status", "outbox-relay init"};
     rp_res r = RUN("--help");
     int all = 1;
@@ -93,6 +93,19 @@ static void test_json(int py)
                                "assert d['by_state'] == {'pending': 1, 'sending': 2, 'published': 1, 'dead': 4}, d\n"
                                "assert d['dead'] == 4 and d['pending_due'] == 1 and d['pending_waiting'] == 0\n"
                                "assert d['leases_live'] == 1 and d['leases_expired'] == 1\n"
+                               "assert d['oldest_due_pending']['id'] == 'q1'\n"
+                               "assert 'by_topic' not in d, d\n"),
+               0, "stats --json without --by-topic: the same figures, no counts by topic");
+    rp_res_free(&r);
+    r = RUN("stats", "--db", db, "--json", "--by-topic");
+    is_int(r.code, 0, "stats --json --by-topic");
+    if (py)
+        is_int(rp_py_check(r.out, "import json,sys\n"
+                               "d = json.load(open(sys.argv[1]))\n"
+                               "assert d['total'] == 8, d\n"
+                               "assert d['by_state'] == {'pending': 1, 'sending': 2, 'published': 1, 'dead': 4}, d\n"
+                               "assert d['dead'] == 4 and d['pending_due'] == 1 and d['pending_waiting'] == 0\n"
+                               "assert d['leases_live'] == 1 and d['leases_expired'] == 1\n"
                                "assert d['oldest_due_pending']['id'] == 'q1' and "
                                "d['oldest_due_pending']['age_ms'] >= 0\n"
                                "t = {x['topic']: x for x in d['by_topic']}\n"
@@ -100,9 +113,13 @@ static void test_json(int py)
                                "assert t['billing']['dead'] == 1 and t['billing']['total'] == 1\n"),
                0, "stats --json: counts by state, by topic x state, due, leases, oldest due pending");
     rp_res_free(&r);
-    r = RUN("stats", "--db", db);
+    r = RUN("stats", "--db", db, "--by-topic");
     ok(r.code == 0 && strstr(r.out, "dead") && strstr(r.out, "oldest due pending") && strstr(r.out, "billing"),
-       "stats human output");
+       "stats --by-topic human output");
+    rp_res_free(&r);
+    r = RUN("stats", "--db", db);
+    ok(r.code == 0 && strstr(r.out, "oldest due pending") && !strstr(r.out, "TOPIC"),
+       "stats human output, without the table by topic");
     rp_res_free(&r);
 
     r = RUN("requeue", "--db", db, "--state", "dead", "--reason", "json \"quoted\"\\", "--dry-run", "--json");

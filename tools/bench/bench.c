@@ -40,6 +40,7 @@ static const scenario scenarios[] = {
     {"consume", NULL, sc_consume, "outbox-consume --print --drain with Redis dedup vs without"},
     {"memory", NULL, sc_memory, "peak RSS of the relay daemon draining 1,000,000 vs 100,000"},
     {"claim", "claim-cost", sc_claim, "time per claimed batch with 10,000 vs 10,000,000 rows waiting"},
+    {"figures", NULL, sc_figures, "scrape, healthz and replay stats on 3,000,000 vs 10,000 rows; scrape on 10,000,000"},
 };
 #define NSCENARIOS (sizeof scenarios / sizeof scenarios[0])
 

@@ -9,7 +9,8 @@
  * peers.c     the drain's peer loops (plain loops publishing the same backlog)
  * drain.c     the relay daemon's drains the scenarios share
  * sc_*.c      one file per group of scenarios (sc_tls.c: the TLS drain,
- *             sc_cluster.c: the drain into a Redis Cluster)
+ *             sc_cluster.c: the drain into a Redis Cluster, sc_figures.c: the
+ *             database figures of /metrics, /healthz and replay stats)
  *
  * Non-static functions are prefixed bench_; scenario entry points sc_.
  */
@@ -257,6 +258,9 @@ typedef struct bench_tcp_server {
 int bench_tcp_server_start(bench *b, bench_tcp_server *t, char *err, size_t errlen);
 void bench_tcp_server_stop(bench_tcp_server *t);
 
+/* A loopback TCP port nobody listens on right now, or -1. */
+int bench_free_port(void);
+
 /* Memory used by Redis in bytes, -1. */
 long long bench_redis_used_memory(bench *b);
 
@@ -358,6 +362,7 @@ int sc_latency(bench *b, bench_report *r);
 int sc_sustained(bench *b, bench_report *r);
 int sc_writer(bench *b, bench_report *r);
 int sc_claim(bench *b, bench_report *r);
+int sc_figures(bench *b, bench_report *r);
 int sc_loop(bench *b, bench_report *r);
 
 /* ------------------------------------------------------------------ */

@@ -117,8 +117,7 @@ int bench_env_start(bench *b, char *err, size_t errlen)
     return server_start(b, b->sock, "redis.log", NULL, &b->redis_pid, &b->rc, err, errlen);
 }
 
-/* A loopback TCP port nobody listens on right now, or -1. */
-static int free_port(void)
+int bench_free_port(void)
 {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
@@ -174,8 +173,8 @@ int bench_tls_server_start(bench *b, bench_tls_server *t, char *err, size_t errl
         if (run_openssl(b, args, err, errlen) != 0)
             return -1;
     }
-    t->port = free_port();
-    t->tls_port = free_port();
+    t->port = bench_free_port();
+    t->tls_port = bench_free_port();
     if (t->port < 0 || t->tls_port < 0 || t->port == t->tls_port) {
         snprintf(err, errlen, "cannot find two free loopback ports");
         return -1;
@@ -201,7 +200,7 @@ int bench_tcp_server_start(bench *b, bench_tcp_server *t, char *err, size_t errl
 {
     char port[16];
     memset(t, 0, sizeof t[0]);
-    t->port = free_port();
+    t->port = bench_free_port();
     if (t->port < 0) {
         snprintf(err, errlen, "cannot find a free loopback port");
         return -1;
@@ -245,7 +244,7 @@ int bench_cluster_start(bench *b, bench_cluster *c, char *err, size_t errlen)
         /* The cluster bus listens on port + 10000, which must be a port too
          * (and free: a clash shows as a failed start below). */
         do {
-            c->port[i] = free_port();
+            c->port[i] = bench_free_port();
             for (k = 0; k < i && c->port[k] != c->port[i]; k++)
                 ;
         } while (++tries < 1000 && (c->port[i] > 55535 || k < i));

@@ -45,6 +45,7 @@ static const struct optdef {
     [O_BATCH] = {"batch", 1, 0, FOR_CHANGES},
     [O_THRESHOLD] = {"threshold", 1, 0, FOR_CHANGES},
     [O_LOG_FORMAT] = {"log-format", 1, 0, FOR_ALL},
+    [O_BY_TOPIC] = {"by-topic", 0, 0, FOR(CMD_STATS)},
 };
 
 /* Records the message of a usage error; always returns -1. */
@@ -323,6 +324,9 @@ static int set_option(replay_options *o, enum optid id, const char *v)
         return 0;
     case O_JSON:
         o->json = 1;
+        return 0;
+    case O_BY_TOPIC:
+        o->by_topic = 1;
         return 0;
     case O_LOG_FORMAT:
         o->log = outbox_log_sink(v);

@@ -48,6 +48,7 @@ enum optid {
     O_BATCH,
     O_THRESHOLD,
     O_LOG_FORMAT,
+    O_BY_TOPIC,
     O_COUNT
 };
 
@@ -69,6 +70,7 @@ typedef struct replay_options {
     const char *since_arg, *until_arg;
     const char *reason;
     int dry_run, yes, force, json;
+    int by_topic; /* stats: the counts by topic x state too (a pass over the rows) */
     /* --log-format: the sink of the messages on stderr; NULL (not given)
      * for plain "outbox-replay: ..." lines. */
     outbox_log_fn log;
