@@ -69,6 +69,7 @@
 
 #include "util/util.h"
 #include "redis/redis.h"
+#include "redis/target.h"
 
 typedef struct outbox__cluster outbox__cluster;
 typedef struct outbox__cluster_node outbox__cluster_node;
@@ -150,15 +151,8 @@ outbox__cluster_node *outbox__cluster_node_of(const outbox__cluster *c, const ou
 /* The node serving key's slot in the current map, or NULL without a map. */
 outbox__cluster_node *outbox__cluster_node_for_key(const outbox__cluster *c, const char *key, size_t klen);
 
-/* Per node counters, for stats and /metrics. */
-typedef struct outbox__cluster_node_stats {
-    const char *name; /* "host:port", valid until close */
-    int connected;    /* its connection is up */
-    int master;       /* it serves slots in the current map */
-    uint64_t moved, ask;         /* redirections it answered */
-    uint64_t tryagain;           /* TRYAGAIN, CLUSTERDOWN, LOADING it answered */
-    uint64_t errors;             /* connections to it that failed or were lost */
-} outbox__cluster_node_stats;
+/* Per node counters, for stats and /metrics (their fields: redis/target.h). */
+typedef outbox__target_node_stats outbox__cluster_node_stats;
 
 /* The number of nodes known; fills st (up to n of them). */
 size_t outbox__cluster_node_stats_get(const outbox__cluster *c, outbox__cluster_node_stats *st, size_t n);
