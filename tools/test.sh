@@ -31,7 +31,7 @@ if [ "${SANITIZE:-1}" != 0 ]; then
     # The end-to-end suites (relay, consumer, ops, languages) run in the first
     # pass; under the sanitizers they are a separate, longer command (README).
     meson test -C build-asan --setup sanitize --print-errorlogs --num-processes 2 \
-        errors options_doc schema writer envelope envelope_bytes redis_url redis_conn_commands redis_conn_connect \
+        errors options_doc schema writer envelope envelope_bytes redis_url redis_conn_commands redis_conn_connect target \
         redis_conn_callbacks redis_conn_failures tls tls_cli cli log_json tool_writers headers readme_examples \
         alloc_fail replay_requeue replay_inspect replay_errors \
         fuzz_replay_envelope fuzz_replay_headers fuzz_replay_redis_url fuzz_replay_http_head || status=1

@@ -1,19 +1,26 @@
 /*
  * consumer_int.h: what the files of the consumer-group helper share
  * (internal; the module's contract is include/outbox/consumer.h).
+ * Calls run one way, from the top down:
  *
- *   consumer.c          the object: defaults, create, start, stop (its
- *                       handles and the deferred free), destroy, stats
- *   consumer_read.c     the group, XREADGROUP, the drain check, and the
- *                       recovery of idle pending entries (XAUTOCLAIM)
- *   consumer_deliver.c  entries, the retry list and its XCLAIM timer, XACK
- *                       and dead letters
- *   consumer_dedup.c    handing an entry to the handler through the chosen
- *                       dedup (Redis or the SQLite inbox),
- *                       outbox_consumer_done, and the inbox clean-up
+ *   consumer.c    the object: create, start, stop (its handles and the
+ *                 deferred free), destroy, stats; the hooks below
+ *   read.c        the group, XREADGROUP, the drain check, and the recovery
+ *                 of idle pending entries (XAUTOCLAIM)
+ *   dispatch.c    handing an entry to the handler through the chosen dedup
+ *                 (Redis or the SQLite inbox), outbox_consumer_done, and
+ *                 the inbox clean-up
+ *   deliver.c     entries, the retry list and its XCLAIM timer, XACK and
+ *                 dead letters
+ *   settings.c    the settings table (settings_table.h): defaults, checks
  *
- * docs/ARCHITECTURE.md ("The consumer helper") says what each may call.
- * Everything runs on the loop thread, the handler's calls included.
+ * The calls that run back up (a retried entry to dispatch, an entry gone:
+ * read more, a stop may finish) go through c->hooks, which consumer.c fills
+ * in at create, like the relay's r->hooks. Every command goes to a target
+ * (redis/target.h), which decides the node: none of these files asks
+ * whether it is a single node or a cluster. docs/ARCHITECTURE.md ("The
+ * consumer helper") has more. Everything runs on the loop thread, the
+ * handler's calls included.
  */
 #ifndef OUTBOX_SRC_CONSUMER_INT_H
 #define OUTBOX_SRC_CONSUMER_INT_H
@@ -21,10 +28,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "outbox/consumer.h"
-#include "redis/cluster/cluster.h"
 #include "consumer/dedup.h"
-#include "redis/rconn.h"
+#include "outbox/consumer.h"
+#include "redis/target.h"
 
 enum cstate { CS_CREATED, CS_RUNNING, CS_STOPPING, CS_STOPPED };
 
@@ -43,6 +49,12 @@ typedef struct entry {
     outbox_envelope *env;
 } entry;
 
+/* The calls that run back up the file order (see the top). */
+typedef struct consumer_hooks {
+    void (*dispatch)(entry *e);             /* a retried entry goes to the handler again */
+    void (*entry_gone)(outbox_consumer *c); /* an entry was freed: read more, a stop may finish */
+} consumer_hooks;
+
 struct outbox_consumer {
     /* Settings and names, copied at create, read-only after it (loop thread). */
     uv_loop_t *loop;
@@ -50,12 +62,13 @@ struct outbox_consumer {
     outbox__logger log;
     char *redis_url, *stream, *group, *consumer, *inbox_path, *ns, *dead_stream;
     char *sentinel_user, *sentinel_password; /* for the dedup module */
-    /* Connections and dedup (consumer.c opens and closes them; loop thread).
-     * A Cluster URL: two cluster layers (cluster.h) instead of rd and cmd,
-     * one for the blocking reads and one for the rest, both routing by the
-     * stream's slot, so the reads follow the stream when its slot moves. */
-    outbox__rconn rd, cmd;
-    outbox__cluster *crd, *ccmd;
+    consumer_hooks hooks;
+    /* Redis and dedup (consumer.c opens and closes them; loop thread). Two
+     * targets (redis/target.h), one for the blocking reads and one for the
+     * rest, both sending by the stream's key (a cluster routes by its slot,
+     * so the reads follow the stream when its slot moves). NULL once their
+     * close began (rd at stop, cmd once no entry is left). */
+    outbox__target *rd, *cmd;
     outbox__tls_config *tls; /* rediss://: shared by rd, cmd and the dedup module */
     outbox_dedup *dedup;
     /* The SQLite inbox (consumer_dedup.c; loop thread). */
@@ -64,7 +77,7 @@ struct outbox_consumer {
     /* Reading and recovery (consumer_read.c; loop thread). */
     enum cstate state;
     int group_ready, group_creating, reading, checking_drain, drained;
-    int read_interrupted; /* Cluster: logged once until a read succeeds */
+    int read_interrupted; /* a target that routes: logged once until a read succeeds */
     int cluster_hinted;   /* a plain URL answered like a cluster node: said once */
     char claim_cursor[64];
     /* Entries and retries (consumer_deliver.c; loop thread). */
@@ -73,7 +86,7 @@ struct outbox_consumer {
     uint64_t inflight;
     /* Handles and the stop (consumer.c; loop thread). */
     uv_timer_t retry_timer, claim_timer, gc_timer;
-    uv_timer_t read_timer; /* Cluster: reads again after a failed read */
+    uv_timer_t read_timer; /* a target that routes: reads again after a failed read */
     int handles;
     void (*stop_cb)(outbox_consumer *, void *);
     void *stop_data;
@@ -84,28 +97,36 @@ struct outbox_consumer {
 
 #define LOG(c, lvl, ...) outbox__log(&(c)->log, (lvl), __VA_ARGS__)
 
-/* consumer.c: closes the handles once a stop has no entry left in flight. */
-void outbox__consumer_maybe_finish(outbox_consumer *c);
-/* consumer.c: the command connection (or cluster layer) can take commands. */
-int outbox__consumer_cmd_ready(const outbox_consumer *c);
-/* consumer.c: a command about key (the stream, or the dead stream) on the
- * command connection, or through the cluster layer to the node of key's
- * slot. 0 (cb follows, exactly once), or an error and no callback:
- * OUTBOX_ECONNECT when not connected, and those of
- * outbox__redis_command_argv / outbox__cluster_command_argv. */
-int outbox__consumer_command(outbox_consumer *c, const char *key, int argc, const char **argv, const size_t *lens,
-                             outbox__redis_reply_cb cb, void *data);
+/* The command target can take commands (not once its close began). */
+static inline int outbox__consumer_cmd_ready(const outbox_consumer *c)
+{
+    return c->cmd && outbox__target_ready(c->cmd);
+}
 
-/* consumer_read.c */
+/* A command about key (the stream, or the dead stream) through the command
+ * target, to the node of key's slot on a cluster. 0 (cb follows, exactly
+ * once), or an error and no callback: OUTBOX_ECONNECT when not connected
+ * (or closing), and those of outbox__target_command_key_argv. */
+static inline int outbox__consumer_command(outbox_consumer *c, const char *key, int argc, const char **argv,
+                                           const size_t *lens, outbox__redis_reply_cb cb, void *data)
+{
+    if (!c->cmd)
+        return OUTBOX_ECONNECT;
+    return outbox__target_command_key_argv(c->cmd, key, argc, argv, lens, 0, cb, data);
+}
+
+/* read.c */
 void outbox__consumer_kick_read(outbox_consumer *c);
-void outbox__consumer_on_cmd_up(outbox__rconn *rc, void *data);
-void outbox__consumer_on_rd_up(outbox__rconn *rc, void *data);
+void outbox__consumer_on_cmd_up(outbox__target *t, void *data);
+void outbox__consumer_on_rd_up(outbox__target *t, void *data);
 void outbox__consumer_on_claim_timer(uv_timer_t *t);
 void outbox__consumer_on_read_timer(uv_timer_t *t);
-void outbox__consumer_on_cmd_ready(outbox__cluster *cl, void *data);
-void outbox__consumer_on_rd_ready(outbox__cluster *cl, void *data);
 
-/* consumer_deliver.c */
+/* dispatch.c */
+void outbox__consumer_dispatch(entry *e);
+void outbox__consumer_on_gc_timer(uv_timer_t *t);
+
+/* deliver.c */
 entry *outbox__consumer_entry_from_reply(outbox_consumer *c, const redisReply *r, uint64_t deliveries);
 entry *outbox__consumer_entry_find(outbox_consumer *c, const char *entry_id);
 void outbox__consumer_entry_free(entry *e);
@@ -113,9 +134,5 @@ void outbox__consumer_schedule_retry(entry *e, const char *why);
 void outbox__consumer_schedule_recheck(entry *e, const char *why);
 void outbox__consumer_ack(entry *e);
 void outbox__consumer_dead_letter(entry *e, const char *reason);
-
-/* consumer_dedup.c */
-void outbox__consumer_dispatch(entry *e);
-void outbox__consumer_on_gc_timer(uv_timer_t *t);
 
 #endif

@@ -3,22 +3,21 @@
  * was there), complete and abandon (Lua compare-and-set through EVALSHA,
  * EVAL when the server does not know the script yet).
  *
- * With a Cluster URL every command goes through the cluster layer
- * (cluster.h) by its key, <ns>:{<stream>}:<id>: the stream's slot, so the
- * markers are on the node that has the stream, and move with it in a
- * reshard (MOVED and ASK are followed there). Each command waits for the
- * previous one's reply (a redirected command's reply can overtake a later
- * one's), and the scripts are loaded on each node as its connection comes
- * up (a node that lacks them answers NOSCRIPT: EVAL then).
+ * Every command goes through a target (redis/target.h) by its key,
+ * <ns>:{<stream>}:<id>: on a cluster the stream's slot, so the markers are
+ * on the node that has the stream, and move with it in a reshard (MOVED and
+ * ASK are followed there). Each command waits for the previous one's reply
+ * (a redirected command's reply can overtake a later one's), and the
+ * scripts are loaded on each node as its connection comes up (a node that
+ * lacks them answers NOSCRIPT: EVAL then).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "redis/cluster/cluster.h"
 #include "consumer/dedup.h"
 #include "outbox/writer.h"
-#include "redis/rconn.h"
+#include "redis/cluster/target.h"
 
 #define KEY_MAX 1024
 
@@ -33,8 +32,7 @@ enum op_kind { OP_BEGIN, OP_COMPLETE, OP_ABANDON };
 struct outbox_dedup {
     uv_loop_t *loop;
     outbox__logger log;
-    outbox__rconn rc;       /* a single node or Sentinel URL */
-    outbox__cluster *cl;    /* a Cluster URL (then rc is unused) */
+    outbox__target *t;      /* a single node, Sentinel or a cluster */
     char *ns, *owner_value; /* owner_value = "P:<owner>" */
     uint64_t lease_ms, retention_ms;
     char sha[2][41];        /* complete, abandon; "" until loaded */
@@ -71,46 +69,24 @@ static void set_errstr(outbox_dedup *d, const char *s, size_t len)
     d->errstr[n] = '\0';
 }
 
-static int starts_with(const redisReply *reply, const char *word)
-{
-    size_t n = strlen(word);
-    return reply->len >= n && memcmp(reply->str, word, n) == 0;
-}
-
 /* The status an error reply gives an operation: a node that stopped being
  * the master (Sentinel), or a cluster that could not serve the slot in time
- * (what the cluster layer hands on after its retries: CLUSTERDOWN, TRYAGAIN,
- * LOADING, READONLY, a redirect loop), is Redis being unavailable, not the
- * key's problem. */
+ * (what the cluster layer hands on after its retries), is Redis being
+ * unavailable, not the key's problem. */
 static int error_status(outbox_dedup *d, const outbox__redis *c, const redisReply *reply)
 {
     set_errstr(d, reply->str, reply->len);
-    if (outbox__rconn_redirect_error(&d->rc, c, reply))
-        return OUTBOX_ECLOSED;
-    if (d->cl && (starts_with(reply, "CLUSTERDOWN") || starts_with(reply, "TRYAGAIN") ||
-                  starts_with(reply, "LOADING") || starts_with(reply, "READONLY") || starts_with(reply, "MOVED") ||
-                  starts_with(reply, "ASK") || starts_with(reply, "redirect loop") ||
-                  starts_with(reply, "malformed")))
+    if (outbox__target_lost(d->t, c, reply) || outbox__target_unavailable(d->t, reply))
         return OUTBOX_ECLOSED;
     return OUTBOX_EREDIS;
 }
 
-static int dedup_ready(const outbox_dedup *d)
-{
-    return d->cl ? outbox__cluster_ready(d->cl) : outbox__rconn_get(&d->rc) != NULL;
-}
-
-/* Sends a command about key: through the cluster layer by the key's slot,
- * or on the connection. 0 (cb follows), or an error (no callback). */
+/* Sends a command about key (a cluster: to its slot's node). 0 (cb
+ * follows), or an error (no callback). */
 static int send_cmd(outbox_dedup *d, const char *key, int argc, const char **argv, const size_t *lens,
                     outbox__redis_reply_cb cb, void *data)
 {
-    outbox__redis *c;
-    if (d->cl)
-        return outbox__cluster_command_argv(d->cl, key, strlen(key), argc, argv, lens, 0, cb, data, NULL);
-    if (!(c = outbox__rconn_get(&d->rc)))
-        return OUTBOX_ECONNECT;
-    return outbox__redis_command_argv(c, argc, argv, lens, 0, cb, data);
+    return outbox__target_command_key_argv(d->t, key, argc, argv, lens, 0, cb, data);
 }
 
 static void on_script_loaded(outbox__redis *c, int status, redisReply *reply, void *data)
@@ -121,34 +97,17 @@ static void on_script_loaded(outbox__redis *c, int status, redisReply *reply, vo
         memcpy(sha, reply->str, 41);
 }
 
-static void load_scripts(outbox_dedup *d)
-{
-    outbox__redis *c = outbox__rconn_get(&d->rc);
-    const char *scripts[2] = {complete_lua, abandon_lua};
-    for (int i = 0; c && i < 2; i++) {
-        const char *argv[3] = {"SCRIPT", "LOAD", scripts[i]};
-        size_t lens[3] = {6, 4, strlen(scripts[i])};
-        outbox__redis_command_argv(c, 3, argv, lens, 0, on_script_loaded, d->sha[i]);
-    }
-}
-
-static void on_up(outbox__rconn *rc, void *data)
-{
-    (void)rc;
-    load_scripts(data);
-}
-
-/* Cluster: each node gets the scripts before anything else is written to
- * it. The SHA1 of a script is the same on every node. */
-static void on_node_up(outbox__cluster *cl, outbox__cluster_node *n, outbox__redis *conn, void *data)
+/* Each node (the single node, or each of a cluster's) gets the scripts
+ * before anything else is written to it. The SHA1 of a script is the same
+ * on every node. */
+static void on_node_up(outbox__target *t, void *node, void *data)
 {
     outbox_dedup *d = data;
     const char *scripts[2] = {complete_lua, abandon_lua};
-    (void)conn;
     for (int i = 0; i < 2; i++) {
         const char *argv[3] = {"SCRIPT", "LOAD", scripts[i]};
         size_t lens[3] = {6, 4, strlen(scripts[i])};
-        outbox__cluster_node_command_argv(cl, n, 3, argv, lens, 0, on_script_loaded, d->sha[i]);
+        outbox__target_command_node(t, node, 3, argv, lens, 0, on_script_loaded, d->sha[i]);
     }
 }
 
@@ -157,9 +116,10 @@ int outbox__dedup_create_shared(outbox_dedup **out, uv_loop_t *loop, const outbo
 {
     outbox_dedup *d;
     outbox__redis_url url;
-    outbox__redis_options o;
+    outbox__target_options o;
+    outbox__target_hooks hooks = {NULL, NULL, on_node_up, NULL, NULL};
     outbox__tls_config *own_tls = NULL;
-    char owner[64], msg[600];
+    char owner[64];
     int e;
 
     if (err && errlen)
@@ -175,18 +135,11 @@ int outbox__dedup_create_shared(outbox_dedup **out, uv_loop_t *loop, const outbo
                                   "spaces, an owner of 1..200 bytes, and non-zero lease, retention and timeout");
         return OUTBOX_EINVAL;
     }
-    e = outbox__sentinel_url_parse(s->redis_url, s->sentinel_user, s->sentinel_password, &url, msg, sizeof msg);
-    if (e != 0) {
-        if (err && errlen)
-            snprintf(err, errlen, "redis: %s", msg);
+    /* With the owner's TLS configuration, s->tls is not read. */
+    e = outbox__target_url_setup(s->redis_url, s->sentinel_user, s->sentinel_password, tls ? NULL : &s->tls, &url,
+                                 &own_tls, err, errlen);
+    if (e != 0)
         return e;
-    }
-    if (!tls && (e = outbox__tls_config_for_url(url.tls, &s->tls, &own_tls, msg, sizeof msg)) != 0) {
-        if (err && errlen)
-            snprintf(err, errlen, "tls: %s", msg);
-        outbox__redis_url_free(&url);
-        return e;
-    }
     d = calloc(1, sizeof *d);
     if (!d) {
         outbox__redis_url_free(&url);
@@ -214,34 +167,23 @@ int outbox__dedup_create_shared(outbox_dedup **out, uv_loop_t *loop, const outbo
         return OUTBOX_ENOMEM;
     }
     sprintf(d->owner_value, "P:%s", s->owner ? s->owner : owner);
-    outbox__redis_options_defaults(&o);
-    o.reply_timeout_ms = s->reply_timeout_ms;
-    o.client_name = "outbox-dedup";
-    o.tls = tls ? tls : own_tls;
-    if (url.cluster) {
-        outbox__cluster_options co;
-        outbox__cluster_hooks hooks = {NULL, NULL, on_node_up, d};
-        outbox__cluster_options_defaults(&co);
-        co.redis = o;
-        e = outbox__cluster_create(&d->cl, loop, &url, &co, &d->log, "dedup", &hooks);
-    } else {
-        e = outbox__rconn_init(&d->rc, loop, &url, &o, &d->log, "dedup");
-    }
+    outbox__target_options_defaults(&o);
+    o.redis.reply_timeout_ms = s->reply_timeout_ms;
+    o.redis.client_name = "outbox-dedup";
+    o.redis.tls = tls ? tls : own_tls;
+    o.log = &d->log;
+    o.what = "dedup";
+    hooks.data = d;
+    e = outbox__target_create(&d->t, loop, &url, &o, &hooks);
     outbox__redis_url_free(&url);
-    outbox__tls_config_unref(own_tls); /* the rconn or the cluster holds its own reference */
+    outbox__tls_config_unref(own_tls); /* the target holds its own reference */
     if (e != 0) {
         free(d->ns);
         free(d->owner_value);
         free(d);
         return e;
     }
-    if (d->cl) {
-        outbox__cluster_start(d->cl);
-    } else {
-        d->rc.on_up = on_up;
-        d->rc.data = d;
-        outbox__rconn_start(&d->rc);
-    }
+    outbox__target_start(d->t);
     *out = d;
     return 0;
 }
@@ -271,15 +213,12 @@ void outbox_dedup_destroy(outbox_dedup *d, void (*cb)(void *data), void *data)
     d->destroying = 1;
     d->destroy_cb = cb;
     d->destroy_data = data;
-    if (d->cl)
-        outbox__cluster_close(d->cl, dedup_closed, d);
-    else
-        outbox__rconn_close(&d->rc, dedup_closed, d);
+    outbox__target_close(d->t, dedup_closed, d);
 }
 
 int outbox_dedup_connected(const outbox_dedup *d)
 {
-    return d && dedup_ready(d);
+    return d && outbox__target_ready(d->t);
 }
 
 const char *outbox_dedup_errstr(const outbox_dedup *d)
@@ -296,7 +235,7 @@ static int make_op(outbox_dedup *d, enum op_kind kind, const char *stream, const
         return OUTBOX_EINVAL;
     if (d->destroying)
         return OUTBOX_ECLOSED;
-    if (!dedup_ready(d))
+    if (!outbox__target_ready(d->t))
         return OUTBOX_ECONNECT;
     o = calloc(1, sizeof *o);
     if (!o)
@@ -391,7 +330,7 @@ static void on_script(outbox__redis *c, int status, redisReply *reply, void *dat
              * node of a cluster never had them (it took over the slot):
              * send the body, which also caches it there. Another node of
              * the cluster may still have them: keep the SHA1 then. */
-            if (!o->d->cl)
+            if (!outbox__target_routes(o->d->t))
                 o->d->sha[o->kind == OP_COMPLETE ? 0 : 1][0] = '\0';
             int e = send_script(o, 1);
             if (e != 0)

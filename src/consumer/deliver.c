@@ -1,9 +1,11 @@
 /*
- * consumer_deliver.c: the entries of the consumer-group helper
- * (consumer_int.h): building one from a stream entry, the list of live
- * entries, the retry list and its timer (XCLAIM, or XCLAIM JUSTID for a
- * recheck), acknowledgement (XACK) and dead letters (<stream>:dead).
- * Loop thread.
+ * deliver.c: the entries of the consumer-group helper (consumer_int.h):
+ * building one from a stream entry, the list of live entries, the retry
+ * list and its timer (XCLAIM, or XCLAIM JUSTID for a recheck),
+ * acknowledgement (XACK) and dead letters (<stream>:dead). The lowest of
+ * the helper's files: what it asks of the others (dispatch a retried
+ * entry; an entry gone: read more, a stop may finish) goes through
+ * c->hooks. Loop thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,8 +88,7 @@ void outbox__consumer_entry_free(entry *e)
     free(e->msg_id);
     free(e->raw_env);
     free(e);
-    outbox__consumer_kick_read(c);
-    outbox__consumer_maybe_finish(c);
+    c->hooks.entry_gone(c);
 }
 
 entry *outbox__consumer_entry_find(outbox_consumer *c, const char *entry_id)
@@ -138,7 +139,7 @@ void outbox__consumer_schedule_recheck(entry *e, const char *why)
 static void on_ack(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     entry *e = data;
-    if (status == 0 && reply && outbox__rconn_redirect_error(&e->c->cmd, conn, reply))
+    if (status == 0 && reply && e->c->cmd && outbox__target_lost(e->c->cmd, conn, reply))
         status = OUTBOX_ECLOSED; /* the old master: it stays pending and comes again */
     if (status == 0 && reply->type == REDIS_REPLY_INTEGER)
         e->c->st.acked++;
@@ -161,7 +162,7 @@ void outbox__consumer_ack(entry *e)
 static void on_dead_added(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     entry *e = data;
-    if (status == 0 && outbox__rconn_redirect_error(&e->c->cmd, conn, reply))
+    if (status == 0 && e->c->cmd && outbox__target_lost(e->c->cmd, conn, reply))
         status = OUTBOX_ECLOSED;
     if (status == 0 && reply->type == REDIS_REPLY_STRING) {
         e->c->st.dead_lettered++;
@@ -203,7 +204,7 @@ void outbox__consumer_dead_letter(entry *e, const char *reason)
     ARG("reason", 6);
     ARG(reason, strlen(reason));
 #undef ARG
-    /* The dead stream has a slot of its own on a cluster: routed by its
+    /* The dead stream has a slot of its own on a cluster: sent by its
      * name. */
     if (outbox__consumer_command(c, c->dead_stream, n, argv, lens, on_dead_added, e) != 0)
         outbox__consumer_schedule_recheck(e, "not connected");
@@ -234,7 +235,7 @@ static void on_xclaim(outbox__redis *conn, int status, redisReply *reply, void *
     outbox__consumer_entry_free(old);
     e = outbox__consumer_entry_from_reply(c, reply->element[0], deliveries);
     if (e)
-        outbox__consumer_dispatch(e);
+        c->hooks.dispatch(e);
 }
 
 static void on_recheck(outbox__redis *conn, int status, redisReply *reply, void *data)
@@ -250,7 +251,7 @@ static void on_recheck(outbox__redis *conn, int status, redisReply *reply, void 
         return;
     }
     e->recheck = 0;
-    outbox__consumer_dispatch(e);
+    e->c->hooks.dispatch(e);
 }
 
 static void on_retry_timer(uv_timer_t *t)

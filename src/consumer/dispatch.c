@@ -1,6 +1,6 @@
 /*
- * consumer_dedup.c: handing entries to the handler for the consumer-group
- * helper (consumer_int.h): dispatch (dead-lettering what cannot be applied),
+ * dispatch.c: handing entries to the handler for the consumer-group helper
+ * (consumer_int.h): dispatch (dead-lettering what cannot be applied),
  * the Redis dedup module's begin/complete/abandon callbacks, the SQLite
  * inbox (the inbox row and the handler in one transaction),
  * outbox_consumer_done, and the inbox clean-up timer. Loop thread.

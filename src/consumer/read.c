@@ -1,19 +1,20 @@
 /*
- * consumer_read.c: reading for the consumer-group helper (consumer_int.h):
- * creating the group, the XREADGROUP loop on the read connection, the drain
- * check (XPENDING for this consumer) and the periodic recovery of entries
- * left idle by a consumer that went away (XAUTOCLAIM, then XPENDING for the
+ * read.c: reading for the consumer-group helper (consumer_int.h): creating
+ * the group, the XREADGROUP loop on the read target, the drain check
+ * (XPENDING for this consumer) and the periodic recovery of entries left
+ * idle by a consumer that went away (XAUTOCLAIM, then XPENDING for the
  * delivery count). Loop thread.
  *
- * With a Cluster URL the read goes through its own cluster layer (c->crd)
- * by the stream's key: the blocked XREADGROUP waits on the connection of
- * the stream's master only, and a read answered MOVED or ASK is sent to the
- * node named by the layer. What the layer cannot hide ends the read: the
- * node's connection lost, UNBLOCKED (the source's MIGRATE deleted the
- * stream key in a reshard; a failover demoted the master), CLUSTERDOWN past
- * the deadline. The read timer then reads again shortly, after asking for a
- * fresh slot map; that read gets the ASK or MOVED that leads to the new
- * owner.
+ * The read goes through its own target (c->rd) by the stream's key: on a
+ * cluster the blocked XREADGROUP waits on the connection of the stream's
+ * master only, and a read answered MOVED or ASK is sent to the node named
+ * by the cluster layer. On a target that routes (OUTBOX__TARGET_ROUTES),
+ * what the layer cannot hide ends the read: the node's connection lost,
+ * UNBLOCKED (the source's MIGRATE deleted the stream key in a reshard; a
+ * failover demoted the master), CLUSTERDOWN past the deadline. No up event
+ * follows, so the read timer reads again shortly, after asking for a fresh
+ * slot map; that read gets the ASK or MOVED that leads to the new owner. A
+ * single node's read comes again with its connection's up event.
  * Entries delivered to a read whose reply was lost stay pending for this
  * consumer and come back through XAUTOCLAIM, on whichever node owns the
  * stream by then.
@@ -35,17 +36,14 @@ static void ensure_group(outbox_consumer *c);
  * slot is elsewhere; then every read and write is answered MOVED (or ASK,
  * or CLUSTERDOWN). That is a configuration error: say so once, naming the
  * URL to use. 1 if reply is such an answer. */
-static int plain_url_to_cluster(outbox_consumer *c, const redisReply *reply)
+static int plain_url_to_cluster(outbox_consumer *c, const outbox__target *t, const redisReply *reply)
 {
-    static const char *const codes[] = {"MOVED ", "ASK ", "CLUSTERDOWN"};
-    const outbox__redis_url *u = c->rd.node.host ? &c->rd.node : &c->rd.url;
-    int hit = 0;
-    if (c->crd || reply->type != REDIS_REPLY_ERROR)
+    const outbox__redis_url *u;
+    if (!t || !outbox__target_misrouted(t, reply))
         return 0;
-    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
-        hit |= strncmp(reply->str, codes[i], strlen(codes[i])) == 0;
-    if (hit && !c->cluster_hinted++) {
-        if (u->host)
+    u = outbox__target_node_url(t);
+    if (!c->cluster_hinted++) {
+        if (u && u->host)
             LOG(c, OUTBOX_LOG_ERROR,
                 "msg=\"the Redis URL names a Redis Cluster node: use a cluster URL, %s://%s%s%s:%d\" stream=%s "
                 "reply=\"%.200s\"",
@@ -57,18 +55,23 @@ static int plain_url_to_cluster(outbox_consumer *c, const redisReply *reply)
                 "stream=%s reply=\"%.200s\"",
                 c->stream, reply->str);
     }
-    return hit;
+    return 1;
 }
 
-/* Cluster: a read (or the group's creation) that failed is tried again
- * soon; the map is refreshed first (throttled by the layer). */
-static void read_again_later(outbox_consumer *c)
+/* A target that routes: a read (or the group's creation) that failed is
+ * tried again soon, the map refreshed first (throttled by the layer); 1.
+ * A single node's comes again with its next up event: 0. Also 0 once the
+ * read target's close began (a stop). */
+static int read_again_later(outbox_consumer *c)
 {
-    if (!c->crd || c->state != CS_RUNNING)
-        return;
-    outbox__cluster_refresh(c->crd);
+    if (!c->rd || !outbox__target_routes(c->rd))
+        return 0;
+    if (c->state != CS_RUNNING)
+        return 1;
+    outbox__target_refresh(c->rd);
     if (!uv_is_active((uv_handle_t *)&c->read_timer))
         uv_timer_start(&c->read_timer, outbox__consumer_on_read_timer, READ_AGAIN_MS, 0);
+    return 1;
 }
 
 void outbox__consumer_on_read_timer(uv_timer_t *t)
@@ -89,10 +92,7 @@ static void on_drain_check(outbox__redis *conn, int status, redisReply *reply, v
         LOG(c, OUTBOX_LOG_INFO, "msg=drained applied=%llu duplicates=%llu dead=%llu",
             (unsigned long long)c->st.applied, (unsigned long long)c->st.duplicates,
             (unsigned long long)c->st.dead_lettered);
-        if (c->s.on_drained)
-            c->s.on_drained(c, c->s.data);
-        else
-            outbox_consumer_stop(c, NULL, NULL);
+        c->s.on_drained(c, c->s.data); /* consumer.c's default stops */
         return;
     }
     outbox__consumer_kick_read(c);
@@ -115,27 +115,27 @@ static void on_read(outbox__redis *conn, int status, redisReply *reply, void *da
     outbox_consumer *c = data;
     size_t got = 0;
     c->reading = 0;
-    if (status != 0 || outbox__rconn_redirect_error(&c->rd, conn, reply)) {
-        /* A single node: the connection is being re-established and on_up
-         * reads again. A cluster: the layer lost the node's connection (or
-         * could not reach it); read again once the map says where. */
-        if (status != 0 && c->crd)
+    if (status != 0 || (c->rd && outbox__target_lost(c->rd, conn, reply))) {
+        /* A single node: the connection is being re-established and its up
+         * event reads again. A target that routes: the layer lost the
+         * node's connection (or could not reach it); read again once the
+         * map says where. */
+        if (read_again_later(c) && status != 0)
             LOG(c, c->read_interrupted++ ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO,
                 "msg=\"read interrupted, reading again\" stream=%s err=%s", c->stream, outbox_err_name(status));
-        read_again_later(c);
         return;
     }
     if (reply->type == REDIS_REPLY_ERROR) {
         if (strncmp(reply->str, "NOGROUP", 7) == 0) {
             c->group_ready = 0;
             ensure_group(c);
-        } else if (c->crd) {
-            /* UNBLOCKED (the master was demoted), CLUSTERDOWN or TRYAGAIN
-             * after the layer's retries: the slot is changing hands. */
+        } else if (read_again_later(c)) {
+            /* A target that routes: UNBLOCKED (the master was demoted),
+             * CLUSTERDOWN or TRYAGAIN after the layer's retries: the slot is
+             * changing hands. */
             LOG(c, c->read_interrupted++ ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO,
                 "msg=\"read interrupted, reading again\" stream=%s reply=\"%.200s\"", c->stream, reply->str);
-            read_again_later(c);
-        } else if (!plain_url_to_cluster(c, reply)) {
+        } else if (!plain_url_to_cluster(c, c->rd, reply)) {
             LOG(c, OUTBOX_LOG_ERROR, "msg=\"XREADGROUP failed\" error=\"%.200s\"", reply->str);
         }
         return;
@@ -162,11 +162,10 @@ static void on_read(outbox__redis *conn, int status, redisReply *reply, void *da
 
 void outbox__consumer_kick_read(outbox_consumer *c)
 {
-    outbox__redis *conn = c->crd ? NULL : outbox__rconn_get(&c->rd);
     char count[16], block[24];
     unsigned n;
     int e;
-    if (c->state != CS_RUNNING || !c->group_ready || c->reading || (c->crd ? !outbox__cluster_ready(c->crd) : !conn) ||
+    if (c->state != CS_RUNNING || !c->group_ready || c->reading || !c->rd || !outbox__target_ready(c->rd) ||
         c->checking_drain || c->drained)
         return;
     if (c->inflight >= c->s.max_inflight)
@@ -186,11 +185,7 @@ void outbox__consumer_kick_read(outbox_consumer *c)
         all[10] = ">";
         for (int i = 0; i < 11; i++)
             lens[i] = strlen(all[i]);
-        if (c->crd)
-            e = outbox__cluster_command_argv(c->crd, c->stream, strlen(c->stream), 11, all, lens, c->s.block_ms + 10000,
-                                             on_read, c, NULL);
-        else
-            e = outbox__redis_command_argv(conn, 11, all, lens, c->s.block_ms + 10000, on_read, c);
+        e = outbox__target_command_key_argv(c->rd, c->stream, 11, all, lens, c->s.block_ms + 10000, on_read, c);
         if (e == 0)
             c->reading = 1;
         else
@@ -202,14 +197,14 @@ static void on_group(outbox__redis *conn, int status, redisReply *reply, void *d
 {
     outbox_consumer *c = data;
     c->group_creating = 0;
-    if (status != 0 || outbox__rconn_redirect_error(&c->cmd, conn, reply)) {
-        read_again_later(c); /* a cluster; a single node's on_up creates it on the next connection */
+    if (status != 0 || (c->cmd && outbox__target_lost(c->cmd, conn, reply))) {
+        read_again_later(c); /* routes; a single node's up event creates it on the next connection */
         return;
     }
     if (reply->type == REDIS_REPLY_STATUS || (reply->type == REDIS_REPLY_ERROR && !strncmp(reply->str, "BUSYGROUP", 9))) {
         c->group_ready = 1;
         outbox__consumer_kick_read(c);
-    } else if (!plain_url_to_cluster(c, reply)) {
+    } else if (!plain_url_to_cluster(c, c->cmd, reply)) {
         LOG(c, OUTBOX_LOG_ERROR, "msg=\"cannot create the consumer group\" stream=%s group=%s error=\"%.200s\"",
             c->stream, c->group, reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply");
     }
@@ -229,27 +224,15 @@ static void ensure_group(outbox_consumer *c)
         c->group_creating = 1;
 }
 
-void outbox__consumer_on_cmd_up(outbox__rconn *rc, void *data)
+void outbox__consumer_on_cmd_up(outbox__target *t, void *data)
 {
-    (void)rc;
+    (void)t;
     ensure_group(data);
 }
 
-void outbox__consumer_on_rd_up(outbox__rconn *rc, void *data)
+void outbox__consumer_on_rd_up(outbox__target *t, void *data)
 {
-    (void)rc;
-    outbox__consumer_kick_read(data);
-}
-
-void outbox__consumer_on_cmd_ready(outbox__cluster *cl, void *data)
-{
-    (void)cl;
-    ensure_group(data);
-}
-
-void outbox__consumer_on_rd_ready(outbox__cluster *cl, void *data)
-{
-    (void)cl;
+    (void)t;
     outbox__consumer_kick_read(data);
 }
 

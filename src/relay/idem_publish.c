@@ -53,7 +53,7 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
          * aborts at once; OOM refuses the call). NOSCRIPT is not the
          * messages' fault: load the script again and release them. */
         int noscript = reply->len >= 8 && memcmp(reply->str, "NOSCRIPT", 8) == 0;
-        if (noscript && r->redis.cluster) {
+        if (noscript && outbox__link_routes(r)) {
             /* Per node: a promoted replica lacks the script its old master
              * had. Loaded there, ahead of the calls sent after this one. */
             void *node = outbox__link_node_of(r, conn);
@@ -181,7 +181,7 @@ void outbox__pub_idem_load(outbox_relay *r, void *node)
 {
     const char *argv[3] = {"SCRIPT", "LOAD", outbox__idem_lua};
     size_t lens[3] = {6, 4, strlen(outbox__idem_lua)};
-    if (!r->redis.cluster)
+    if (!outbox__link_routes(r))
         r->redis.idem_sha[0] = '\0'; /* until it is loaded, calls carry the script */
     outbox__link_node_argv(r, node, 3, argv, lens, 0, on_idem_loaded, r);
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "claim.h"
+#include "redis/sentinel.h"
 #include "relay_int.h"
 #include "settings_table.h"
 
@@ -17,14 +18,19 @@ static void stop_check(outbox_relay *r);
 static void begin(outbox_relay *r);
 static void on_db_opened(outbox_relay *r);
 
-/* Connected (a single node), or a cluster's slot map loaded: claims may go.
- * A cluster loads the idempotent script on each node as it connects. */
+/* Connected (a single node), or a cluster's slot map loaded: claims may go. */
 static void on_redis_up(outbox_relay *r)
 {
     r->redis.down_since = 0;
-    if (r->cfg.s.idempotent && !r->redis.cluster)
-        outbox__pub_idem_load(r, NULL);
     outbox__sched_schedule(r);
+}
+
+/* A node's connection is up (the single node's, or each of a cluster's as
+ * it connects): the idempotent script is loaded there first. */
+static void on_redis_node_up(outbox_relay *r, void *node)
+{
+    if (r->cfg.s.idempotent)
+        outbox__pub_idem_load(r, node);
 }
 
 /* The connection was lost (or no cluster node answers): every pending reply
@@ -266,7 +272,7 @@ int outbox_relay_start(outbox_relay *r)
     /* Binding the metrics port (and memory) are the only things that can
      * fail: first, so a failed start leaves nothing to close. */
     if (r->redis.state == RC_NONE) {
-        static const struct link_hooks hooks = {on_redis_up, on_redis_down, on_redis_problem};
+        static const struct link_hooks hooks = {on_redis_up, on_redis_down, on_redis_problem, on_redis_node_up};
         if (outbox__link_init(r, &hooks) != 0)
             return OUTBOX_ENOMEM;
     }

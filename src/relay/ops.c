@@ -161,22 +161,22 @@ static void cluster_metrics(outbox_relay *r, outbox__sbuf *b)
         size_t off;
     } fam[] = {
         {"outbox_redis_node_connected", "1 while the relay's connection to this cluster node is up.", "gauge",
-         offsetof(outbox__cluster_node_stats, connected)},
+         offsetof(outbox__target_node_stats, connected)},
         {"outbox_redis_node_master", "1 while this cluster node serves slots in the relay's slot map.", "gauge",
-         offsetof(outbox__cluster_node_stats, master)},
+         offsetof(outbox__target_node_stats, master)},
         {"outbox_redis_node_moved_total", "MOVED redirections this cluster node answered.", "counter",
-         offsetof(outbox__cluster_node_stats, moved)},
+         offsetof(outbox__target_node_stats, moved)},
         {"outbox_redis_node_ask_total", "ASK redirections this cluster node answered.", "counter",
-         offsetof(outbox__cluster_node_stats, ask)},
+         offsetof(outbox__target_node_stats, ask)},
         {"outbox_redis_node_tryagain_total", "TRYAGAIN, CLUSTERDOWN, LOADING or READONLY replies retried.", "counter",
-         offsetof(outbox__cluster_node_stats, tryagain)},
+         offsetof(outbox__target_node_stats, tryagain)},
         {"outbox_redis_node_errors_total", "Connections to this cluster node that failed or were lost.", "counter",
-         offsetof(outbox__cluster_node_stats, errors)},
+         offsetof(outbox__target_node_stats, errors)},
     };
-    outbox__cluster_node_stats st[64];
+    outbox__target_node_stats st[64];
     uint64_t refreshes, failed;
     size_t n = outbox__link_nodes(r, st, OUTBOX_ARRAY_LEN(st), &refreshes, &failed);
-    if (!r->redis.cluster)
+    if (!outbox__link_routes(r))
         return;
     if (n > OUTBOX_ARRAY_LEN(st))
         n = OUTBOX_ARRAY_LEN(st);
@@ -184,7 +184,7 @@ static void cluster_metrics(outbox_relay *r, outbox__sbuf *b)
         outbox__sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", fam[f].name, fam[f].help, fam[f].name, fam[f].type);
         for (size_t i = 0; i < n; i++) {
             const char *p = (const char *)&st[i] + fam[f].off;
-            unsigned long long v = fam[f].off <= offsetof(outbox__cluster_node_stats, master)
+            unsigned long long v = fam[f].off <= offsetof(outbox__target_node_stats, master)
                                        ? (unsigned long long)*(const int *)p
                                        : (unsigned long long)*(const uint64_t *)p;
             outbox__sbuf_printf(b, "%s{node=\"%s\"} %llu\n", fam[f].name, st[i].name, v);
@@ -442,7 +442,7 @@ int outbox_relay_stats_get(outbox_relay *r, outbox_relay_stats *st)
 int outbox_relay_nodes_get(outbox_relay *r, outbox_relay_node_stats *out, size_t cap, size_t *n,
                            uint64_t *refreshes)
 {
-    outbox__cluster_node_stats st[64];
+    outbox__target_node_stats st[64];
     uint64_t refr = 0, failed;
     size_t total, i;
     if (!r || (!out && cap > 0))

@@ -12,7 +12,8 @@
  *   wake.c  publish.c  idem_publish.c
  *                    WAL watch, data_version and checkpoints; XADD and WAIT;
  *                    idempotent publishing
- *   link.c           the relay's Redis: one node or a cluster, one interface
+ *   link.c           the relay's Redis: a target (redis/target.h), one node,
+ *                    Sentinel or a cluster behind one interface
  *   claim.c  claim_batch.c
  *                    choosing and claiming rows; batch leases' keys and takeovers
  *   marks.c          writing and accounting marks
@@ -36,15 +37,14 @@
 #include <stdint.h>
 #include <uv.h>
 
-#include "redis/cluster/cluster.h"
 #include "ops/http.h"
 #include "util/util.h"
 #include "ops/metrics.h"
 #include "outbox/relay.h"
 #include "outbox/schema.h"
-#include "redis/rconn.h"
 #include "redis/redis.h"
 #include "store/sqlite_util.h"
+#include "redis/target.h"
 
 /* What became of one message; decides its mark. */
 enum outcome {
@@ -134,7 +134,7 @@ typedef struct wait_set {
  * opened yet (wait_for_db): only the handles of the wait, the schedule's
  * timers and the HTTP endpoint exist; running follows once it opened. */
 enum relay_state { R_CREATED, R_WAITING, R_RUNNING, R_STOPPING, R_STOPPED };
-/* Where the Redis connection (an rconn) is in its life. */
+/* Where the Redis connection (the link's target) is in its life. */
 enum rc_state { RC_NONE, RC_INITIALISED, RC_STARTED, RC_CLOSING };
 
 /* The calls that run back up the module order (see the top). */
@@ -186,11 +186,14 @@ struct relay_dbwait {
 
 /* What the link (link.c) tells the lifecycle: Redis can be used now; it
  * cannot any more (every pending reply callback already ran); it cannot be
- * used as configured (outbox__link_problem says why; publishing is held). */
+ * used as configured (outbox__link_problem says why; publishing is held);
+ * a node's connection is up (node NULL: the single node), before anything
+ * queued for it is written: the idempotent script is loaded there. */
 struct link_hooks {
     void (*up)(outbox_relay *r);
     void (*down)(outbox_relay *r, int status);
     void (*problem)(outbox_relay *r);
+    void (*node_up)(outbox_relay *r, void *node);
 };
 
 /* Why Redis cannot be used as configured (link.c), and how the link finds
@@ -202,12 +205,14 @@ enum link_problem_kind {
     LP_ACL,          /* an ACL forbids a command the relay sends: publishing is tried again every 10 s */
 };
 
-/* The Redis connection (loop thread): one node (rc) or a cluster, behind
+/* The Redis connection (loop thread): a target (redis/target.h), behind
  * link.c. */
 struct relay_redis {
-    outbox__rconn rc;          /* a single node, kept connected (rconn.h) */
-    outbox__cluster *cluster;  /* a Cluster URL: the cluster layer instead of rc */
-    int cluster_closing;       /* cluster is being closed: no longer to be touched */
+    outbox__target *target; /* a single node, Sentinel or a cluster; NULL once closed */
+    int routes;             /* the target routes by slot (OUTBOX__TARGET_ROUTES): a cluster */
+    int closing;            /* target is being closed: no longer to be touched */
+    void (*close_cb)(void *data);
+    void *close_data;
     struct link_hooks hooks;
     enum rc_state state;
     char idem_sha[41];   /* the idempotent publish script's sha, "" until loaded */
@@ -565,8 +570,8 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
 
 /* ---- link.c ---- */
 
-/* Creates the rconn (single node) or the cluster for r->cfg.url; hooks are
- * copied. 0 or OUTBOX_ENOMEM. */
+/* Creates the target for r->cfg.url (outbox__target_create: a single node,
+ * Sentinel or a cluster); hooks are copied. 0 or OUTBOX_ENOMEM. */
 int outbox__link_init(outbox_relay *r, const struct link_hooks *hooks);
 /* Starts connecting (and keeps reconnecting). */
 void outbox__link_start(outbox_relay *r);
@@ -575,6 +580,9 @@ void outbox__link_discard(outbox_relay *r);
 /* 1 while commands can be sent (connected; a cluster with a slot map; not
  * held by a problem, see outbox__link_problem). */
 int outbox__link_up(const outbox_relay *r);
+/* 1 when the target routes by slot over many nodes (a cluster): each node
+ * has its own scripts, and there are per node figures. */
+int outbox__link_routes(const outbox_relay *r);
 /* Why publishing is held because Redis cannot be used as configured (a
  * plain URL naming a cluster node, credentials refused, an ACL forbidding a
  * command the relay sends, no sentinel naming the master), or NULL. */
@@ -594,16 +602,17 @@ int outbox__link_node_argv(outbox_relay *r, void *node, int argc, const char **a
 void *outbox__link_node_of(const outbox_relay *r, const outbox__redis *conn);
 /* For reply callbacks (every reply with status 0): 1 if the error reply
  * means the message's outcome is the connection's problem, not the
- * message's (release it): a Sentinel master demoted (rconn.h), a plain URL
- * answered by a cluster node, an ACL that forbids the command (the last two
- * hold publishing: outbox__link_problem). */
+ * message's (release it): a Sentinel master demoted (outbox__target_lost),
+ * a plain URL answered by a cluster node (outbox__target_misrouted), an
+ * ACL that forbids the command (the last two hold publishing:
+ * outbox__link_problem). */
 int outbox__link_lost(outbox_relay *r, const outbox__redis *conn, const redisReply *reply);
 /* Stop: no more reconnects. Shutdown timeout: drop the connections. Close. */
 void outbox__link_hold(outbox_relay *r);
 void outbox__link_reset(outbox_relay *r, const char *why);
 void outbox__link_close(outbox_relay *r, void (*cb)(void *data), void *data);
 /* A cluster's nodes (up to n in st) and map refreshes, for /metrics. */
-size_t outbox__link_nodes(const outbox_relay *r, outbox__cluster_node_stats *st, size_t n, uint64_t *refreshes,
+size_t outbox__link_nodes(const outbox_relay *r, outbox__target_node_stats *st, size_t n, uint64_t *refreshes,
                           uint64_t *refresh_failed);
 
 /* ---- publish.c, idem_publish.c ---- */

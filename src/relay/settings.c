@@ -25,59 +25,22 @@ const outbox__relay_option *outbox__relay_option_find(const char *name)
 
 uint64_t outbox__relay_option_get(const outbox_relay_settings *s, const outbox__relay_option *o)
 {
-    const void *f = (const char *)s + o->off;
-    switch (o->type) {
-    case OUTBOX__OPT_UINT:
-        return *(const unsigned *)f;
-    case OUTBOX__OPT_U64:
-        return *(const uint64_t *)f;
-    case OUTBOX__OPT_SIZE:
-        return *(const size_t *)f;
-    case OUTBOX__OPT_FLAG:
-        return (uint64_t)*(const int *)f;
-    case OUTBOX__OPT_LEVEL:
-        return (uint64_t)*(const outbox_log_level *)f;
-    case OUTBOX__OPT_STR:
-        break;
-    }
-    return 0;
+    return outbox__option_get(s, o);
 }
 
 void outbox__relay_option_set(outbox_relay_settings *s, const outbox__relay_option *o, uint64_t v)
 {
-    void *f = (char *)s + o->off;
-    switch (o->type) {
-    case OUTBOX__OPT_UINT:
-        *(unsigned *)f = (unsigned)v;
-        break;
-    case OUTBOX__OPT_U64:
-        *(uint64_t *)f = v;
-        break;
-    case OUTBOX__OPT_SIZE:
-        *(size_t *)f = (size_t)v;
-        break;
-    case OUTBOX__OPT_FLAG:
-        *(int *)f = v != 0;
-        break;
-    case OUTBOX__OPT_LEVEL:
-        *(outbox_log_level *)f = (outbox_log_level)v;
-        break;
-    case OUTBOX__OPT_STR:
-        break;
-    }
+    outbox__option_set(s, o, v);
 }
 
 int outbox__relay_option_in_range(const outbox__relay_option *o, uint64_t v)
 {
-    if (o->type == OUTBOX__OPT_FLAG)
-        return 1; /* any int: not 0 is on */
-    return (v >= o->min && v <= o->max) || (v == 0 && (o->flags & OUTBOX__OPT_ZERO));
+    return outbox__option_in_range(o, v);
 }
 
 void outbox__relay_option_range(const outbox__relay_option *o, char *buf, size_t len)
 {
-    snprintf(buf, len, "%llu..%llu%s", (unsigned long long)o->min, (unsigned long long)o->max,
-             o->flags & OUTBOX__OPT_ZERO ? ", or 0" : "");
+    outbox__option_range(o, buf, len);
 }
 
 const char *outbox__relay_tls_option_given(const outbox_relay_settings *s)
@@ -126,33 +89,9 @@ void outbox__relay_settings_resolve(outbox_relay_settings *s)
     s->wait_timeout_ms = outbox__relay_wait_timeout(s);
 }
 
-/* Every setting of the table within its range, the required ones given. */
-static int check_ranges(const outbox_relay_settings *s, char *err, size_t errlen)
-{
-    size_t i;
-    char range[64];
-    for (i = 0; i < outbox__relay_noptions; i++) {
-        const outbox__relay_option *o = &outbox__relay_options[i];
-        uint64_t v;
-        if (o->type == OUTBOX__OPT_STR) {
-            const char *str = *(const char *const *)((const char *)s + o->off);
-            if ((o->flags & OUTBOX__OPT_REQUIRED) && (!str || !*str))
-                return outbox__errf(err, errlen, OUTBOX_EINVAL, "%s: required, not given", o->name);
-            continue;
-        }
-        v = outbox__relay_option_get(s, o);
-        if (outbox__relay_option_in_range(o, v))
-            continue;
-        outbox__relay_option_range(o, range, sizeof range);
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "%s: %llu is out of range %s", o->name,
-                            (unsigned long long)v, range);
-    }
-    return 0;
-}
-
 int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size_t errlen)
 {
-    int e = check_ranges(s, err, errlen);
+    int e = outbox__option_check(s, outbox__relay_options, outbox__relay_noptions, err, errlen);
     uint64_t wait = outbox__relay_wait_timeout(s);
     if (e != 0)
         return e;

@@ -42,6 +42,7 @@
 
 #include "outbox/relay.h"
 #include "outbox/writer.h"
+#include "util/settings.h"
 
 #define OUTBOX__STR_(x) #x
 #define OUTBOX__STR(x) OUTBOX__STR_(x)
@@ -137,33 +138,9 @@
     X("tls-insecure", FLAG, tls.insecure, 0, 0, 0, 0, NULL, NULL,                                                     \
       "rediss:// only: verify nothing (any certificate, any name); logged as a warning at every connect")
 
-/* The C type of a field (the table's type column). */
-enum outbox__opt_type {
-    OUTBOX__OPT_STR,   /* const char *, NULL when not set */
-    OUTBOX__OPT_UINT,  /* unsigned */
-    OUTBOX__OPT_U64,   /* uint64_t */
-    OUTBOX__OPT_SIZE,  /* size_t */
-    OUTBOX__OPT_FLAG,  /* int, 0 or 1 */
-    OUTBOX__OPT_LEVEL, /* outbox_log_level */
-};
-
-/* The table's flags column. */
-enum {
-    OUTBOX__OPT_REQUIRED = 1, /* no default: must be given */
-    OUTBOX__OPT_ZERO = 2,     /* 0 is accepted besides min..max */
-};
-
-/* One row of the table, as data (settings.c expands the table into
- * outbox__relay_options). */
-typedef struct outbox__relay_option {
-    const char *name;
-    enum outbox__opt_type type;
-    const char *field; /* the member's name, for the documentation checks */
-    size_t off;        /* offsetof(outbox_relay_settings, field) */
-    unsigned flags;
-    uint64_t min, max;
-    const char *arg, *shown, *help;
-} outbox__relay_option;
+/* One row of the table, as data (util/settings.h; settings.c expands the
+ * table into outbox__relay_options). */
+typedef outbox__option outbox__relay_option;
 
 extern const outbox__relay_option outbox__relay_options[];
 extern const size_t outbox__relay_noptions;

@@ -69,6 +69,7 @@
 
 #include "util/util.h"
 #include "redis/redis.h"
+#include "redis/target.h"
 
 typedef struct outbox__cluster outbox__cluster;
 typedef struct outbox__cluster_node outbox__cluster_node;
@@ -149,15 +150,8 @@ int outbox__cluster_node_command_argv(outbox__cluster *c, outbox__cluster_node *
 /* The node whose current connection conn is, or NULL. */
 outbox__cluster_node *outbox__cluster_node_of(const outbox__cluster *c, const outbox__redis *conn);
 
-/* Per node counters, for stats and /metrics. */
-typedef struct outbox__cluster_node_stats {
-    const char *name; /* "host:port", valid until close */
-    int connected;    /* its connection is up */
-    int master;       /* it serves slots in the current map */
-    uint64_t moved, ask;         /* redirections it answered */
-    uint64_t tryagain;           /* TRYAGAIN, CLUSTERDOWN, LOADING it answered */
-    uint64_t errors;             /* connections to it that failed or were lost */
-} outbox__cluster_node_stats;
+/* Per node counters, for stats and /metrics (their fields: redis/target.h). */
+typedef outbox__target_node_stats outbox__cluster_node_stats;
 
 /* The number of nodes known; fills st (up to n of them). */
 size_t outbox__cluster_node_stats_get(const outbox__cluster *c, outbox__cluster_node_stats *st, size_t n);
