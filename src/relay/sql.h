@@ -9,6 +9,8 @@
 #ifndef OUTBOX_RELAY_SQL_H
 #define OUTBOX_RELAY_SQL_H
 
+#include "store/state_sql.h"
+
 /* The walk of new rows from the cursor: ?1 limit, ?2 new_from. The first
  * six columns as add_cand reads them, then what a row to send has besides
  * (the claim encodes a chosen new row from the walk, see walk_cols in
@@ -17,12 +19,6 @@
     "SELECT seq, topic, key, lease_token, available_at, created_at, id, payload, headers, attempts, replay_count "    \
     "FROM outbox "                                                                                                    \
     "WHERE seq >= ?2 AND state = 0 AND available_at <= created_at ORDER BY seq LIMIT ?1"
-/* Where the walk starts: the cursor, and never before the end of the last
- * batch's range (whose rows as written are not new). The cursor's row, NULL
- * when it was deleted by hand, is written again by the claim. */
-#define OUTBOX__SQL_LAST_HI "(SELECT hi + 1 FROM outbox_batch WHERE lo = (SELECT max(lo) FROM outbox_batch))"
-#define OUTBOX__SQL_NEW_FROM                                                                                          \
-    "max(coalesce((SELECT new_from FROM outbox_cursor), 0), coalesce(" OUTBOX__SQL_LAST_HI ", 0))"
 #define OUTBOX__SQL_CURSOR "SELECT (SELECT new_from FROM outbox_cursor), " OUTBOX__SQL_LAST_HI
 /* An upsert: a cursor row deleted by hand comes back (the walk that follows
  * its loss starts at the first row). */
@@ -65,12 +61,6 @@
     "lease_until = NULL, last_error = NULL "                                                                         \
     "WHERE seq = ?1 AND state = 1 AND lease_owner = ?2 AND lease_token = ?3"
 
-/*
- * Batch leases (outbox_batch). A row "as written" (state 0, available_at not
- * after created_at, lease_token 0) inside a batch's range has its batch's
- * state; every other row has its own (proto/schema.md, "Batch leases").
- */
-#define OUTBOX__SQL_BARE "state = 0 AND available_at <= created_at AND lease_token = 0"
 /* A new batch: ?1 lo, ?2 hi, ?3 owner, ?4 lease expiry. */
 #define OUTBOX__SQL_BATCH_NEW                                                                                         \
     "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) VALUES (?1, ?2, 1, ?3, 1, ?4, 1)"
@@ -200,14 +190,5 @@
     "AND available_at > ?1 AND lease_token > 0 LIMIT ?2)), "                                                         \
     "(SELECT count(*) FROM (SELECT 1 FROM outbox WHERE state = 1 LIMIT ?2)) "                                       \
     "+ (SELECT count(*) FROM (SELECT 1 FROM outbox_batch WHERE state = 1 LIMIT ?2))"
-/* The available_at of the oldest due pending row by ?1 (the older of the
- * first new row and the first due waiting row: both found through indexes,
- * never a scan of all pending rows), one of the database figures of
- * /metrics (src/figures.c has the others). */
-#define OUTBOX__SQL_OLDEST_DUE                                                                                        \
-    "WITH h(a, b) AS (SELECT (SELECT available_at FROM outbox WHERE seq >= " OUTBOX__SQL_NEW_FROM " AND state = 0 " \
-    "AND available_at <= created_at ORDER BY seq LIMIT 1), (SELECT min(available_at) "                               \
-    "FROM outbox WHERE state = 0 AND available_at > created_at AND available_at <= ?1)) "                            \
-    "SELECT min(coalesce(a, b), coalesce(b, a)) FROM h"
 
 #endif

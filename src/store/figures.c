@@ -7,10 +7,10 @@
 #include <string.h>
 
 #include "util/util.h"
-#include "relay/sql.h"
+#include "store/state_sql.h"
 #include "store/sqlite_util.h"
 
-/* Where the new rows start (the walk's start, relay/sql.h), the last seq,
+/* Where the new rows start (the walk's start, store/state_sql.h), the last seq,
  * and the total length of the published ranges: outbox_tally's, or without
  * its row the sum over the published batches' records. */
 #define SQL_HEAD                                                                                                      \
