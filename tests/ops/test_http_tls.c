@@ -226,6 +226,18 @@ static void password_crowd(void)
     is_int(st, 200, "basic authentication over plain HTTP: the right password passes");
     free(resp);
     resp = NULL;
+    {
+        static const char bad64[] = "GET /healthz HTTP/1.1\r\nAuthorization: Basic !!!!\r\n\r\n";
+        static const char nocolon[] = "GET /healthz HTTP/1.1\r\nAuthorization: Basic cHJvbWV0aGV1cw==\r\n\r\n";
+        static const char two[] = "GET /healthz HTTP/1.1\r\nAuthorization: Basic cHJvbWV0aGV1czpyaWdodA==\r\n"
+                                  "authorization: Basic cHJvbWV0aGV1czpyaWdodA==\r\n\r\n";
+        char big[1400];
+        is_int(ot_http_raw(port, bad64, sizeof bad64 - 1, NULL, 5000), 401, "bad base64: 401");
+        is_int(ot_http_raw(port, nocolon, sizeof nocolon - 1, NULL, 5000), 401, "credentials without ':': 401");
+        is_int(ot_http_raw(port, two, sizeof two - 1, NULL, 5000), 400, "two Authorization headers: 400");
+        snprintf(big, sizeof big, "GET /healthz HTTP/1.1\r\nAuthorization: Basic %01100d\r\n\r\n", 0);
+        is_int(ot_http_raw(port, big, strlen(big), NULL, 5000), 431, "an Authorization header over 1 KiB: 431");
+    }
     for (i = 0; i < N; i++) {
         char cred[64], b64[128];
         static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
