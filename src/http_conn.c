@@ -478,11 +478,11 @@ static void conn_bytes(struct outbox__http_req *c, const char *p, size_t n)
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
-    static char slab[16384];
-    (void)h;
+    struct outbox__http_req *c = h->data;
     (void)suggested;
-    /* One static slab: reads are processed synchronously and never kept. */
-    *buf = uv_buf_init(slab, sizeof slab);
+    /* One slab per server (servers on loops of other threads have their
+     * own): reads are processed at once and never kept. */
+    *buf = uv_buf_init(c->srv->slab, sizeof c->srv->slab);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)

@@ -14,7 +14,7 @@
  *
  * Calls run http.c -> http_conn.c -> http_auth.c, and back up only through
  * the functions declared here. Everything runs on the loop thread except a
- * password check's crypt_r.
+ * password check's crypt_rn.
  */
 #ifndef OUTBOX_SRC_HTTP_INT_H
 #define OUTBOX_SRC_HTTP_INT_H
@@ -83,6 +83,7 @@ struct outbox__http {
     uint64_t last_full_warn_ms, last_emfile_warn_ms;
     unsigned evicted_since_warn;
     http_auth auth;
+    char slab[16384]; /* what a read lands in (http_conn.c) */
     void (*close_cb)(void *);
     void *close_data;
 };

@@ -263,8 +263,8 @@ static int load_client_cas(SSL_CTX *ctx, const char *file, char *err, size_t err
     /* The names go into the CertificateRequest, so that a client with
      * several certificates picks one these CAs signed. */
     if (SSL_CTX_load_verify_file(ctx, file) != 1 || !(names = SSL_load_client_CA_file(file)))
-        return outbox__errf(err, errlen, OUTBOX_EINVAL, "client CA file '%s' holds no usable PEM certificate (%s)", file,
-                            ossl_reason(why, sizeof why));
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "client CA file '%s' holds no usable PEM certificate (%s)",
+                            file, ossl_reason(why, sizeof why));
     SSL_CTX_set_client_CA_list(ctx, names);
     return 0;
 }

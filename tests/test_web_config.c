@@ -54,7 +54,8 @@ static void accepted(void)
     outbox__web_config_free(w);
     is_str(parse("tls_server_config: {}\n", NULL), "", "an empty tls_server_config: no TLS, as exporter-toolkit");
 
-    e = parse("basic_auth_users:\n  alice: " HASH "\n  bob: '$2y$12$MHCu9W0G1LEYiS9Vtwc1dOqHdYCDxFL7EsaHDI6XyzNjh0BXJUiRi'\n"
+    e = parse("basic_auth_users:\n  alice: " HASH "\n"
+              "  bob: '$2y$12$MHCu9W0G1LEYiS9Vtwc1dOqHdYCDxFL7EsaHDI6XyzNjh0BXJUiRi'\n"
               "  carol: \"$2a$04$MHCu9W0G1LEYiS9Vtwc1dOqHdYCDxFL7EsaHDI6XyzNjh0BXJUiRi\"\n",
               &w);
     is_str(e, "", "three users, $2b$, $2y$ and $2a$ hashes, plain and quoted");
@@ -183,7 +184,8 @@ static void loading(void)
              tls_cert(c, "client.key"));
     write_text(path, text);
     e = outbox__web_config_load(&w, path, err, sizeof err);
-    ok(e == OUTBOX_EINVAL && strstr(err, "tls_server_config: key file") && strstr(err, "does not match certificate file"),
+    ok(e == OUTBOX_EINVAL && strstr(err, "tls_server_config: key file") &&
+           strstr(err, "does not match certificate file"),
        "a key of another certificate (%s)", err);
     snprintf(text, sizeof text, "tls_server_config:\n  cert_file: %s\n  key_file: %s\n", tls_cert(c, "client.crt"),
              tls_cert(c, "enc.key"));

@@ -85,7 +85,8 @@ static void figures(const char *dir)
     is_int(st, 200, "/metrics answers");
     is_int((long long)ot_prom_val(body, SERIES("outbox_consumer_duplicates_total")), 1,
            "outbox_consumer_duplicates_total the message sent twice");
-    is_int((long long)ot_prom_val(body, SERIES("outbox_consumer_failures_total")), 0, "outbox_consumer_failures_total 0");
+    is_int((long long)ot_prom_val(body, SERIES("outbox_consumer_failures_total")), 0,
+           "outbox_consumer_failures_total 0");
     is_int((long long)ot_prom_val(body, SERIES("outbox_consumer_pending")), 0, "outbox_consumer_pending 0 once done");
     is_int((long long)ot_prom_val(body, SERIES("outbox_consumer_lag")), 0, "outbox_consumer_lag 0");
     is_int((long long)ot_prom_val(body, SERIES("outbox_consumer_redis_up")), 1, "outbox_consumer_redis_up 1");
@@ -157,8 +158,8 @@ static void web_config(const char *dir)
     int64_t deadline;
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     memset(&cd, 0, sizeof cd);
-    if (!crypt_gensalt_rn("$2b$", 4, NULL, 0, salt, sizeof salt) || !(hash = crypt_r("s3cret", salt, &cd)) ||
-        hash[0] == '*')
+    if (!crypt_gensalt_rn("$2b$", 4, NULL, 0, salt, sizeof salt) ||
+        !(hash = crypt_rn("s3cret", salt, &cd, (int)sizeof cd)) || hash[0] == '*')
         bail("libcrypt cannot make a bcrypt hash");
     snprintf(text, sizeof text, "tls_server_config:\n  cert_file: %s\n  key_file: %s\nbasic_auth_users:\n  prom: %s\n",
              tls_cert(certs, "server.crt"), tls_cert(certs, "server.key"), hash);

@@ -68,7 +68,8 @@ typedef struct flood {
 static const char plain_half[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: flood\r\n";
 static const char tls_half[] = "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03";
 /* What a trickler sends, a byte a second: a head that never ends. */
-static const char plain_trickle[] = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Trickle: aaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+static const char plain_trickle[] =
+    "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Trickle: aaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
 static void flood_open(flood *f, int i)
 {
@@ -270,7 +271,8 @@ static long cpu_ms(pid_t pid)
     fclose(f);
     /* After the command's closing parenthesis: state, then fields 4..; utime
      * and stime are the 14th and 15th. */
-    if (!p || !(p = strrchr(buf, ')')) || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+    if (!p || !(p = strrchr(buf, ')')) ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
         return -1;
     return (long)((ut + st) * 1000 / (unsigned long)sysconf(_SC_CLK_TCK));
 }
@@ -290,8 +292,8 @@ static char *write_web_config(const char *dir, tls_certs *certs)
     char *path = th_path(dir, "web.yml");
     FILE *f;
     memset(&cd, 0, sizeof cd);
-    if (!crypt_gensalt_rn("$2b$", 10, NULL, 0, salt, sizeof salt) || !(hash = crypt_r("s3cret", salt, &cd)) ||
-        hash[0] == '*')
+    if (!crypt_gensalt_rn("$2b$", 10, NULL, 0, salt, sizeof salt) ||
+        !(hash = crypt_rn("s3cret", salt, &cd, (int)sizeof cd)) || hash[0] == '*')
         bail("libcrypt cannot make a bcrypt hash");
     snprintf(text, sizeof text,
              "tls_server_config:\n  cert_file: %s\n  key_file: %s\nbasic_auth_users:\n  probe: '%s'\n",
@@ -455,7 +457,7 @@ static void run(int tls, int seconds, tls_certs *certs)
         is_int(late, 0, "%s: each within 1 s of its commit (the slowest %d ms)", mode, worst);
         rt_stream_free(&s);
         th_sql_exec(db, "DELETE FROM outbox");
-        redisCommand(c, "DEL outbox:flood");
+        freeReplyObject(redisCommand(c, "DEL outbox:flood"));
         redisFree(c);
     }
     is_int(th_stop(pid, SIGTERM, 10000 * th_slow()), 0, "%s: the relay stops cleanly", mode);

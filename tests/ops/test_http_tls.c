@@ -46,7 +46,7 @@ static char *bcrypt(const char *password, int cost)
     const char *h;
     memset(&cd, 0, sizeof cd);
     if (!crypt_gensalt_rn("$2b$", (unsigned long)cost, NULL, 0, salt, sizeof salt) ||
-        !(h = crypt_r(password, salt, &cd)) || h[0] == '*')
+        !(h = crypt_rn(password, salt, &cd, (int)sizeof cd)) || h[0] == '*')
         bail("libcrypt cannot make a bcrypt hash");
     return strdup(h);
 }
@@ -146,8 +146,8 @@ static void tls_and_auth(void)
     if (has_promtool()) {
         char cmd[600];
         char *argv[] = {"bash", "-o", "pipefail", "-c", cmd, NULL};
-        snprintf(cmd, sizeof cmd, "curl -sS --max-time 10 --cacert '%s' -u prometheus:s3cret %s | promtool check metrics",
-                 cacert, url);
+        snprintf(cmd, sizeof cmd,
+                 "curl -sS --max-time 10 --cacert '%s' -u prometheus:s3cret %s | promtool check metrics", cacert, url);
         rc = th_run(argv, NULL, NULL, &err, 30000);
         is_int(rc, 0, "promtool check metrics passes the scrape taken over TLS%s%.300s", err && *err ? ": " : "",
                err ? err : "");
