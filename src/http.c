@@ -4,6 +4,7 @@
  * bound per client, accepts per loop turn, the deadlines, closing.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -316,11 +317,17 @@ static void on_conn(uv_stream_t *l, int status)
         struct outbox__http_req *v = victim(h, NULL, NULL);
         if (v)
             outbox__http_conn_close(v);
+        /* Descriptors ran out below the table's bound (libuv says so
+         * when its reserve descriptor did not help): the table shrinks to
+         * what could be open, so that newcomers replace connections rather
+         * than meet EMFILE again. */
+        if (h->nlive < h->lim.max_conns)
+            h->lim.max_conns = h->nlive > 1 ? h->nlive : 1;
         if (outbox__http_warn_due(h, &h->last_emfile_warn_ms))
             outbox__log(h->log, OUTBOX_LOG_WARN,
                         "msg=\"metrics endpoint: out of file descriptors; waiting connections were closed\" "
-                        "error=%s connections=%u",
-                        uv_err_name(status), h->nlive);
+                        "error=%s connections=%u max_connections=%u",
+                        uv_err_name(status), h->nlive, h->lim.max_conns);
         return;
     }
     if (status != 0)
@@ -397,18 +404,47 @@ static void srv_handle_closed(uv_handle_t *hd)
     srv_maybe_free(h);
 }
 
-/* A quarter of the open files limit at most: the process needs the rest
- * (its database files, Redis connections, the loop's own). */
+/* Descriptors the process goes on to open after the endpoint starts: the
+ * relay's other database connections (three files each), Redis
+ * connections, a cluster's nodes. */
+#define FD_HEADROOM 32
+
+/* The process' open descriptors now, or 0 when it cannot tell. */
+static unsigned open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    unsigned n = 0;
+    if (!d)
+        return 0;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n > 0 ? n - 1 : 0; /* the directory's own */
+}
+
+/* A quarter of the open files limit at most, and FD_HEADROOM less than
+ * what the process left free: the rest of the process needs its
+ * descriptors, and an accept that meets EMFILE makes libuv close every
+ * connection waiting to be accepted, probes too. */
 static void fit_fd_limit(outbox__http *h)
 {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur / 4 >= h->lim.max_conns)
+    rlim_t fit, used;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
         return;
-    h->lim.max_conns = rl.rlim_cur / 4 > 1 ? (unsigned)(rl.rlim_cur / 4) : 1;
+    used = open_fds();
+    fit = rl.rlim_cur / 4;
+    if (rl.rlim_cur < used + FD_HEADROOM + fit)
+        fit = rl.rlim_cur > used + FD_HEADROOM ? rl.rlim_cur - used - FD_HEADROOM : 1;
+    if (fit >= h->lim.max_conns)
+        return;
+    h->lim.max_conns = fit > 1 ? (unsigned)fit : 1;
     outbox__log(h->log, OUTBOX_LOG_INFO,
                 "msg=\"metrics endpoint: fewer connections for a low open files limit\" max_connections=%u "
-                "nofile=%llu",
-                h->lim.max_conns, (unsigned long long)rl.rlim_cur);
+                "nofile=%llu open=%llu",
+                h->lim.max_conns, (unsigned long long)rl.rlim_cur, (unsigned long long)used);
 }
 
 int outbox__http_start(outbox__http **out, uv_loop_t *loop, const char *listen, const outbox__web_config *web,

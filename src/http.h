@@ -53,7 +53,7 @@ typedef void (*outbox__http_handler)(void *data, outbox__http_req *req, const ch
 /* The accept policy's numbers; outbox__http_limits_default() gives those
  * README.md ("Metrics and health") documents. */
 typedef struct outbox__http_limits {
-    unsigned max_conns;        /* 256, or fewer when the open files limit is low (see outbox__http_start) */
+    unsigned max_conns;        /* 256, or fewer for a low open files limit (see outbox__http_start) */
     unsigned per_client;       /* 32 connections per IP address */
     unsigned accepts_per_turn; /* 64 */
     uint64_t idle_ms;          /* 5000: the first byte within this of the accept */
@@ -67,9 +67,10 @@ void outbox__http_limits_default(outbox__http_limits *l);
  * Parses "HOST:PORT" ("127.0.0.1:9090", "[::1]:9090", ":9090" for all
  * addresses) and starts listening. web (may be NULL: plain HTTP, no
  * authentication) and log are borrowed and must outlive the server; lim
- * NULL means the defaults. max_conns is lowered to what a quarter of the
- * process' open files limit (RLIMIT_NOFILE) leaves, so that the endpoint
- * cannot take the descriptors the rest of the process needs. Returns 0,
+ * NULL means the defaults. max_conns is lowered to a quarter of the
+ * process' open files limit (RLIMIT_NOFILE), and to 32 less than what the
+ * descriptors open at start leave free, so that the endpoint cannot take
+ * the descriptors the rest of the process needs. Returns 0,
  * OUTBOX_EINVAL (err says why), OUTBOX_EIO (bind/listen failed, err says
  * why), OUTBOX_ENOMEM.
  */
