@@ -212,6 +212,20 @@ static void web_config(const char *dir)
         ok(rc == 2 && err && strstr(err, "tls_server_config: missing key_file"),
            "one without key_file: exit 2 naming it (%d)", rc);
         free(err);
+        err = NULL;
+        args[8] = "1.2.3";
+        rc = ct_consume_run(args, NULL, NULL, &err, 10000);
+        ok(rc == 2 && err && strstr(err, "--metrics-listen: '1.2.3' has no port"), "a listen address without a port: "
+           "exit 2 naming --metrics-listen (%d)", rc);
+        free(err);
+        err = NULL;
+        args[7] = "--metrics-web-config";
+        args[8] = web;
+        args[9] = NULL;
+        rc = ct_consume_run(args, NULL, NULL, &err, 10000);
+        ok(rc == 2 && err && strstr(err, "--metrics-web-config: given without --metrics-listen"),
+           "--metrics-web-config without --metrics-listen: exit 2 (%d)", rc);
+        free(err);
     }
     free(web);
     free(log);
