@@ -40,7 +40,7 @@ san=""
 if nm "$build/src/liboutbox.a" 2>/dev/null | grep -q "__asan_"; then
     san="-fsanitize=address,undefined"
 fi
-libs="$san $build/src/liboutbox.a $(pkg-config --libs libuv hiredis sqlite3 msgpack openssl) -lhttp_parser -lpthread -lm"
+libs="$san $build/src/liboutbox.a $(pkg-config --libs libuv hiredis sqlite3 msgpack openssl yaml-0.1 libcrypt) -lhttp_parser -lpthread -lm"
 for f in "$tmp"/example*.c; do
     b=${f%.c}
     # shellcheck disable=SC2086

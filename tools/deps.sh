@@ -8,7 +8,7 @@ set -euo pipefail
 pkgs=(build-essential pkg-config meson ninja-build python3
       libuv1-dev libhiredis-dev libsqlite3-dev libmsgpack-dev libinih-dev
       redis-server redis-tools sqlite3 valgrind curl
-      libhttp-parser-dev libssl-dev openssl php-cli php-sqlite3 nodejs "$@")
+      libhttp-parser-dev libssl-dev libyaml-dev libcrypt-dev openssl php-cli php-sqlite3 nodejs "$@")
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,14 +10,14 @@ bash tools/deps.sh clang
 secs=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(envelope headers redis_url http_head relay_config replay_filters)
+[ ${#targets[@]} -eq 0 ] && targets=(envelope headers redis_url http_head relay_config replay_filters web_config)
 if [ ! -f build-fuzz/build.ninja ]; then
     CC=clang meson setup build-fuzz -Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
         -Dc_args=-fsanitize=fuzzer-no-link >/dev/null
 fi
 meson compile -C build-fuzz >/dev/null
 declare -A corpus=([envelope]=envelope [headers]=msgpack_headers [redis_url]=redis_url [http_head]=http_head
-                   [relay_config]=relay_config [replay_filters]=replay_filters)
+                   [relay_config]=relay_config [replay_filters]=replay_filters [web_config]=web_config)
 status=0
 for t in "${targets[@]}"; do
     work=$(mktemp -d)

@@ -34,7 +34,8 @@ if [ "${SANITIZE:-1}" != 0 ]; then
         errors options_doc schema writer envelope envelope_bytes redis_url redis_conn_commands redis_conn_connect target \
         redis_conn_callbacks redis_conn_failures tls tls_cli cli log_json tool_writers headers readme_examples \
         alloc_fail replay_requeue replay_inspect replay_errors \
-        fuzz_replay_envelope fuzz_replay_headers fuzz_replay_redis_url fuzz_replay_http_head || status=1
+        web_config fuzz_replay_envelope fuzz_replay_headers fuzz_replay_redis_url fuzz_replay_http_head \
+        fuzz_replay_web_config || status=1
     logs+=(build-asan/meson-logs/testlog-sanitize.json)
 fi
 python3 - "$status" "${logs[@]}" <<'PY'

@@ -218,6 +218,26 @@ typedef struct outbox_consumer_stats {
 } outbox_consumer_stats;
 OUTBOX_API void outbox_consumer_stats_get(const outbox_consumer *c, outbox_consumer_stats *st);
 
+/* The consumer group's figures as Redis keeps them (XINFO GROUPS of the
+ * stream). */
+typedef struct outbox_consumer_group_info {
+    int64_t pending; /* entries delivered to the group and not acknowledged */
+    int64_t lag;     /* entries of the stream not yet delivered to the group; -1 when Redis cannot say
+                      * (before Redis 7.0, or after entries were deleted from the stream) */
+} outbox_consumer_group_info;
+
+/* status 0 with gi, or a negative code and gi NULL: OUTBOX_EREDIS (Redis
+ * answered an error, or the group is not in its answer: not created yet),
+ * OUTBOX_ECLOSED, OUTBOX_ETIMEDOUT, OUTBOX_ECONNECT (Redis unreachable). */
+typedef void (*outbox_consumer_group_info_cb)(outbox_consumer *c, int status, const outbox_consumer_group_info *gi,
+                                              void *data);
+
+/* Asks Redis for the group's figures on the command connection (never on
+ * the blocked read's); cb runs once, on the loop thread, later. Returns 0,
+ * or (cb not called) OUTBOX_ESTATE when the consumer is not running,
+ * OUTBOX_ECONNECT when not connected right now, OUTBOX_ENOMEM. */
+OUTBOX_API int outbox_consumer_group_info_get(outbox_consumer *c, outbox_consumer_group_info_cb cb, void *data);
+
 #ifdef __cplusplus
 }
 #endif

@@ -190,6 +190,14 @@ typedef struct outbox_relay_settings {
     /* The sentinels' password (see sentinel_user); default NULL: no AUTH to
      * the sentinels. Copied. */
     const char *sentinel_password;
+    /* The metrics endpoint's web configuration file (YAML, the format of
+     * Prometheus' exporter-toolkit: tls_server_config for TLS,
+     * basic_auth_users for Basic authentication with bcrypt hashes), or NULL
+     * for plain HTTP without authentication; default NULL. Read, with the
+     * files it names, by outbox_relay_create: a file that cannot be used is
+     * an OUTBOX_EINVAL naming the problem. Needs metrics_listen. Not kept
+     * after create. */
+    const char *metrics_web_config;
     /* TLS for a rediss:// URL: the trust store, a client certificate, the
      * server name, insecure. Each field's default is stated in
      * outbox/tls.h (all NULL and 0: the system's trust store, the URL's host,

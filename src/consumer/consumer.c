@@ -3,7 +3,8 @@
  * consumer_int.h): the object itself. Create (the settings' checks from
  * settings_table.h, the copies, the inbox database, the two targets),
  * start (the dedup module and the timers), stop and the closing of every
- * handle, destroy (deferred while the stop callback runs), the stats, and
+ * handle, destroy (deferred while the stop callback runs), the stats, the
+ * group's figures (XINFO GROUPS), and
  * the hooks the lower files call back up through.
  *
  * Two targets (redis/target.h), created for the URL by
@@ -361,4 +362,70 @@ void outbox_consumer_stats_get(const outbox_consumer *c, outbox_consumer_stats *
         return;
     *st = c->st;
     st->inflight = c->inflight;
+}
+
+
+typedef struct group_info_req {
+    outbox_consumer *c;
+    outbox_consumer_group_info_cb cb;
+    void *data;
+} group_info_req;
+
+/* A field of one group's flat key/value list, or NULL. */
+static const redisReply *group_field(const redisReply *g, const char *name)
+{
+    for (size_t i = 0; i + 1 < g->elements; i += 2)
+        if (g->element[i]->type == REDIS_REPLY_STATUS || g->element[i]->type == REDIS_REPLY_STRING)
+            if (!strcmp(g->element[i]->str, name))
+                return g->element[i + 1];
+    return NULL;
+}
+
+static void on_group_info(outbox__redis *conn, int status, redisReply *reply, void *data)
+{
+    group_info_req *q = data;
+    outbox_consumer_group_info gi = {0, -1};
+    int found = 0;
+    (void)conn;
+    if (status == 0 && reply->type == REDIS_REPLY_ARRAY) {
+        for (size_t i = 0; i < reply->elements && !found; i++) {
+            const redisReply *g = reply->element[i], *name, *v;
+            if (g->type != REDIS_REPLY_ARRAY || !(name = group_field(g, "name")) || !name->str ||
+                strcmp(name->str, q->c->group) != 0)
+                continue;
+            found = 1;
+            if ((v = group_field(g, "pending")) && v->type == REDIS_REPLY_INTEGER)
+                gi.pending = v->integer;
+            /* Nil when Redis cannot tell (entries deleted); absent before 7.0. */
+            if ((v = group_field(g, "lag")) && v->type == REDIS_REPLY_INTEGER)
+                gi.lag = v->integer;
+        }
+    }
+    if (status == 0 && !found)
+        status = OUTBOX_EREDIS;
+    q->cb(q->c, status, status == 0 ? &gi : NULL, q->data);
+    free(q);
+}
+
+int outbox_consumer_group_info_get(outbox_consumer *c, outbox_consumer_group_info_cb cb, void *data)
+{
+    const char *argv[3] = {"XINFO", "GROUPS", NULL};
+    size_t lens[3];
+    group_info_req *q;
+    int e;
+    if (!c || !cb || c->state != CS_RUNNING)
+        return OUTBOX_ESTATE;
+    if (!outbox__consumer_cmd_ready(c))
+        return OUTBOX_ECONNECT;
+    if (!(q = malloc(sizeof *q)))
+        return OUTBOX_ENOMEM;
+    q->c = c;
+    q->cb = cb;
+    q->data = data;
+    argv[2] = c->stream;
+    for (int i = 0; i < 3; i++)
+        lens[i] = strlen(argv[i]);
+    if ((e = outbox__consumer_command(c, c->stream, 3, argv, lens, on_group_info, q)) != 0)
+        free(q);
+    return e;
 }

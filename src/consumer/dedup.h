@@ -6,7 +6,7 @@
 #define OUTBOX_SRC_DEDUP_H
 
 #include "outbox/consumer.h"
-#include "redis/tls.h"
+#include "tls/tls.h"
 
 /* outbox_dedup_create() with a TLS configuration the caller already built
  * (a reference is taken; s->tls is then not read). tls NULL: exactly

@@ -1,351 +1,347 @@
 /*
- * A small HTTP/1.1 server for /metrics and /healthz (see http.h).
+ * http.c: the HTTP server's listener and its accept policy (see http.h and
+ * http_int.h): the connection table, the connection a newcomer closes, the
+ * bound per client, accepts per loop turn, the deadlines, closing.
  */
 #include <arpa/inet.h>
-#include <http_parser.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
 
-#include "ops/http.h"
+#include "ops/http_int.h"
 
-#define HEAD_MAX 8192
-#define MAX_CONNS 64
-#define IDLE_TIMEOUT_MS 10000
+/* Warnings about a flood are said once, then at most this often. */
+#define WARN_EVERY_MS 30000
+/* The kernel's queue of connections not yet accepted. A full queue drops
+ * new SYNs, and a dropped SYN costs the client a retransmission a second
+ * later: a probe that times out. Linux caps it at net.core.somaxconn
+ * (4096 by default). */
+#define LISTEN_BACKLOG 4096
 
-struct outbox__http {
-    uv_loop_t *loop;
-    uv_tcp_t listener;
-    outbox__http_handler handler;
-    void *data;
-    const outbox__logger *log;
-    struct outbox__http_req *conns;
-    int nconns, closing, handles;
-    void (*close_cb)(void *);
-    void *close_data;
-};
-
-/* One connection, one request. */
-struct outbox__http_req {
-    outbox__http *srv;
-    struct outbox__http_req *next, *prev;
-    uv_tcp_t tcp;
-    uv_timer_t timer;
-    uv_write_t wr;
-    char head[HEAD_MAX];
-    size_t head_len;
-    outbox__http_head req;
-    int head_done, waiting, responded, closing, handles, head_only;
-    char *out;
-};
-
-static const char *reason(int status)
+void outbox__http_limits_default(outbox__http_limits *l)
 {
-    switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 414: return "URI Too Long";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    default: return "Unknown";
-    }
+    l->max_conns = 256;
+    l->per_client = 32;
+    l->accepts_per_turn = 64;
+    l->idle_ms = 5000;
+    l->head_ms = 5000;
+    l->answer_ms = 10000;
 }
 
-static void srv_handle_gone(outbox__http *h)
+const outbox__http_limits *outbox__http_limits_of(const outbox__http *h)
 {
-    if (--h->handles == 0 && h->closing) {
-        void (*cb)(void *) = h->close_cb;
-        void *d = h->close_data;
-        free(h);
-        if (cb)
-            cb(d);
-    }
+    return &h->lim;
 }
 
-static void conn_free_if_done(struct outbox__http_req *c)
+int outbox__http_warn_due(outbox__http *h, uint64_t *last)
+{
+    uint64_t now = uv_now(h->loop);
+    if (*last && now - *last < WARN_EVERY_MS)
+        return 0;
+    *last = now ? now : 1;
+    return 1;
+}
+
+static void srv_maybe_free(outbox__http *h)
+{
+    void (*cb)(void *);
+    void *d;
+    if (!h->closing || h->handles > 0 || outbox__http_auth_busy(h))
+        return;
+    cb = h->close_cb;
+    d = h->close_data;
+    free(h);
+    if (cb)
+        cb(d);
+}
+
+void outbox__http_srv_maybe_free(outbox__http *h)
+{
+    srv_maybe_free(h);
+}
+
+void outbox__http_conn_free_if_done(struct outbox__http_req *c)
 {
     outbox__http *h = c->srv;
-    if (c->handles > 0 || c->waiting)
+    /* A handler that was given the request still owes its respond. */
+    if (c->handles > 0 || c->phase == CONN_HANDLER)
         return;
-    if (c->prev)
-        c->prev->next = c->next;
+    if (c->older)
+        c->older->newer = c->newer;
     else
-        h->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+        h->oldest = c->newer;
+    if (c->newer)
+        c->newer->older = c->older;
+    else
+        h->newest = c->older;
     h->nconns--;
-    free(c->out);
+    outbox__tls_destroy(c->tls);
+    free(c->hello);
     free(c);
-    srv_handle_gone(h);
+    h->handles--;
+    srv_maybe_free(h);
 }
 
 static void conn_handle_closed(uv_handle_t *hd)
 {
     struct outbox__http_req *c = hd->data;
     c->handles--;
-    conn_free_if_done(c);
+    outbox__http_conn_free_if_done(c);
 }
 
-static void conn_close(struct outbox__http_req *c)
+void outbox__http_conn_close(struct outbox__http_req *c)
 {
     if (c->closing)
         return;
     c->closing = 1;
+    c->srv->nlive--;
+    if (c->phase == CONN_AUTH)
+        outbox__http_auth_forget(c);
+    /* The socket's descriptor is closed here, the memory in the close
+     * callbacks. */
     uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
     uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
 }
 
-static void on_written(uv_write_t *w, int status)
-{
-    struct outbox__http_req *c = w->data;
-    (void)status;
-    conn_close(c);
-}
-
-static void send_response(struct outbox__http_req *c, int status, const char *ctype, const char *body, size_t len)
-{
-    char head[256];
-    int n;
-    uv_buf_t b;
-    if (c->closing || c->responded)
-        return;
-    c->responded = 1;
-    n = snprintf(head, sizeof head,
-                 "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n"
-                 "Cache-Control: no-store\r\n\r\n",
-                 status, reason(status), ctype, len);
-    c->out = malloc((size_t)n + (c->head_only ? 0 : len));
-    if (!c->out) {
-        conn_close(c);
-        return;
-    }
-    memcpy(c->out, head, (size_t)n);
-    if (!c->head_only && len)
-        memcpy(c->out + n, body, len);
-    b = uv_buf_init(c->out, (unsigned)n + (unsigned)(c->head_only ? 0 : len));
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    c->wr.data = c;
-    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0)
-        conn_close(c);
-}
-
-static void send_error(struct outbox__http_req *c, int status, const char *msg)
-{
-    char body[160];
-    int n = snprintf(body, sizeof body, "%d %s: %s\n", status, reason(status), msg);
-    if (status == 405 && !c->closing && !c->responded) {
-        /* 405 must say what is allowed. */
-        char head[256];
-        uv_buf_t b;
-        int hn;
-        c->responded = 1;
-        hn = snprintf(head, sizeof head,
-                      "HTTP/1.1 405 Method Not Allowed\r\nAllow: GET, HEAD\r\nContent-Type: text/plain\r\n"
-                      "Content-Length: %d\r\nConnection: close\r\n\r\n",
-                      n);
-        c->out = malloc((size_t)hn + (size_t)n);
-        if (!c->out) {
-            conn_close(c);
-            return;
-        }
-        memcpy(c->out, head, (size_t)hn);
-        memcpy(c->out + hn, body, (size_t)n);
-        b = uv_buf_init(c->out, (unsigned)(hn + n));
-        uv_read_stop((uv_stream_t *)&c->tcp);
-        c->wr.data = c;
-        if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &b, 1, on_written) != 0)
-            conn_close(c);
-        return;
-    }
-    send_response(c, status, "text/plain; charset=utf-8", body, (size_t)n);
-}
-
-void outbox__http_respond(outbox__http_req *c, int status, const char *content_type, const char *body, size_t len)
-{
-    if (!c || !c->waiting)
-        return;
-    c->waiting = 0;
-    if (c->closing) {
-        conn_free_if_done(c);
-        return;
-    }
-    send_response(c, status, content_type, body, len);
-}
-
-typedef struct parse_ctx {
-    outbox__http_head *h;
-    int complete;
-} parse_ctx;
-
-static int on_url(http_parser *p, const char *at, size_t len)
-{
-    parse_ctx *x = p->data;
-    outbox__http_head *h = x->h;
-    if (h->path_len + len > OUTBOX_HTTP_PATH_MAX) {
-        h->path_too_long = 1;
-        return 0;
-    }
-    memcpy(h->path + h->path_len, at, len);
-    h->path_len += len;
-    h->path[h->path_len] = '\0';
-    return 0;
-}
-
-static int on_headers_complete(http_parser *p)
-{
-    parse_ctx *x = p->data;
-    x->complete = 1;
-    return 2; /* stop: no body is read */
-}
-
-static const http_parser_settings parser_settings = {
-    .on_url = on_url,
-    .on_headers_complete = on_headers_complete,
-};
-
-int outbox__http_parse_head(const char *buf, size_t len, outbox__http_head *out)
-{
-    http_parser p;
-    parse_ctx x = {out, 0};
-    char *q;
-    enum http_errno e;
-
-    memset(out, 0, sizeof *out);
-    http_parser_init(&p, HTTP_REQUEST);
-    p.data = &x;
-    http_parser_execute(&p, &parser_settings, buf, len);
-    e = HTTP_PARSER_ERRNO(&p);
-    if (!x.complete) {
-        if (e == HPE_HEADER_OVERFLOW)
-            return 431;
-        if (e != HPE_OK) {
-            out->error = http_errno_name(e);
-            return 400;
-        }
-        return len >= HEAD_MAX ? 431 : 0;
-    }
-    out->method_get = p.method == HTTP_GET;
-    out->method_head = p.method == HTTP_HEAD;
-    if (!out->method_get && !out->method_head)
-        return 405;
-    if (out->path_too_long)
-        return 414;
-    if ((p.flags & F_CHUNKED) || (p.content_length > 0 && p.content_length != ULLONG_MAX))
-        return 413;
-    /* The query string plays no part in routing. */
-    q = strchr(out->path, '?');
-    if (q)
-        *q = '\0';
-    return 200;
-}
-
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    static char slab[4096];
-    (void)h;
-    (void)suggested;
-    /* One static slab: reads are parsed synchronously and never kept. */
-    *buf = uv_buf_init(slab, sizeof slab);
-}
-
-static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
-{
-    struct outbox__http_req *c = s->data;
-    size_t take;
-    int status;
-    if (n < 0) {
-        /* A client may half-close once its request is sent (nc -N, some
-         * health checkers): the answer still goes out, and the idle timer
-         * still bounds the connection. */
-        if (n == UV_EOF && c->head_done && !c->closing) {
-            uv_read_stop(s);
-            return;
-        }
-        conn_close(c);
-        return;
-    }
-    if (n == 0 || c->head_done || c->responded)
-        return;
-    take = (size_t)n;
-    if (take > HEAD_MAX - c->head_len)
-        take = HEAD_MAX - c->head_len;
-    memcpy(c->head + c->head_len, buf->base, take);
-    c->head_len += take;
-    if (take < (size_t)n && c->head_len == HEAD_MAX) {
-        send_error(c, 431, "request head larger than 8 KiB");
-        return;
-    }
-    status = outbox__http_parse_head(c->head, c->head_len, &c->req);
-    if (status == 0)
-        return;
-    c->head_done = 1;
-    c->head_only = c->req.method_head;
-    switch (status) {
-    case 200:
-        c->waiting = 1;
-        c->srv->handler(c->srv->data, c, c->req.path);
-        break;
-    case 405:
-        send_error(c, 405, "only GET and HEAD");
-        break;
-    case 413:
-        send_error(c, 413, "no request body accepted");
-        break;
-    case 414:
-        send_error(c, 414, "request target too long");
-        break;
-    case 431:
-        send_error(c, 431, "request head larger than 8 KiB");
-        break;
-    default:
-        send_error(c, 400, c->req.error ? c->req.error : "malformed request");
-        break;
-    }
-}
-
-static void on_idle(uv_timer_t *t)
+static void on_deadline(uv_timer_t *t)
 {
     struct outbox__http_req *c = t->data;
-    if (c->waiting)
-        return; /* our own answer is late, not the client */
-    if (!c->responded && c->head_len > 0)
-        send_error(c, 408, "request not complete in time");
-    else
-        conn_close(c);
+    switch (c->phase) {
+    case CONN_IDLE:
+        outbox__http_conn_close(c);
+        break;
+    case CONN_HEAD:
+        /* A 408 needs a channel to say it on: some of the head came (over
+         * TLS, after the handshake). */
+        if (c->head_len > 0)
+            outbox__http_conn_error(c, 408, "request head not complete in time");
+        else
+            outbox__http_conn_close(c);
+        break;
+    case CONN_AUTH:
+        outbox__http_auth_forget(c);
+        outbox__http_conn_error(c, 503, "the password check did not finish in time");
+        break;
+    case CONN_HANDLER:
+        break; /* our own answer is late, not the client */
+    case CONN_WRITING:
+        outbox__http_conn_close(c); /* a client that does not read its answer */
+        break;
+    }
 }
 
-static void on_conn(uv_stream_t *l, int status)
+void outbox__http_conn_phase(struct outbox__http_req *c, enum conn_phase p)
 {
-    outbox__http *h = l->data;
+    enum conn_phase old = c->phase;
+    c->phase = p;
+    if (c->closing)
+        return;
+    /* The head's deadline runs from its first byte and is not moved by the
+     * bytes after it; the answer's from the end of the head. */
+    if (p == CONN_IDLE)
+        uv_timer_start(&c->timer, on_deadline, c->srv->lim.idle_ms, 0);
+    else if (p == CONN_HEAD && old == CONN_IDLE)
+        uv_timer_start(&c->timer, on_deadline, c->srv->lim.head_ms, 0);
+    else if (p > CONN_HEAD && old <= CONN_HEAD)
+        uv_timer_start(&c->timer, on_deadline, c->srv->lim.answer_ms, 0);
+}
+
+/* ---- the accept policy ---------------------------------------------------- */
+
+static void peer_of(struct outbox__http_req *c)
+{
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    memset(&c->peer, 0, sizeof c->peer);
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    if (ss.ss_family == AF_INET) {
+        c->peer.family = AF_INET;
+        memcpy(c->peer.addr, &((struct sockaddr_in *)&ss)->sin_addr, 4);
+    } else if (ss.ss_family == AF_INET6) {
+        const unsigned char *a = (const unsigned char *)&((struct sockaddr_in6 *)&ss)->sin6_addr;
+        /* An IPv4 client of a dual-stack socket is that IPv4 address. */
+        if (memcmp(a, mapped, sizeof mapped) == 0) {
+            c->peer.family = AF_INET;
+            memcpy(c->peer.addr, a + 12, 4);
+        } else {
+            c->peer.family = AF_INET6;
+            memcpy(c->peer.addr, a, 16);
+        }
+    }
+}
+
+static int same_peer(const http_peer *a, const http_peer *b)
+{
+    return a->family == b->family && memcmp(a->addr, b->addr, sizeof a->addr) == 0;
+}
+
+/* A connection that a newcomer may close: still without a complete head,
+ * and with nothing waiting unread in its socket. The second part keeps a
+ * probe whose request (or TLS handshake message) arrived but was not read
+ * yet, in the middle of an accept burst, from being taken for a slow
+ * client. */
+static int evictable(const struct outbox__http_req *c)
+{
+    uv_os_fd_t fd;
+    int n = 0;
+    if (c->closing || c->phase > CONN_HEAD)
+        return 0;
+    if (uv_fileno((const uv_handle_t *)&c->tcp, &fd) != 0 || ioctl(fd, FIONREAD, &n) != 0)
+        return 1;
+    return n == 0;
+}
+
+/* The oldest evictable connection other than n, of peer only if given.
+ * A TLS connection whose hello was answered comes last: it is waiting for
+ * the client's next flight, a round trip away, and a probe in the middle of
+ * its handshake must not lose to a crowd that never completes a hello. */
+static struct outbox__http_req *victim(outbox__http *h, const struct outbox__http_req *n, const http_peer *only)
+{
     struct outbox__http_req *c;
-    if (status != 0 || h->closing)
+    for (int tier = 0; tier < 2; tier++)
+        for (c = h->oldest; c; c = c->newer)
+            if (c != n && c->tls_answered == tier && (!only || same_peer(&c->peer, only)) && evictable(c))
+                return c;
+    return NULL;
+}
+
+static void warn_evicted(outbox__http *h, const char *why)
+{
+    h->evicted_since_warn++;
+    if (!outbox__http_warn_due(h, &h->last_full_warn_ms))
         return;
-    c = calloc(1, sizeof *c);
-    if (!c)
+    outbox__log(h->log, OUTBOX_LOG_WARN,
+                "msg=\"metrics endpoint: %s; closing the oldest connections without a complete request\" "
+                "closed=%u max_connections=%u per_client=%u",
+                why, h->evicted_since_warn, h->lim.max_conns, h->lim.per_client);
+    h->evicted_since_warn = 0;
+}
+
+/* Room for the newcomer n: 1 once there is, 0 when n itself was closed
+ * (every connection it could replace has a request in progress). */
+static int make_room(outbox__http *h, struct outbox__http_req *n)
+{
+    struct outbox__http_req *c, *v;
+    unsigned same = 0;
+    const char *why;
+    for (c = h->oldest; c; c = c->newer)
+        if (c != n && !c->closing && same_peer(&c->peer, &n->peer))
+            same++;
+    if (same >= h->lim.per_client) {
+        v = victim(h, n, &n->peer);
+        why = "a client at its bound of connections opened another";
+    } else if (h->nlive > h->lim.max_conns) {
+        v = victim(h, n, NULL);
+        why = "connection table full";
+    } else {
+        return 1;
+    }
+    if (!v) {
+        outbox__http_conn_close(n);
+        warn_evicted(h, "no connection could make room for a new one (each has a request in progress)");
+        return 0;
+    }
+    outbox__http_conn_close(v);
+    warn_evicted(h, why);
+    return 1;
+}
+
+static void on_turn(uv_check_t *t);
+
+static void accept_one(outbox__http *h)
+{
+    struct outbox__http_req *c = calloc(1, sizeof *c);
+    if (!c) {
+        /* libuv keeps the connection until it is accepted: again after
+         * this turn. */
+        h->held = 1;
+        uv_check_start(&h->turn, on_turn);
         return;
+    }
     c->srv = h;
     uv_tcp_init(h->loop, &c->tcp);
     uv_timer_init(h->loop, &c->timer);
     c->tcp.data = c->timer.data = c;
     c->handles = 2;
     h->handles++;
-    c->next = h->conns;
-    if (h->conns)
-        h->conns->prev = c;
-    h->conns = c;
+    c->older = h->newest;
+    if (h->newest)
+        h->newest->newer = c;
+    else
+        h->oldest = c;
+    h->newest = c;
     h->nconns++;
-    if (uv_accept(l, (uv_stream_t *)&c->tcp) != 0 || h->nconns > MAX_CONNS) {
-        conn_close(c);
+    h->nlive++;
+    if (h->accepted_this_turn++ == 0)
+        uv_check_start(&h->turn, on_turn);
+    if (uv_accept((uv_stream_t *)&h->listener, (uv_stream_t *)&c->tcp) != 0) {
+        outbox__http_conn_close(c);
         return;
     }
-    uv_timer_start(&c->timer, on_idle, IDLE_TIMEOUT_MS, 0);
-    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+    peer_of(c);
+    if (!make_room(h, c))
+        return;
+    outbox__http_conn_phase(c, CONN_IDLE);
+    outbox__http_conn_start(c);
 }
+
+/* After the I/O of a turn that accepted: a new count, and the connection
+ * held back by the bound per turn taken now (which watches the listener
+ * again). */
+static void on_turn(uv_check_t *t)
+{
+    outbox__http *h = t->data;
+    h->accepted_this_turn = 0;
+    uv_check_stop(t);
+    if (h->held && !h->closing) {
+        h->held = 0;
+        accept_one(h);
+    }
+}
+
+static void on_conn(uv_stream_t *l, int status)
+{
+    outbox__http *h = l->data;
+    if (h->closing)
+        return;
+    if (status == UV_EMFILE || status == UV_ENFILE) {
+        /* libuv has closed the waiting connections with its reserve
+         * descriptor; one of ours goes too, so that the next accept finds
+         * a descriptor. */
+        struct outbox__http_req *v = victim(h, NULL, NULL);
+        if (v)
+            outbox__http_conn_close(v);
+        /* Descriptors ran out below the table's bound (libuv says so
+         * when its reserve descriptor did not help): the table shrinks to
+         * what could be open, so that newcomers replace connections rather
+         * than meet EMFILE again. */
+        if (h->nlive < h->lim.max_conns)
+            h->lim.max_conns = h->nlive > 1 ? h->nlive : 1;
+        if (outbox__http_warn_due(h, &h->last_emfile_warn_ms))
+            outbox__log(h->log, OUTBOX_LOG_WARN,
+                        "msg=\"metrics endpoint: out of file descriptors; waiting connections were closed\" "
+                        "error=%s connections=%u max_connections=%u",
+                        uv_err_name(status), h->nlive, h->lim.max_conns);
+        return;
+    }
+    if (status != 0)
+        return;
+    /* Not accepting makes libuv stop watching the listener until this
+     * turn's other I/O has run (on_turn). */
+    if (h->accepted_this_turn >= h->lim.accepts_per_turn) {
+        h->held = 1;
+        return;
+    }
+    accept_one(h);
+}
+
+/* ---- listening ------------------------------------------------------------ */
 
 int outbox__http_parse_listen(const char *listen, struct sockaddr_storage *ss, char *err, size_t errlen)
 {
@@ -401,10 +397,59 @@ int outbox__http_parse_listen(const char *listen, struct sockaddr_storage *ss, c
     return 0;
 }
 
-static void listener_closed(uv_handle_t *hd);
+static void srv_handle_closed(uv_handle_t *hd)
+{
+    outbox__http *h = hd->data;
+    h->handles--;
+    srv_maybe_free(h);
+}
 
-int outbox__http_start(outbox__http **out, uv_loop_t *loop, const char *listen, outbox__http_handler handler,
-                       void *data, const outbox__logger *log, char *err, size_t errlen)
+/* Descriptors the process goes on to open after the endpoint starts: the
+ * relay's other database connections (three files each), Redis
+ * connections, a cluster's nodes. */
+#define FD_HEADROOM 32
+
+/* The process' open descriptors now, or 0 when it cannot tell. */
+static unsigned open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    unsigned n = 0;
+    if (!d)
+        return 0;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n > 0 ? n - 1 : 0; /* the directory's own */
+}
+
+/* A quarter of the open files limit at most, and FD_HEADROOM less than
+ * what the process left free: the rest of the process needs its
+ * descriptors, and an accept that meets EMFILE makes libuv close every
+ * connection waiting to be accepted, probes too. */
+static void fit_fd_limit(outbox__http *h)
+{
+    struct rlimit rl;
+    rlim_t fit, used;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return;
+    used = open_fds();
+    fit = rl.rlim_cur / 4;
+    if (rl.rlim_cur < used + FD_HEADROOM + fit)
+        fit = rl.rlim_cur > used + FD_HEADROOM ? rl.rlim_cur - used - FD_HEADROOM : 1;
+    if (fit >= h->lim.max_conns)
+        return;
+    h->lim.max_conns = fit > 1 ? (unsigned)fit : 1;
+    outbox__log(h->log, OUTBOX_LOG_INFO,
+                "msg=\"metrics endpoint: fewer connections for a low open files limit\" max_connections=%u "
+                "nofile=%llu open=%llu",
+                h->lim.max_conns, (unsigned long long)rl.rlim_cur, (unsigned long long)used);
+}
+
+int outbox__http_start(outbox__http **out, uv_loop_t *loop, const char *listen, const outbox__web_config *web,
+                       const outbox__http_limits *lim, outbox__http_handler handler, void *data,
+                       const outbox__logger *log, char *err, size_t errlen)
 {
     struct sockaddr_storage ss;
     outbox__http *h;
@@ -421,37 +466,53 @@ int outbox__http_start(outbox__http **out, uv_loop_t *loop, const char *listen, 
     h->handler = handler;
     h->data = data;
     h->log = log;
+    h->web = web;
+    if (lim)
+        h->lim = *lim;
+    else
+        outbox__http_limits_default(&h->lim);
+    fit_fd_limit(h);
+    outbox__http_auth_init(h);
     uv_tcp_init(loop, &h->listener);
-    h->listener.data = h;
-    h->handles = 1;
+    uv_check_init(loop, &h->turn);
+    /* The check runs only after turns with accepts; it must not keep the
+     * loop alive by itself. */
+    uv_unref((uv_handle_t *)&h->turn);
+    h->listener.data = h->turn.data = h;
+    h->handles = 2;
     e = uv_tcp_bind(&h->listener, (const struct sockaddr *)&ss, 0);
     if (e == 0)
-        e = uv_listen((uv_stream_t *)&h->listener, 64, on_conn);
+        e = uv_listen((uv_stream_t *)&h->listener, LISTEN_BACKLOG, on_conn);
     if (e != 0) {
         snprintf(err, errlen, "cannot listen on %s: %s", listen, uv_strerror(e));
-        /* The handle's memory must outlive its close callback, which frees h. */
+        /* The handles' memory must outlive their close callbacks, the last
+         * of which frees h. */
         h->closing = 1;
-        uv_close((uv_handle_t *)&h->listener, listener_closed);
+        uv_close((uv_handle_t *)&h->listener, srv_handle_closed);
+        uv_close((uv_handle_t *)&h->turn, srv_handle_closed);
         return OUTBOX_EIO;
     }
+    if (web && web->nusers && !web->tls)
+        outbox__log(log, OUTBOX_LOG_WARN,
+                    "msg=\"metrics endpoint: basic authentication without TLS: passwords cross the network in "
+                    "the clear\" listen=%s",
+                    listen);
     *out = h;
     return 0;
 }
 
-static void listener_closed(uv_handle_t *hd)
-{
-    srv_handle_gone(hd->data);
-}
-
 void outbox__http_close(outbox__http *h, void (*cb)(void *data), void *data)
 {
-    struct outbox__http_req *c;
+    struct outbox__http_req *c, *next;
     if (!h || h->closing)
         return;
     h->closing = 1;
     h->close_cb = cb;
     h->close_data = data;
-    for (c = h->conns; c; c = c->next)
-        conn_close(c);
-    uv_close((uv_handle_t *)&h->listener, listener_closed);
+    for (c = h->oldest; c; c = next) {
+        next = c->newer;
+        outbox__http_conn_close(c);
+    }
+    uv_close((uv_handle_t *)&h->listener, srv_handle_closed);
+    uv_close((uv_handle_t *)&h->turn, srv_handle_closed);
 }

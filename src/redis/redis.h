@@ -51,7 +51,7 @@
 #include <uv.h>
 
 #include "outbox/common.h"
-#include "redis/tls.h"
+#include "tls/tls.h"
 
 /* Where to ask for the master of a Sentinel URL (see sentinel.h). */
 typedef struct outbox__redis_sentinels {

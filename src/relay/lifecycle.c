@@ -109,6 +109,7 @@ static void free_fields(outbox_relay *r)
         uv_mutex_destroy(&r->lock.mutex);
     }
     free(r->cfg.metrics_listen);
+    outbox__web_config_free(r->cfg.web);
     outbox__redis_url_free(&r->cfg.url);
     outbox__tls_config_unref(r->cfg.tls);
     free(r->cfg.db_path);
@@ -165,6 +166,12 @@ static int copy_settings(outbox_relay *r, const outbox_relay_settings *s, char *
     outbox__redis_url_describe(&r->cfg.url, r->cfg.url_desc, sizeof r->cfg.url_desc);
     if ((e = tls_config(r, s, err, errlen)) != 0)
         return e;
+    /* Read once, here: a file that cannot be used fails create, and the
+     * endpoint never reads it again. */
+    if (s->metrics_web_config && (e = outbox__web_config_load(&r->cfg.web, s->metrics_web_config, msgbuf,
+                                                               sizeof msgbuf)) != 0)
+        return outbox__errf(err, errlen, e, "metrics-web-config: %s", msgbuf[0] ? msgbuf : outbox_strerror(e));
+    r->cfg.s.metrics_web_config = NULL;
     if (!s->worker_id) {
         if (gethostname(host, sizeof host) != 0)
             strcpy(host, "localhost");

@@ -367,10 +367,13 @@ static void dbstat_refresh(outbox_relay *r)
 int outbox__ops_listen(outbox_relay *r, char *err, size_t errlen)
 {
     if (r->cfg.s.metrics_listen) {
-        int e = outbox__http_start(&r->ops.http, r->loop, r->cfg.s.metrics_listen, on_http, r, &r->cfg.log, err, errlen);
+        const outbox__web_config *w = r->cfg.web;
+        int e = outbox__http_start(&r->ops.http, r->loop, r->cfg.s.metrics_listen, w, NULL, on_http, r, &r->cfg.log,
+                                   err, errlen);
         if (e != 0)
             return e;
-        LOG(r, OUTBOX_LOG_INFO, "msg=\"serving /metrics and /healthz\" listen=%s", r->cfg.s.metrics_listen);
+        LOG(r, OUTBOX_LOG_INFO, "msg=\"serving /metrics and /healthz\" listen=%s tls=%s basic_auth_users=%zu",
+            r->cfg.s.metrics_listen, w && w->tls ? "on" : "off", w ? w->nusers : (size_t)0);
     }
     return 0;
 }

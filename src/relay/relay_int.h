@@ -153,6 +153,7 @@ struct relay_config {
     outbox__redis_url url;
     char url_desc[300];
     outbox__tls_config *tls; /* built at create for a rediss:// URL, else NULL */
+    outbox__web_config *web; /* the metrics endpoint's, read at create; NULL: plain HTTP */
 };
 
 /* The relay's database connection and its statements (db.c). The loop

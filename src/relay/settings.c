@@ -122,6 +122,9 @@ int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size
     if (s->idempotent && s->wait_replicas)
         return outbox__errf(err, errlen, OUTBOX_EINVAL,
                             "idempotent and wait-replicas cannot be combined in this version");
+    if (s->metrics_web_config && !s->metrics_listen)
+        return outbox__errf(err, errlen, OUTBOX_EINVAL,
+                            "metrics-web-config: given without metrics-listen (it configures that endpoint)");
     if (s->metrics_listen) {
         struct sockaddr_storage ss;
         char why[200];

@@ -118,6 +118,9 @@
       "how long publish markers are kept")                                                                           \
     X("metrics-listen", STR, metrics_listen, 0, NULL, 0, 0, "HOST:PORT", "off",                                       \
       "serve Prometheus /metrics and /healthz (e.g. 127.0.0.1:9464)")                                                \
+    X("metrics-web-config", STR, metrics_web_config, 0, NULL, 0, 0, "FILE", "none",                                   \
+      "with --metrics-listen: TLS and basic auth for the endpoint, a web configuration file as Prometheus "          \
+      "exporters take (tls_server_config, basic_auth_users with bcrypt hashes)")                                     \
     X("health-redis-down-ms", U64, health_redis_down_ms, 0, 30000, 1, 86400000, "MS", NULL,                           \
       "/healthz answers 503 once Redis has been unreachable this long")                                              \
     X("retention-ms", U64, retention_ms, OUTBOX__OPT_ZERO, 86400000, 1000, 3650ull * 86400000, "MS", NULL,            \

@@ -16,7 +16,7 @@
 #include "harness.h"
 #include "outbox.h"
 #include "tap.h"
-#include "redis/tls.h"
+#include "tls/tls.h"
 #include "tls_certs.h"
 
 #define STREAM "outbox:orders"

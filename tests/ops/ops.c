@@ -3,6 +3,7 @@
  */
 #include "ops.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -94,6 +95,27 @@ out:
     else
         free(buf);
     return status;
+}
+
+int ot_connect(int port, const char *from, int nonblock)
+{
+    struct sockaddr_in a, src;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
+    if (fd < 0)
+        bail("socket: %s", strerror(errno));
+    memset(&src, 0, sizeof src);
+    src.sin_family = AF_INET;
+    if (inet_pton(AF_INET, from, &src.sin_addr) != 1)
+        bail("not an IPv4 address: %s", from);
+    if (bind(fd, (struct sockaddr *)&src, sizeof src) != 0)
+        bail("bind %s: %s", from, strerror(errno));
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && !(nonblock && errno == EINPROGRESS))
+        bail("connect 127.0.0.1:%d from %s: %s", port, from, strerror(errno));
+    return fd;
 }
 
 int ot_http_get(int port, const char *path, char **body)

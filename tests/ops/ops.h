@@ -23,6 +23,11 @@
  * code of the reply, 0 when the server closed without a reply, -1 on a
  * connect error or timeout. *resp (may be NULL) gets the raw reply. */
 int ot_http_raw(int port, const char *req, size_t len, char **resp, int timeout_ms);
+/* A TCP socket connected to 127.0.0.1:port from the address from
+ * ("127.0.0.2": every 127.0.0.x is on lo, so each may play another client),
+ * blocking unless nonblock (then the connect may still be in progress).
+ * Bails on an error. */
+int ot_connect(int port, const char *from, int nonblock);
 /* GET (or HEAD when head) path; *body (may be NULL) gets the body. */
 int ot_http_get(int port, const char *path, char **body);
 /* The body of a raw reply (after the blank line), or NULL. */

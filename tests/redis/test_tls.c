@@ -18,7 +18,7 @@
 #include "redis/rconn.h"
 #include "redis/redis.h"
 #include "tap.h"
-#include "redis/tls.h"
+#include "tls/tls.h"
 #include "tls_certs.h"
 
 static int slow = 1;

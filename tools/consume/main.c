@@ -17,6 +17,7 @@
 
 #include "util/util.h"
 #include "json.h"
+#include "metrics.h"
 #include "outbox.h"
 
 static const char *prog = "outbox-consume";
@@ -25,12 +26,14 @@ typedef struct tool {
     uv_loop_t loop;
     uv_signal_t sigterm, sigint;
     outbox_consumer *c;
+    consume_metrics *metrics; /* --metrics-listen, else NULL */
     outbox__logger log; /* the consumer's sink, for the tool's own lines */
     const char *exec_cmd;
     uint64_t exec_timeout_ms;
     int print;
     int signals;
     int failed_fatal;
+    int exit_code; /* 2 when the metrics port cannot be bound */
 } tool;
 
 /* ------------------------------------------------------------------ */
@@ -374,6 +377,17 @@ static void usage(FILE *f)
             "  --max-deliveries N        then the entry goes to S:dead (default 5)\n"
             "  --retry-ms MS             retry a failed message after (default 1000)\n"
             "  --drain                   exit 0 once nothing is new and nothing is pending for this consumer\n"
+            "  --metrics-listen HOST:PORT\n"
+            "                            serve Prometheus /metrics and /healthz (e.g. 127.0.0.1:9465;\n"
+            "                            default off): applied, duplicates, failures, dead letters,\n"
+            "                            the group's pending entries and lag\n"
+            "  --metrics-web-config FILE\n"
+            "                            with --metrics-listen: TLS and basic auth for the endpoint, a\n"
+            "                            web configuration file as Prometheus exporters take\n"
+            "                            (tls_server_config, basic_auth_users; default none)\n"
+            "  --health-redis-down-ms MS\n"
+            "                            /healthz answers 503 once Redis has not answered this long\n"
+            "                            (default 30000)\n"
             "  --log-level LEVEL         debug, info, warn, error (default info)\n"
             "  --log-format FORMAT       logfmt, or json for one JSON object per line (default logfmt)\n"
             "  --sentinel-user USER      redis-sentinel:// only: the user for AUTH to the sentinels\n"
@@ -426,6 +440,8 @@ static void on_stopped(outbox_consumer *c, void *data)
     (void)c;
     uv_close((uv_handle_t *)&t->sigterm, NULL);
     uv_close((uv_handle_t *)&t->sigint, NULL);
+    consume_metrics_close(t->metrics, NULL, NULL);
+    t->metrics = NULL;
 }
 
 static void on_drained(outbox_consumer *c, void *data)
@@ -447,6 +463,8 @@ int main(int argc, char **argv)
 {
     outbox_consumer_settings s;
     const char *tls_opt = NULL; /* the first --tls-* option given, for messages */
+    const char *metrics_listen = NULL, *metrics_web = NULL;
+    uint64_t health_down_ms = 30000;
     tool t;
     char err[512];
     int e;
@@ -558,6 +576,17 @@ int main(int argc, char **argv)
             else
                 s.sentinel_password = val;
         }
+        else if (!strcmp(a, "--metrics-listen") || !strcmp(a, "--metrics-web-config")) {
+            NEED_VALUE;
+            if (!*val) {
+                fprintf(stderr, "%s: %s: empty value\n", prog, a);
+                return 2;
+            }
+            if (a[10] == 'l')
+                metrics_listen = val;
+            else
+                metrics_web = val;
+        }
         TLS_STR("--tls-ca-file", s.tls.ca_file)
         TLS_STR("--tls-ca-dir", s.tls.ca_dir)
         TLS_STR("--tls-cert-file", s.tls.cert_file)
@@ -573,6 +602,7 @@ int main(int argc, char **argv)
         U64("--claim-interval-ms", 1, 3600000, s.claim_interval_ms, uint64_t)
         U64("--max-deliveries", 1, 1000000, s.max_deliveries, unsigned)
         U64("--retry-ms", 1, 3600000, s.retry_ms, uint64_t)
+        U64("--health-redis-down-ms", 1, 86400000, health_down_ms, uint64_t)
         else {
             fprintf(stderr, "%s: unknown option '%s' (see --help)\n", prog, a);
             return 2;
@@ -604,12 +634,22 @@ int main(int argc, char **argv)
     s.on_drained = on_drained;
     if (uv_loop_init(&t.loop) != 0)
         return 1;
+    /* The web configuration is read before anything connects: a file that
+     * cannot be used is a usage error. */
+    if ((metrics_listen || metrics_web) &&
+        (e = consume_metrics_create(&t.metrics, &t.loop, metrics_listen, metrics_web, s.stream, s.group,
+                                    health_down_ms, &t.log, err, sizeof err)) != 0) {
+        fprintf(stderr, "%s: %s\n", prog, err[0] ? err : outbox_strerror(e));
+        uv_loop_close(&t.loop);
+        return e == OUTBOX_ENOMEM ? 1 : 2;
+    }
     e = outbox_consumer_create(&t.c, &t.loop, &s, err, sizeof err);
     if (e != 0) {
         char q[600];
         outbox__logfmt_quote(q, sizeof q, err[0] ? err : outbox_strerror(e));
         outbox__log(&t.log, OUTBOX_LOG_ERROR, "msg=\"cannot create the consumer\" error=%s err=%s", q,
                     outbox_err_name(e));
+        consume_metrics_close(t.metrics, NULL, NULL);
         uv_loop_close(&t.loop);
         return e == OUTBOX_ENOMEM ? 1 : 2;
     }
@@ -623,9 +663,17 @@ int main(int argc, char **argv)
         outbox__log(&t.log, OUTBOX_LOG_ERROR, "msg=\"cannot start\"");
         return 1;
     }
+    /* After the consumer's start: the group's figures need it running. */
+    if (t.metrics && (e = consume_metrics_start(t.metrics, t.c, err, sizeof err)) != 0) {
+        char q[600];
+        outbox__logfmt_quote(q, sizeof q, err[0] ? err : outbox_strerror(e));
+        outbox__log(&t.log, OUTBOX_LOG_ERROR, "msg=\"cannot serve metrics\" error=%s err=%s", q, outbox_err_name(e));
+        t.exit_code = 2;
+        outbox_consumer_stop(t.c, on_stopped, &t);
+    }
     uv_run(&t.loop, UV_RUN_DEFAULT);
     outbox_consumer_destroy(t.c);
     uv_run(&t.loop, UV_RUN_DEFAULT);
     uv_loop_close(&t.loop);
-    return 0;
+    return t.exit_code;
 }

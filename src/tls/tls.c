@@ -1,5 +1,5 @@
 /*
- * tls.c: OpenSSL client sessions over memory BIOs (see tls.h).
+ * tls.c: OpenSSL client and server sessions over memory BIOs (see tls.h).
  *
  * The read BIO holds ciphertext that libuv delivered and OpenSSL has not
  * consumed yet; it is set to report "retry" when empty, so SSL_read and
@@ -31,7 +31,7 @@
 #include <openssl/x509v3.h>
 
 #include "util/util.h"
-#include "redis/tls.h"
+#include "tls/tls.h"
 #include "util/array.h"
 
 /* The longest server name, with its NUL. */
@@ -42,6 +42,7 @@ struct outbox__tls_config {
     SSL_CTX *ctx;
     char *server_name; /* NULL: the URL's host */
     int insecure;
+    int server; /* made by outbox__tls_server_config_create */
 };
 
 struct outbox__tls {
@@ -156,7 +157,7 @@ static int load_trust(SSL_CTX *ctx, const outbox_tls_settings *s, char *err, siz
     return 0;
 }
 
-static int load_client_cert(SSL_CTX *ctx, const outbox_tls_settings *s, char *err, size_t errlen)
+static int load_cert_and_key(SSL_CTX *ctx, const outbox_tls_settings *s, char *err, size_t errlen)
 {
     char why[256];
     EVP_PKEY *key;
@@ -236,10 +237,100 @@ int outbox__tls_config_create(outbox__tls_config **out, const outbox_tls_setting
     SSL_CTX_set_verify(c->ctx, c->insecure ? SSL_VERIFY_NONE : SSL_VERIFY_PEER, NULL);
     /* Even an insecure configuration loads the files it was given: a bad
      * file is a mistake worth reporting either way. */
-    if ((rc = load_trust(c->ctx, s, err, errlen)) || (rc = load_client_cert(c->ctx, s, err, errlen))) {
+    if ((rc = load_trust(c->ctx, s, err, errlen)) || (rc = load_cert_and_key(c->ctx, s, err, errlen))) {
         outbox__tls_config_unref(c);
         return rc;
     }
+    *out = c;
+    return 0;
+}
+
+/* RequestClientCert and RequireAnyClientCert ask for a certificate and take
+ * whatever comes: a chain that does not verify is not a failure there. */
+static int accept_any_cert(int ok, X509_STORE_CTX *x)
+{
+    (void)ok;
+    (void)x;
+    return 1;
+}
+
+static int load_client_cas(SSL_CTX *ctx, const char *file, char *err, size_t errlen)
+{
+    STACK_OF(X509_NAME) *names;
+    char why[256];
+    int rc;
+    if ((rc = check_path("client CA file", file, 0, err, errlen)))
+        return rc;
+    /* The names go into the CertificateRequest, so that a client with
+     * several certificates picks one these CAs signed. */
+    if (SSL_CTX_load_verify_file(ctx, file) != 1 || !(names = SSL_load_client_CA_file(file)))
+        return outbox__errf(err, errlen, OUTBOX_EINVAL, "client CA file '%s' holds no usable PEM certificate (%s)",
+                            file, ossl_reason(why, sizeof why));
+    SSL_CTX_set_client_CA_list(ctx, names);
+    return 0;
+}
+
+int outbox__tls_server_config_create(outbox__tls_config **out, const outbox__tls_server_settings *s, char *err,
+                                     size_t errlen)
+{
+    static const unsigned char sid_ctx[] = "outbox-http";
+    outbox_tls_settings files;
+    outbox__tls_config *c;
+    int rc, mode = SSL_VERIFY_NONE;
+
+    if (err && errlen)
+        err[0] = '\0';
+    if (!out || !s || !s->cert_file || !s->key_file)
+        return OUTBOX_EINVAL;
+    *out = NULL;
+    if (!(c = calloc(1, sizeof *c)))
+        return OUTBOX_ENOMEM;
+    atomic_init(&c->refs, 1);
+    c->server = 1;
+    if (!(c->ctx = SSL_CTX_new(TLS_server_method()))) {
+        outbox__tls_config_unref(c);
+        ERR_clear_error();
+        return outbox__errf(err, errlen, OUTBOX_ENOMEM, "out of memory");
+    }
+    SSL_CTX_set_min_proto_version(c->ctx, s->min_version == 13 ? TLS1_3_VERSION : TLS1_2_VERSION);
+    SSL_CTX_set_max_proto_version(c->ctx, s->max_version == 12 ? TLS1_2_VERSION : TLS1_3_VERSION);
+    /* A client may not renegotiate: each renegotiation is a handshake's CPU
+     * on the loop thread at the client's will. */
+    SSL_CTX_set_options(c->ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    SSL_CTX_set_mode(c->ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    SSL_CTX_set_default_passwd_cb(c->ctx, no_passphrase);
+    /* Without a session id context OpenSSL refuses to resume a session in
+     * which a client certificate was verified. */
+    SSL_CTX_set_session_id_context(c->ctx, sid_ctx, sizeof sid_ctx - 1);
+    outbox_tls_defaults(&files);
+    files.cert_file = s->cert_file;
+    files.key_file = s->key_file;
+    if ((rc = load_cert_and_key(c->ctx, &files, err, errlen)) ||
+        (s->client_ca_file && (rc = load_client_cas(c->ctx, s->client_ca_file, err, errlen)))) {
+        outbox__tls_config_unref(c);
+        return rc;
+    }
+    switch (s->client_auth) {
+    case OUTBOX__TLS_NO_CLIENT_CERT:
+        break;
+    case OUTBOX__TLS_REQUEST_CLIENT_CERT:
+        mode = SSL_VERIFY_PEER;
+        break;
+    case OUTBOX__TLS_REQUIRE_ANY_CLIENT_CERT:
+        mode = SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
+        break;
+    case OUTBOX__TLS_VERIFY_CLIENT_CERT_IF_GIVEN:
+        mode = SSL_VERIFY_PEER;
+        break;
+    case OUTBOX__TLS_REQUIRE_AND_VERIFY_CLIENT_CERT:
+        mode = SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT;
+        break;
+    }
+    SSL_CTX_set_verify(c->ctx, mode,
+                       s->client_auth == OUTBOX__TLS_REQUEST_CLIENT_CERT ||
+                               s->client_auth == OUTBOX__TLS_REQUIRE_ANY_CLIENT_CERT
+                           ? accept_any_cert
+                           : NULL);
     *out = c;
     return 0;
 }
@@ -287,17 +378,13 @@ static int is_ip(const char *name)
     return inet_pton(AF_INET, name, a) == 1 || inet_pton(AF_INET6, name, a) == 1;
 }
 
-int outbox__tls_create(outbox__tls **out, outbox__tls_config *cfg, const char *host)
+/* A session of cfg with its memory BIOs; name is what messages call the
+ * peer. NULL when out of memory. */
+static outbox__tls *session_new(outbox__tls_config *cfg, const char *name)
 {
-    const char *name = cfg && cfg->server_name ? cfg->server_name : host;
-    outbox__tls *t;
-    int ok;
-
-    *out = NULL;
-    if (!cfg || !name || !*name || strlen(name) >= sizeof t->name)
-        return OUTBOX_EINVAL;
-    if (!(t = calloc(1, sizeof *t)))
-        return OUTBOX_ENOMEM;
+    outbox__tls *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
     t->cfg = outbox__tls_config_ref(cfg);
     snprintf(t->name, sizeof t->name, "%s", name);
     t->ssl = SSL_new(cfg->ctx);
@@ -309,11 +396,44 @@ int outbox__tls_create(outbox__tls **out, outbox__tls_config *cfg, const char *h
         t->rbio = t->wbio = NULL;
         outbox__tls_destroy(t);
         ERR_clear_error();
-        return OUTBOX_ENOMEM;
+        return NULL;
     }
     BIO_set_mem_eof_return(t->rbio, -1);
     SSL_set_bio(t->ssl, t->rbio, t->wbio);
     SSL_set_app_data(t->ssl, t);
+    return t;
+}
+
+int outbox__tls_accept(outbox__tls **out, outbox__tls_config *cfg)
+{
+    *out = NULL;
+    if (!cfg || !cfg->server)
+        return OUTBOX_EINVAL;
+    if (!(*out = session_new(cfg, "the client")))
+        return OUTBOX_ENOMEM;
+    SSL_set_accept_state((*out)->ssl);
+    return 0;
+}
+
+void outbox__tls_close_notify(outbox__tls *t)
+{
+    /* 0 means "sent, the peer's has not come": all a server that closes
+     * next needs. */
+    SSL_shutdown(t->ssl);
+    ERR_clear_error();
+}
+
+int outbox__tls_create(outbox__tls **out, outbox__tls_config *cfg, const char *host)
+{
+    const char *name = cfg && cfg->server_name ? cfg->server_name : host;
+    outbox__tls *t;
+    int ok;
+
+    *out = NULL;
+    if (!cfg || cfg->server || !name || !*name || strlen(name) >= sizeof t->name)
+        return OUTBOX_EINVAL;
+    if (!(t = session_new(cfg, name)))
+        return OUTBOX_ENOMEM;
     SSL_set_connect_state(t->ssl);
     if (is_ip(name)) {
         /* RFC 6066: SNI carries host names only. */
@@ -405,7 +525,12 @@ static int describe_failure(outbox__tls *t, int ssl_error)
                  "TLS: the server asked for a client certificate and none is configured (set a certificate "
                  "and key file)");
         ERR_clear_error();
-    } else if (!SSL_is_init_finished(t->ssl) && looks_like_resp(t)) {
+    } else if (t->cfg->server && !SSL_is_init_finished(t->ssl) && t->received > 0 && t->first[0] >= 'A' &&
+               t->first[0] <= 'Z') {
+        snprintf(t->errstr, sizeof t->errstr, "TLS handshake: the client spoke plaintext ('%s'): use https://",
+                 t->first);
+        ERR_clear_error();
+    } else if (!t->cfg->server && !SSL_is_init_finished(t->ssl) && looks_like_resp(t)) {
         snprintf(t->errstr, sizeof t->errstr,
                  "TLS handshake: the server answered in plaintext ('%s'): not a TLS port? (use redis:// for "
                  "one without TLS)",

@@ -1,6 +1,6 @@
 /*
- * tls.h: TLS over memory BIOs for the project's libuv Redis connection
- * (internal).
+ * tls.h: TLS over memory BIOs for the project's libuv Redis connection and
+ * the metrics endpoint's server side (internal).
  *
  * OpenSSL never touches the socket. The connection (redis.c) reads
  * ciphertext with libuv and hands it to outbox__tls_feed(); outbox__tls_read()
@@ -12,7 +12,8 @@
  * Two objects:
  * - outbox__tls_config: the SSL_CTX built from one outbox_tls_settings (trust
  *   store, client certificate and key, TLS 1.2 at least), reference counted
- *   so that every connection attempt of a reconnecting client shares it.
+ *   so that every connection attempt of a reconnecting client shares it;
+ *   or, for a server, the SSL_CTX of its certificate, key and client CAs.
  * - outbox__tls: one TLS session on one connection, with its two memory
  *   BIOs. Its buffers (OpenSSL's record buffers and the BIOs' memory) are
  *   allocated once and reused: a session in steady state allocates nothing
@@ -43,6 +44,33 @@ void outbox__tls_config_unref(outbox__tls_config *c);
 /* 1 when the configuration verifies nothing (settings.insecure). */
 int outbox__tls_config_insecure(const outbox__tls_config *c);
 
+/* How a server asks for client certificates (the values of Prometheus'
+ * exporter-toolkit client_auth_type, which follow Go's tls.ClientAuthType). */
+typedef enum outbox__tls_client_auth {
+    OUTBOX__TLS_NO_CLIENT_CERT,                /* none asked for */
+    OUTBOX__TLS_REQUEST_CLIENT_CERT,           /* asked for; neither required nor verified */
+    OUTBOX__TLS_REQUIRE_ANY_CLIENT_CERT,       /* required, not verified */
+    OUTBOX__TLS_VERIFY_CLIENT_CERT_IF_GIVEN,   /* verified against the client CAs when given */
+    OUTBOX__TLS_REQUIRE_AND_VERIFY_CLIENT_CERT /* required and verified */
+} outbox__tls_client_auth;
+
+/* A server's settings (the metrics endpoint's tls_server_config). */
+typedef struct outbox__tls_server_settings {
+    const char *cert_file, *key_file; /* required: PEM, the key not encrypted */
+    const char *client_ca_file;       /* PEM CAs that verify client certificates; NULL: none */
+    outbox__tls_client_auth client_auth;
+    int min_version, max_version; /* 12 (TLS 1.2) or 13 (TLS 1.3); 0: 12 and 13 */
+} outbox__tls_server_settings;
+
+/*
+ * Builds a server configuration: reads and checks the certificate, its key
+ * and the client CAs now. Returns 0, OUTBOX_EINVAL with err naming the file
+ * and the problem (as outbox__tls_config_create), or OUTBOX_ENOMEM. *out
+ * holds one reference; sessions are made with outbox__tls_accept.
+ */
+int outbox__tls_server_config_create(outbox__tls_config **out, const outbox__tls_server_settings *s, char *err,
+                                     size_t errlen);
+
 /* 1 when s gives any TLS setting (a file, a name or insecure). */
 int outbox__tls_settings_given(const outbox_tls_settings *s);
 
@@ -67,8 +95,16 @@ enum {
  * OUTBOX_ENOMEM or OUTBOX_EINVAL (an unusable name).
  */
 int outbox__tls_create(outbox__tls **out, outbox__tls_config *cfg, const char *host);
+/* Creates a server session of a configuration made by
+ * outbox__tls_server_config_create, waiting for the client's hello.
+ * Returns 0, OUTBOX_ENOMEM or OUTBOX_EINVAL (not a server configuration). */
+int outbox__tls_accept(outbox__tls **out, outbox__tls_config *cfg);
 /* NULL is a no-op. */
 void outbox__tls_destroy(outbox__tls *t);
+/* Queues a close_notify alert for outbox__tls_take: a server that closes
+ * after its answer says so, so that the client can tell the end of the
+ * answer from a connection cut short. */
+void outbox__tls_close_notify(outbox__tls *t);
 
 /* Appends ciphertext read from the socket. 0 or OUTBOX_ENOMEM. */
 int outbox__tls_feed(outbox__tls *t, const char *data, size_t len);
