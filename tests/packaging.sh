@@ -31,6 +31,18 @@ shipped_bins() {
 check "debian/outbox-relay.install ships the programs meson installs ($(installed_bins | tr '\n' ' '))" \
     diff <(installed_bins) <(shipped_bins)
 
+# The symbols file lists exactly what the shared library exports, so that a
+# new public function cannot ship without its entry (dpkg-gensymbols would
+# only warn when the packages are built).
+exported_syms() {
+    nm -D --defined-only "$build/src/liboutbox.so" | awk '$2 == "T" { print $3 }' | sort
+}
+listed_syms() {
+    sed -n 's/^ \([A-Za-z0-9_]*\)@Base .*/\1/p' "$src/debian/liboutbox0.symbols" | sort
+}
+check "debian/liboutbox0.symbols lists exactly the library's exported functions" \
+    diff <(exported_syms) <(listed_syms)
+
 # Exit 2 naming --db: the file parsed, only the database is missing.
 parses_as_shipped() {
     local out rc
