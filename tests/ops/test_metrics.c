@@ -2,6 +2,10 @@
  * /metrics while the daemon drains a backlog: valid Prometheus text,
  * counters that never decrease and end at the published count, database
  * figures that match the table, histograms that agree with the counters.
+ * The first scrapes are taken mid-drain whatever the relay's speed: the
+ * drain is held (Redis's writes paused, the test holding the write lock)
+ * and let on in steps of at most --inflight rows (see held_step); then it
+ * drains freely, scraped as it goes.
  * /healthz: 200, then 503 naming Redis once it has been down for
  * --health-redis-down-ms, then 200 again when it is back.
  */

@@ -1,13 +1,17 @@
 /*
  * test_sigterm.c: SIGTERM in the middle of a drain, then a second run.
  *
- * 1. Replies held (CLIENT PAUSE ... WRITE, shorter than the shutdown
- *    timeout) when SIGTERM arrives: the relay waits for the in-flight
- *    replies, marks them, hands every other claimed row back, and exits 0
- *    within the shutdown timeout with no row left in state 1; each row it
- *    marked published is in the stream exactly once, nothing else is.
- * 2. Replies held longer than --shutdown-timeout-ms: it gives up waiting at
- *    the timeout, hands those rows back too, and exits 0 soon after.
+ * Each run starts with Redis's writes paused (CLIENT PAUSE ... WRITE), so
+ * that SIGTERM, sent once the relay's XADDs wait in Redis, finds it
+ * mid-drain however fast it is.
+ * 1. Replies held for 700 ms after SIGTERM (shorter than the shutdown
+ *    timeout): the relay waits for the in-flight replies, marks them, hands
+ *    every other claimed row back, and exits 0 within the shutdown timeout
+ *    with no row left in state 1; each row it marked published is in the
+ *    stream exactly once, nothing else is.
+ * 2. Replies held until it exited (longer than --shutdown-timeout-ms): it
+ *    gives up waiting at the timeout, hands those rows back too, and exits
+ *    0 soon after.
  * 3. A second run with --drain publishes the rest: every id in the stream
  *    at least once.
  */

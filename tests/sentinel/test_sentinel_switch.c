@@ -3,7 +3,11 @@
  * URL while `SENTINEL FAILOVER` switches the master (sentinel_env.h). The
  * old master stays up and keeps accepting writes until the sentinels
  * reconfigure it as a replica (about 10 s later here): the relay must leave
- * it on the +switch-master event, not on an error.
+ * it on the +switch-master event, not on an error. The FAILOVER is asked
+ * while the test holds the write lock with the second half of the backlog
+ * just written (mid-drain however fast the relay), of a sentinel that sees
+ * the replica fit for promotion (se_failover_to), and again if that
+ * sentinel aborts it.
  *   1. --wait-replicas 1: a backlog drains through the switch; nothing is
  *      lost on the new master; the relay logged the switch.
  *   2. --idempotent, switching back: the publish script is not on the
