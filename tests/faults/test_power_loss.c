@@ -427,7 +427,7 @@ static void scenario(th_redis *srv, redisContext *rc, const char *dir, int full,
     close(fds[0]);
     if (got > 0)
         buf[got] = 0;
-    status = th_wait(pid, 20000);
+    status = th_wait(pid, 20000 * th_slow());
     if (status == -2) {
         kill(pid, SIGKILL);
         th_wait(pid, 5000);

@@ -123,7 +123,7 @@ int ot_http_get(int port, const char *path, char **body)
     char req[512], *resp = NULL;
     int st;
     snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: ops-test\r\n\r\n", path);
-    st = ot_http_raw(port, req, strlen(req), &resp, 5000);
+    st = ot_http_raw(port, req, strlen(req), &resp, 5000 * th_slow());
     if (body) {
         const char *b = resp ? ot_http_body(resp) : NULL;
         *body = strdup(b ? b : "");
@@ -311,4 +311,35 @@ double ot_prom_sum(const char *text, const char *name, int *n)
     if (n)
         *n = count;
     return sum;
+}
+
+/* ---- holding a drain ---------------------------------------------------- */
+
+void ot_redis_pause(redisContext *c, int ms)
+{
+    redisReply *r = ms ? th_cmd(c, "CLIENT PAUSE %d WRITE", ms) : th_cmd(c, "CLIENT UNPAUSE");
+    if (r->type != REDIS_REPLY_STATUS)
+        bail("CLIENT %s: %s", ms ? "PAUSE" : "UNPAUSE", r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+    freeReplyObject(r);
+}
+
+int ot_wait_gauges(int port, int want_sent, int64_t deadline)
+{
+    for (;;) {
+        char *body = NULL;
+        double awaiting = -1, inflight = -1;
+        if (ot_http_get(port, "/metrics", &body) == 200) {
+            awaiting = ot_prom_val(body, "outbox_awaiting_replies");
+            inflight = ot_prom_val(body, "outbox_inflight");
+        }
+        free(body);
+        if (want_sent ? awaiting > 0 : awaiting == 0 && inflight > 0)
+            return 1;
+        if (th_now_ms() > deadline) {
+            diag("outbox_awaiting_replies %g, outbox_inflight %g: %s", awaiting, inflight,
+                 want_sent ? "no XADD waits in Redis" : "no claimed row has its reply");
+            return 0;
+        }
+        th_sleep_ms(1);
+    }
 }

@@ -49,5 +49,18 @@ double ot_prom_val(const char *text, const char *series);
  * A NULL text has no samples. */
 double ot_prom_sum(const char *text, const char *name, int *n);
 
+/* Holding a draining relay, whatever its speed (ops tests that must look
+ * at it mid-drain). ot_redis_pause holds Redis's writes (CLIENT PAUSE ms
+ * WRITE: the relay's XADDs wait in Redis while it keeps its claims; a
+ * pause ends by itself after ms, keep it below the relay's reply timeout),
+ * ms 0 lets them go (CLIENT UNPAUSE); bails on an error reply.
+ * ot_wait_gauges polls the relay's /metrics (plain socket, 1 ms naps)
+ * until outbox_awaiting_replies is above 0 (want_sent: XADDs wait in
+ * Redis) or at 0 with outbox_inflight above 0 (replies in, marks still to
+ * write: with the test holding the write lock, the relay can neither mark
+ * nor claim, so its progress is bounded by its --inflight); 1, or 0 with a
+ * diagnostic once deadline (th_now_ms) passed. */
+void ot_redis_pause(redisContext *c, int ms);
+int ot_wait_gauges(int port, int want_sent, int64_t deadline);
 
 #endif

@@ -86,7 +86,7 @@ static char *read_reply(int fd, int64_t deadline)
 static void check_status(const char *what, const char *req, size_t len, int want, char **resp_out)
 {
     char *resp = NULL;
-    int st = ot_http_raw(port, req, len, &resp, 5000);
+    int st = ot_http_raw(port, req, len, &resp, 5000 * th_slow());
     is_int(st, want, "%s answers %d", what, want);
     if (st != want && resp)
         diag("reply: %.*s", (int)strcspn(resp, "\r\n"), resp);
@@ -150,7 +150,7 @@ static void malformed(void)
     /* Pipelined second request after a complete one: answered once. */
     {
         const char req[] = "GET /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n";
-        int st = ot_http_raw(port, req, sizeof req - 1, &resp, 5000);
+        int st = ot_http_raw(port, req, sizeof req - 1, &resp, 5000 * th_slow());
         is_int(st, 200, "two pipelined requests: the first is answered");
         ok(resp && rt_count_substr(resp, "HTTP/1.1") == 1, "and only one response is sent (Connection: close)");
         free(resp);
@@ -172,7 +172,7 @@ static void half_close(void)
         fd = connect_port(0);
         if (send(fd, req, strlen(req), MSG_NOSIGNAL) != (ssize_t)strlen(req) || shutdown(fd, SHUT_WR) != 0)
             bail("send: %s", strerror(errno));
-        reply = read_reply(fd, th_now_ms() + 5000);
+        reply = read_reply(fd, th_now_ms() + 5000 * th_slow());
         ok(reply && strncmp(reply, "HTTP/1.1 200 ", 13) == 0, "GET %s then a half-close: answered 200 (%.*s)",
            paths[i], reply ? (int)strcspn(reply, "\r\n") : 7, reply ? reply : "timeout");
         free(reply);
@@ -356,7 +356,7 @@ int main(void)
     port = th_free_port();
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     pid = rt_relay_spawn(logpath, dbpath, redis.url, "--metrics-listen", listen, NULL);
-    deadline = th_now_ms() + 5000;
+    deadline = th_now_ms() + 5000 * th_slow();
     while (th_now_ms() < deadline && (st = ot_http_get(port, "/healthz", NULL)) != 200)
         th_sleep_ms(10);
     is_int(st, 200, "the relay serves /healthz");
@@ -372,7 +372,7 @@ int main(void)
     while ((int)written < 2000)
         write_some();
 
-    deadline = th_now_ms() + 10000;
+    deadline = th_now_ms() + 10000 * th_slow();
     while (th_now_ms() < deadline && th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2") < written)
         th_sleep_ms(10);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2"), 2000,

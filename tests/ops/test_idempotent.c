@@ -100,7 +100,7 @@ static void kill_loop(void)
         long long xlen;
         pid_t pid = rt_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--batch", "8", "--inflight", "16",
                                    NULL);
-        deadline = th_now_ms() + 3000;
+        deadline = th_now_ms() + 3000 * th_slow();
         while (th_now_ms() < deadline && th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2") < target)
             th_sleep_ms(1);
         th_sleep_ms(rand() % 5);
@@ -123,7 +123,7 @@ static void kill_loop(void)
        kills, window_rows);
     {
         char *err = NULL;
-        int st = rt_relay_run(20000, &err, dbpath, redis.url, IDEM_FLAGS, "--drain", NULL);
+        int st = rt_relay_run(20000 * th_slow(), &err, dbpath, redis.url, IDEM_FLAGS, "--drain", NULL);
         is_int(st, 0, "the final --drain run exits 0");
         if (st != 0)
             th_diag_tail("drain", err, 10);
@@ -177,7 +177,8 @@ static void lost_marks(void)
         bail("truncate %s", logpath);
     pid = rt_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--metrics-listen", listen, NULL);
     start = th_now_ms();
-    while (th_now_ms() - start < 10000 && th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2") < N_BACKLOG)
+    while (th_now_ms() - start < 10000 * th_slow() &&
+           th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2") < N_BACKLOG)
         th_sleep_ms(10);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2"), N_BACKLOG, "the reset rows are published again");
     is_int(th_xlen(rc, "outbox:orders"), N_BACKLOG, "XLEN is unchanged: nothing appended twice");
@@ -232,7 +233,7 @@ static void wrongtype(void)
     pid = rt_relay_spawn(logpath, dbpath, redis.url, IDEM_FLAGS, "--max-attempts", "2", "--backoff-min-ms", "20",
                          "--backoff-max-ms", "40", "--batch", "16", NULL);
     start = th_now_ms();
-    while (th_now_ms() - start < 10000 &&
+    while (th_now_ms() - start < 10000 * th_slow() &&
            (th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'bad' AND state = 3") < 10 ||
             th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'good' AND state = 2") < 200))
         th_sleep_ms(5);

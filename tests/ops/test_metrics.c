@@ -2,6 +2,10 @@
  * /metrics while the daemon drains a backlog: valid Prometheus text,
  * counters that never decrease and end at the published count, database
  * figures that match the table, histograms that agree with the counters.
+ * The first scrapes are taken mid-drain whatever the relay's speed: the
+ * drain is held (Redis's writes paused, the test holding the write lock)
+ * and let on in steps of at most --inflight rows (see held_step); then it
+ * drains freely, scraped as it goes.
  * /healthz: 200, then 503 naming Redis once it has been down for
  * --health-redis-down-ms, then 200 again when it is back.
  */
@@ -74,8 +78,8 @@ static const char *check_histogram(const char *text, const char *name)
 static int scrape(const char *path, char **body)
 {
     static int have_curl = -1;
-    char url[128], *out = NULL, *nl;
-    char *argv[] = {"/usr/bin/curl", "-sS", "--max-time", "5", "-o", "-", "-w", "\n%{http_code}", url, NULL};
+    char url[128], max_time[16], *out = NULL, *nl;
+    char *argv[] = {"/usr/bin/curl", "-sS", "--max-time", max_time, "-o", "-", "-w", "\n%{http_code}", url, NULL};
     int st, code;
     if (have_curl < 0) {
         have_curl = access(argv[0], X_OK) == 0;
@@ -85,7 +89,8 @@ static int scrape(const char *path, char **body)
     if (!have_curl)
         return ot_http_get(port, path, body);
     snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
-    st = th_run(argv, NULL, &out, NULL, 10000);
+    snprintf(max_time, sizeof max_time, "%d", 5 * th_slow());
+    st = th_run(argv, NULL, &out, NULL, 10000 * th_slow());
     nl = out ? strrchr(out, '\n') : NULL;
     code = st == 0 && nl ? atoi(nl + 1) : -1;
     if (nl)
@@ -102,67 +107,197 @@ static int published_rows(void)
     return (int)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2");
 }
 
+/* What the scrapes during the drain found. */
+typedef struct drain_stats {
+    int scrapes, mid_scrapes, bad_format, decreased, bad_hist, latency_behind;
+    double last_sum;
+} drain_stats;
+
+/* One scrape during the drain, checked: valid text, a published sum that
+ * never decreases, histograms cumulative, latency never behind. Returns the
+ * sum of outbox_published_total, or -1 when the scrape failed. */
+static double drain_scrape(drain_stats *s)
+{
+    char *body = NULL;
+    const char *why = NULL;
+    double sum = -1, lat = 0;
+    size_t i;
+    int bad;
+    if (scrape("/metrics", &body) != 200) {
+        free(body);
+        return -1;
+    }
+    s->scrapes++;
+    if ((bad = ot_prom_check(body, &why)) != 0 && s->bad_format++ == 0)
+        diag("scrape %d: line %d: %s", s->scrapes, bad, why);
+    sum = ot_prom_sum(body, "outbox_published_total", NULL);
+    if (sum < s->last_sum && s->decreased++ == 0)
+        diag("published sum went from %g to %g", s->last_sum, sum);
+    if (sum < N_ROWS && sum > 0)
+        s->mid_scrapes++;
+    s->last_sum = sum;
+    /* Latency is observed when Redis accepts, the counter when the mark
+     * commits: the histogram may run ahead, never behind. */
+    ot_prom_get(body, "outbox_publish_latency_seconds_count", &lat);
+    if (lat < sum && s->latency_behind++ == 0)
+        diag("latency count %g below published %g", lat, sum);
+    for (i = 0; i < sizeof histograms / sizeof histograms[0]; i++) {
+        const char *w = check_histogram(body, histograms[i]);
+        if (w && s->bad_hist++ == 0)
+            diag("scrape %d: %s", s->scrapes, w);
+    }
+    free(body);
+    return sum;
+}
+
+/* A live figure of the relay's /metrics over a plain socket (-1 when the
+ * scrape failed or lacks it). */
+static double live_metric(const char *series)
+{
+    char *body = NULL;
+    double v = -1;
+    if (ot_http_get(port, "/metrics", &body) == 200)
+        v = ot_prom_val(body, series);
+    free(body);
+    return v;
+}
+
+/* A pause of Redis's writes (ot_redis_pause) ends by itself after PAUSE_MS,
+ * before the relay's --reply-timeout-ms (below) would drop the connection;
+ * the steps release it long before that (they check). */
+#define PAUSE_MS 20000
+#define REPLY_TIMEOUT_MS "25000"
+/* Steps of the drain with a scrape in each, whatever the relay's speed. */
+#define HELD_STEPS 5
+
+/*
+ * The drain held. Between steps the test holds the database's write lock,
+ * so the relay can neither mark nor claim, and Redis has answered the
+ * XADDs of every row it claimed (at most its --inflight, 256 of the 60,000
+ * rows). A step pauses Redis's writes and releases the lock: the relay
+ * marks those rows, claims the next ones, and their XADDs wait in Redis.
+ * Then the lock again, and Redis let go: the scrapes run while the
+ * published count is frozen, provably short of the backlog; then the
+ * replies come in. held_start brings the relay to the held state: the
+ * backlog is committed while Redis is paused. Each returns 0, or -1 with a
+ * diagnostic when a state was not reached in time (or a pause may have
+ * ended by itself).
+ */
+static int lock_and_release(redisContext *c, int64_t paused_at, int64_t deadline)
+{
+    if (!ot_wait_gauges(port, 1, deadline))
+        return -1;
+    th_sql_exec(db, "BEGIN IMMEDIATE");
+    ot_redis_pause(c, 0);
+    if (th_now_ms() - paused_at >= PAUSE_MS) {
+        diag("Redis was paused for %lld ms: the pause may have ended by itself", (long long)(th_now_ms() - paused_at));
+        return -1;
+    }
+    return 0;
+}
+
+static int held_start(redisContext *c)
+{
+    int64_t deadline = th_now_ms() + 20000 * th_slow(), paused_at;
+    double connected = -1;
+    while (th_now_ms() < deadline && (connected = live_metric("outbox_redis_connected")) != 1)
+        th_sleep_ms(5);
+    if (connected != 1) {
+        diag("the relay did not connect to Redis");
+        return -1;
+    }
+    th_sql_exec(db, "BEGIN IMMEDIATE");
+    rt_insert_rows_in_txn(db, "a", 0, N_ROWS / 2, "alpha", 0);
+    rt_insert_rows_in_txn(db, "b", 0, N_ROWS / 2, "beta", 0);
+    ot_redis_pause(c, PAUSE_MS);
+    paused_at = th_now_ms();
+    th_sql_exec(db, "COMMIT");
+    if (lock_and_release(c, paused_at, deadline) != 0)
+        return -1;
+    return ot_wait_gauges(port, 0, deadline) ? 0 : -1;
+}
+
+static int held_step(redisContext *c, drain_stats *s, int step)
+{
+    int64_t paused_at, deadline = th_now_ms() + 10000 * th_slow();
+    int before = published_rows(), published;
+    double sum;
+
+    ot_redis_pause(c, PAUSE_MS);
+    paused_at = th_now_ms();
+    th_sql_exec(db, "COMMIT");
+    while (published_rows() <= before && th_now_ms() < deadline)
+        th_sleep_ms(1);
+    if (lock_and_release(c, paused_at, deadline) != 0)
+        return -1;
+    published = published_rows();
+    /* The counters are bumped on the relay's loop right after the marks
+     * commit: scrape until they show this step's marks. */
+    do
+        sum = drain_scrape(s);
+    while (sum < published && th_now_ms() < deadline);
+    diag("step %d: %d rows published before, %d after, the scrape says %g", step, before, published, sum);
+    if (published <= before || published >= N_ROWS || sum < published || sum >= N_ROWS) {
+        diag("step %d: no marks, or not held", step);
+        return -1;
+    }
+    return ot_wait_gauges(port, 0, deadline) ? 0 : -1;
+}
+
 static pid_t metrics_while_draining(void)
 {
     char listen[64], *text = NULL;
     pid_t pid;
-    int scrapes = 0, mid_scrapes = 0, bad_format = 0, decreased = 0, bad_hist = 0, latency_behind = 0, st;
-    double last_sum = 0, v;
+    int st, held = 0, step;
+    drain_stats s = {0};
+    double v;
     int64_t start;
     const char *why = NULL;
     size_t i;
+    redisContext *c = th_redis_client(&redis);
 
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-    rt_insert_rows(db, "a", 0, N_ROWS / 2, "alpha", 0);
-    rt_insert_rows(db, "b", 0, N_ROWS / 2, "beta", 0);
     pid = rt_relay_spawn(logpath, dbpath, redis.url, "--metrics-listen", listen, "--batch", "64", "--inflight",
-                         "256", "--health-redis-down-ms", "500", NULL);
+                         "256", "--health-redis-down-ms", "500", "--reply-timeout-ms", REPLY_TIMEOUT_MS, NULL);
     start = th_now_ms();
+    if (held_start(c) == 0)
+        for (step = 1; step <= HELD_STEPS && held_step(c, &s, step) == 0; step++)
+            held++;
+    if (sqlite3_get_autocommit(db) == 0)
+        th_sql_exec(db, "COMMIT");
+    ot_redis_pause(c, 0);
+    redisFree(c);
+    diag("held steps done after %lld ms", (long long)(th_now_ms() - start));
+    /* Then the rest drains freely, scraped as it goes. */
     for (;;) {
         int done = published_rows() == N_ROWS;
-        char *body = NULL;
-        double sum, lat = 0;
-        int n;
-        st = scrape("/metrics", &body);
-        if (st == 200) {
-            int bad;
-            scrapes++;
-            if ((bad = ot_prom_check(body, &why)) != 0 && bad_format++ == 0)
-                diag("scrape %d: line %d: %s", scrapes, bad, why);
-            sum = ot_prom_sum(body, "outbox_published_total", &n);
-            if (sum < last_sum && decreased++ == 0)
-                diag("published sum went from %g to %g", last_sum, sum);
-            if (sum < N_ROWS && sum > 0)
-                mid_scrapes++;
-            last_sum = sum;
-            /* Latency is observed when Redis accepts, the counter when the
-             * mark commits: the histogram may run ahead, never behind. */
-            ot_prom_get(body, "outbox_publish_latency_seconds_count", &lat);
-            if (lat < sum && latency_behind++ == 0)
-                diag("latency count %g below published %g", lat, sum);
-            for (i = 0; i < sizeof histograms / sizeof histograms[0]; i++) {
-                const char *w = check_histogram(body, histograms[i]);
-                if (w && bad_hist++ == 0)
-                    diag("scrape %d: %s", scrapes, w);
-            }
-        }
-        free(body);
+        drain_scrape(&s);
         if (done || th_now_ms() - start > 30000 * th_slow())
             break;
         th_sleep_ms(5);
     }
-    diag("%d scrapes, %d while the backlog drained (%lld ms)", scrapes, mid_scrapes,
-         (long long)(th_now_ms() - start));
+    diag("%d scrapes, %d while the backlog drained, %d of %d held steps (%lld ms)", s.scrapes, s.mid_scrapes, held,
+         HELD_STEPS, (long long)(th_now_ms() - start));
     is_int(published_rows(), N_ROWS, "the relay published all %d rows", N_ROWS);
-    ok(mid_scrapes >= 3, "several scrapes while publishing (%d)", mid_scrapes);
-    is_int(bad_format, 0, "every scrape is valid Prometheus text");
-    is_int(decreased, 0, "the sum of outbox_published_total never decreases");
-    is_int(bad_hist, 0, "every histogram is cumulative with +Inf == _count");
-    is_int(latency_behind, 0, "the latency histogram never lags the published counter");
+    ok(held == HELD_STEPS && s.mid_scrapes >= 3, "several scrapes while publishing (%d, in %d of %d held steps)",
+       s.mid_scrapes, held, HELD_STEPS);
+    is_int(s.bad_format, 0, "every scrape is valid Prometheus text");
+    is_int(s.decreased, 0, "the sum of outbox_published_total never decreases");
+    is_int(s.bad_hist, 0, "every histogram is cumulative with +Inf == _count");
+    is_int(s.latency_behind, 0, "the latency histogram never lags the published counter");
 
-    /* The database figures are at most a second old: wait that out. */
-    th_sleep_ms(1100);
-    st = scrape("/metrics", &text);
+    /* The database figures are at most a second old (refreshed in the
+     * background): scrape until they show the drained table. */
+    start = th_now_ms();
+    do {
+        free(text);
+        text = NULL;
+        if ((st = scrape("/metrics", &text)) == 200 &&
+            ot_prom_val(text, "outbox_messages{state=\"published\"}") == N_ROWS &&
+            ot_prom_val(text, "outbox_messages{state=\"pending\"}") == 0)
+            break;
+        th_sleep_ms(20);
+    } while (th_now_ms() - start < 1100 * th_slow() + 1000);
     is_int(st, 200, "GET /metrics answers 200");
     ok(ot_prom_check(text, &why) == 0, "the final scrape is valid Prometheus text");
     is_int((long long)ot_prom_sum(text, "outbox_published_total", NULL), N_ROWS,
@@ -199,7 +334,7 @@ static pid_t metrics_while_draining(void)
     {
         const char req[] = "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
         char *resp = NULL, *cl;
-        st = ot_http_raw(port, req, sizeof req - 1, &resp, 5000);
+        st = ot_http_raw(port, req, sizeof req - 1, &resp, 5000 * th_slow());
         is_int(st, 200, "HEAD /metrics answers 200");
         cl = resp ? ot_http_header(resp, "Content-Length") : NULL;
         ok(cl && atol(cl) > 1000, "HEAD announces the body's Content-Length (%s)", cl ? cl : "none");
@@ -227,7 +362,8 @@ static void topic_labels(void)
     th_sql_exec(db, "INSERT INTO outbox(id, topic, payload) VALUES ('odd-1', 'x\"y\\z' || char(10) || 'w', x'00')");
     th_sql_exec(db, "PRAGMA ignore_check_constraints = OFF");
     start = th_now_ms();
-    while (th_now_ms() - start < 5000 && th_sql_int(db, "SELECT state FROM outbox_messages WHERE id = 'odd-1'") != 3)
+    while (th_now_ms() - start < 5000 * th_slow() &&
+           th_sql_int(db, "SELECT state FROM outbox_messages WHERE id = 'odd-1'") != 3)
         th_sleep_ms(5);
     is_int(th_sql_int(db, "SELECT state FROM outbox_messages WHERE id = 'odd-1'"), 3, "a row with an invalid topic is dead");
 
@@ -246,11 +382,11 @@ static void topic_labels(void)
     sqlite3_finalize(st);
     th_sql_exec(db, "COMMIT");
     start = th_now_ms();
-    while (th_now_ms() - start < 10000 && published_rows() < N_ROWS + 1100)
+    while (th_now_ms() - start < 10000 * th_slow() && published_rows() < N_ROWS + 1100)
         th_sleep_ms(10);
     is_int(published_rows(), N_ROWS + 1100, "1,100 messages on 1,100 topics are published");
     /* The counters are bumped right after the marks commit. */
-    for (i = 0; i < 100; i++) {
+    for (i = 0; i < 100 * th_slow(); i++) {
         free(text);
         text = NULL;
         if (scrape("/metrics", &text) == 200 && ot_prom_sum(text, "outbox_published_total", NULL) >= N_ROWS + 1100)
@@ -287,7 +423,7 @@ static void health_flips(pid_t pid)
 
     t0 = th_now_ms();
     th_redis_stop(&redis);
-    while (th_now_ms() - t0 < 5000) {
+    while (th_now_ms() - t0 < 5000 * th_slow()) {
         body = NULL;
         st = healthz(&body);
         if (st == 503)
@@ -309,7 +445,7 @@ static void health_flips(pid_t pid)
     if (th_redis_restart(&redis) != 0)
         bail("cannot restart redis-server");
     t0 = th_now_ms();
-    while (th_now_ms() - t0 < 10000) {
+    while (th_now_ms() - t0 < 10000 * th_slow()) {
         body = NULL;
         st = healthz(&body);
         free(body);
@@ -321,7 +457,7 @@ static void health_flips(pid_t pid)
         t200 = th_now_ms() - t0;
     is_int(st, 200, "/healthz is 200 again once Redis is back (%lld ms)", (long long)t200);
     t0 = th_now_ms();
-    while (th_now_ms() - t0 < 10000 &&
+    while (th_now_ms() - t0 < 10000 * th_slow() &&
            th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'gamma' AND state = 2") < 100)
         th_sleep_ms(10);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'gamma' AND state = 2"), 100,
@@ -350,12 +486,12 @@ static void long_url(void)
     snprintf(url, sizeof url, "redis://%s:pw@127.0.0.1:1/3", user);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     pid = rt_relay_spawn(log, dbpath, url, "--metrics-listen", listen, "--health-redis-down-ms", "1", NULL);
-    deadline = th_now_ms() + 5000;
+    deadline = th_now_ms() + 5000 * th_slow(); /* the relay starts listening (slowly under valgrind) */
     while (th_now_ms() < deadline) {
         const char req[] = "GET /healthz HTTP/1.1\r\n\r\n";
         free(resp);
         resp = NULL;
-        if ((st = ot_http_raw(port, req, sizeof req - 1, &resp, 5000)) == 503)
+        if ((st = ot_http_raw(port, req, sizeof req - 1, &resp, 5000 * th_slow())) == 503)
             break;
         th_sleep_ms(20);
     }

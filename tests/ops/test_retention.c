@@ -82,10 +82,10 @@ static void only_eligible(void)
                          "--log-level", "debug", "--metrics-listen", listen, NULL);
     th_sleep_ms(500);
     is_int(count_prefix("old"), 20, "nothing is deleted before the first pass, a second after start");
-    gone_at = gone_after("old", start, 8000, 5);
+    gone_at = gone_after("old", start, 8000 * th_slow(), 5);
     is_int(count_prefix("old"), 0, "the published rows older than 60 s are deleted (%lld ms after start)",
            (long long)gone_at);
-    ok(gone_at >= 900 && gone_at < 3000, "by the first pass and its immediate follow-ups (%lld ms)",
+    ok(gone_at >= 900 && gone_at < 3000 * th_slow(), "by the first pass and its immediate follow-ups (%lld ms)",
        (long long)gone_at);
     th_sleep_ms(300);
     is_int(count_prefix("recent"), 5, "published rows 30 s old are kept");
@@ -120,9 +120,9 @@ static void large_set(void)
     start = th_now_ms();
     pid = rt_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "60000", "--retention-batch", "100",
                          "--log-level", "debug", NULL);
-    gone_at = gone_after("bulk", start, 10000, 10);
+    gone_at = gone_after("bulk", start, 10000 * th_slow(), 10);
     is_int(count_prefix("bulk"), 0, "3,000 old published rows are gone within 10 s (%lld ms)", (long long)gone_at);
-    is_int(published_by("ret2", 1000, start, 10000), 1000,
+    is_int(published_by("ret2", 1000, start, 10000 * th_slow()), 1000,
            "1,000 rows committed at the same time are published meanwhile, and kept");
     is_int(th_stop(pid, SIGTERM, 10000), 0, "the relay stops cleanly");
     log = th_slurp(logpath);
@@ -205,7 +205,7 @@ static void busy_writer(void)
     th_sql_exec(db, "CREATE TABLE IF NOT EXISTS app (x INTEGER)");
     start = th_now_ms();
     pid = rt_relay_spawn(logpath, dbpath, redis.url, "--retention-ms", "60000", NULL);
-    while (th_now_ms() - start < 5000 && gone_at < 0) {
+    while (th_now_ms() - start < 5000 * th_slow() && gone_at < 0) {
         th_sql_exec(db, "BEGIN IMMEDIATE");
         th_sql_exec(db, "INSERT INTO app VALUES (1)");
         th_sleep_ms(9);

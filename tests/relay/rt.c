@@ -64,9 +64,15 @@ sqlite3 *rt_open(const char *path)
 
 void rt_insert_rows(sqlite3 *db, const char *prefix, int first, int n, const char *topic, int nkeys)
 {
+    th_sql_exec(db, "BEGIN IMMEDIATE");
+    rt_insert_rows_in_txn(db, prefix, first, n, topic, nkeys);
+    th_sql_exec(db, "COMMIT");
+}
+
+void rt_insert_rows_in_txn(sqlite3 *db, const char *prefix, int first, int n, const char *topic, int nkeys)
+{
     sqlite3_stmt *st = NULL;
     int i;
-    th_sql_exec(db, "BEGIN IMMEDIATE");
     if (sqlite3_prepare_v2(db, "INSERT INTO outbox(id, topic, key, payload) VALUES (?1, ?2, ?3, ?4)", -1, &st,
                            NULL) != SQLITE_OK)
         bail("prepare insert: %s", sqlite3_errmsg(db));
@@ -87,7 +93,6 @@ void rt_insert_rows(sqlite3 *db, const char *prefix, int first, int n, const cha
         sqlite3_reset(st);
     }
     sqlite3_finalize(st);
-    th_sql_exec(db, "COMMIT");
 }
 
 /* ---- streams ---------------------------------------------------------- */
@@ -401,3 +406,30 @@ int rt_count_substr(const char *text, const char *needle)
     return n;
 }
 
+int rt_blocked_clients(redisContext *c)
+{
+    redisReply *r = redisCommand(c, "CLIENT LIST");
+    int n = -1;
+    if (r && r->type == REDIS_REPLY_STRING) {
+        const char *p = r->str;
+        n = 0;
+        while ((p = strstr(p, " flags=")) != NULL) {
+            size_t len;
+            p += 7;
+            len = strcspn(p, " \n");
+            n += memchr(p, 'b', len) != NULL;
+        }
+    }
+    if (r)
+        freeReplyObject(r);
+    return n;
+}
+
+int rt_wait_blocked(redisContext *c, int timeout_ms)
+{
+    int64_t deadline = th_now_ms() + timeout_ms;
+    int n;
+    while ((n = rt_blocked_clients(c)) <= 0 && th_now_ms() < deadline)
+        th_sleep_ms(1);
+    return n > 0;
+}

@@ -38,6 +38,9 @@ int64_t rt_unix_ms(void);
  * from first to first+n-1 (zero-padded to 6 digits), the topic, key
  * "k<i % nkeys>" (NULL when nkeys is 0) and a small payload naming the id. */
 void rt_insert_rows(sqlite3 *db, const char *prefix, int first, int n, const char *topic, int nkeys);
+/* The same inside a transaction the caller holds (e.g. BEGIN IMMEDIATE,
+ * to keep the write lock from the relay while the rows go in). */
+void rt_insert_rows_in_txn(sqlite3 *db, const char *prefix, int first, int n, const char *topic, int nkeys);
 
 /* One stream entry. */
 typedef struct rt_entry {
@@ -91,6 +94,13 @@ pid_t rt_relay_spawn(const char *err_path, const char *db, const char *url, ...)
 /* Runs it to completion (e.g. with --drain); returns the exit status as
  * th_run; *err (may be NULL) gets stderr. */
 int rt_relay_run(int timeout_ms, char **err, const char *db, const char *url, ...);
+
+/* Clients of c's server blocked on a command (CLIENT LIST flag b): with
+ * CLIENT PAUSE ... WRITE in force, the relay's XADDs waiting in Redis (the
+ * relay still had rows to send when Redis was paused). -1 on error. */
+int rt_blocked_clients(redisContext *c);
+/* Polls rt_blocked_clients until it is above 0; 1, or 0 after timeout_ms. */
+int rt_wait_blocked(redisContext *c, int timeout_ms);
 
 /* Occurrences of needle in text. */
 int rt_count_substr(const char *text, const char *needle);

@@ -4,9 +4,10 @@
  * Keyed messages (a few keys, many messages each) are published while
  * Redis refuses the XADDs for a while, in two ways:
  *   - WRONGTYPE: the stream key holds a string (SET before the relay
- *     starts, DEL a second later);
- *   - OOM: CONFIG SET maxmemory 1 while the relay is publishing, back to 0
- *     a second later.
+ *     starts, DEL a second after its first failure);
+ *   - OOM: CONFIG SET maxmemory 1 while the relay is publishing (half the
+ *     rows are committed after it), back to 0 a second after the first
+ *     failure.
  * Afterwards every message is in its stream and, for each key, the first
  * appearances follow commit (seq) order. Unkeyed messages mixed in flow too.
  */
@@ -38,11 +39,29 @@ static int some_published(void *arg)
     return th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = %Q AND state = 2", topic) >= 100;
 }
 
-/* Keyed rows with some unkeyed ones mixed in, in one commit order. */
-static void write_rows(const char *prefix, const char *t)
+/* Keyed rows first to first + n - 1 of N, with some unkeyed ones mixed in,
+ * in one commit order (one transaction: the relay may be running). */
+static void write_rows(const char *prefix, const char *t, int first, int n)
 {
-    rt_insert_rows(db, prefix, 0, N, t, KEYS);
-    th_sql_exec(db, "UPDATE outbox SET key = NULL WHERE topic = %Q AND seq %% 10 = 0", t);
+    th_sql_exec(db, "BEGIN IMMEDIATE");
+    rt_insert_rows_in_txn(db, prefix, first, n, t, KEYS);
+    th_sql_exec(db, "UPDATE outbox SET key = NULL WHERE topic = %Q AND key IS NOT NULL AND seq %% 10 = 0", t);
+    th_sql_exec(db, "COMMIT");
+}
+
+/* Waits (bounded) until the relay's log shows a failed publish. */
+static int failure_logged(const char *log, int timeout_ms)
+{
+    int64_t deadline = th_now_ms() + timeout_ms;
+    int seen = 0;
+    while (!seen && th_now_ms() < deadline) {
+        char *text = th_slurp(log);
+        seen = strstr(text, "publish failed, will retry") != NULL;
+        free(text);
+        if (!seen)
+            th_sleep_ms(10);
+    }
+    return seen;
 }
 
 static void report(const char *what, const rt_audit *a, const char *log, long failures_logged)
@@ -75,11 +94,14 @@ int main(void)
 
     /* WRONGTYPE from the start, for a second. */
     topic = "wt";
-    write_rows("wt", topic);
+    write_rows("wt", topic, 0, N);
     freeReplyObject(th_cmd(c, "SET outbox:wt x"));
     pid = rt_relay_spawn(log1, dbpath, srv.url, "--backoff-min-ms", "50", "--backoff-max-ms", "200",
                          "--max-attempts", "1000", NULL);
-    th_sleep_ms(1000 * th_slow()); /* long enough for failed attempts, also under valgrind */
+    /* Failed attempts (however long the start takes), for a second. */
+    if (!failure_logged(log1, 20000 * th_slow()))
+        diag("wrongtype: no failed attempt logged");
+    th_sleep_ms(1000);
     rep = th_cmd(c, "DEL outbox:wt");
     is_int(rep->integer, 1, "wrongtype: the string was still in place after a second");
     freeReplyObject(rep);
@@ -94,9 +116,12 @@ int main(void)
         free(text);
     }
 
-    /* OOM in the middle of publishing, for a second. */
+    /* OOM in the middle of publishing, for a second: half the rows are
+     * published from (at least 100 of them), then Redis runs out of
+     * memory, then the other half is committed, so that the relay meets
+     * the OOM errors however fast it drained the first half. */
     topic = "oom";
-    write_rows("oom", topic);
+    write_rows("oom", topic, 0, N / 2);
     pid = rt_relay_spawn(log2, dbpath, srv.url, "--backoff-min-ms", "50", "--backoff-max-ms", "200",
                          "--max-attempts", "1000", NULL);
     ok(th_wait_until(10000 * th_slow(), some_published, NULL), "oom: publishing started");
@@ -105,6 +130,9 @@ int main(void)
     freeReplyObject(rep);
     diag("oom: %lld of %d published when Redis ran out of memory",
          (long long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'oom' AND state = 2"), N);
+    write_rows("oom", topic, N / 2, N - N / 2);
+    if (!failure_logged(log2, 20000 * th_slow()))
+        diag("oom: no failed attempt logged");
     th_sleep_ms(1000);
     freeReplyObject(th_cmd(c, "CONFIG SET maxmemory 0"));
     done = th_wait_until(30000 * th_slow(), all_published, NULL);

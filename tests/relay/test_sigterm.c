@@ -1,13 +1,17 @@
 /*
  * test_sigterm.c: SIGTERM in the middle of a drain, then a second run.
  *
- * 1. Replies held (CLIENT PAUSE ... WRITE, shorter than the shutdown
- *    timeout) when SIGTERM arrives: the relay waits for the in-flight
- *    replies, marks them, hands every other claimed row back, and exits 0
- *    within the shutdown timeout with no row left in state 1; each row it
- *    marked published is in the stream exactly once, nothing else is.
- * 2. Replies held longer than --shutdown-timeout-ms: it gives up waiting at
- *    the timeout, hands those rows back too, and exits 0 soon after.
+ * Each run starts with Redis's writes paused (CLIENT PAUSE ... WRITE), so
+ * that SIGTERM, sent once the relay's XADDs wait in Redis, finds it
+ * mid-drain however fast it is.
+ * 1. Replies held for 700 ms after SIGTERM (shorter than the shutdown
+ *    timeout): the relay waits for the in-flight replies, marks them, hands
+ *    every other claimed row back, and exits 0 within the shutdown timeout
+ *    with no row left in state 1; each row it marked published is in the
+ *    stream exactly once, nothing else is.
+ * 2. Replies held until it exited (longer than --shutdown-timeout-ms): it
+ *    gives up waiting at the timeout, hands those rows back too, and exits
+ *    0 soon after.
  * 3. A second run with --drain publishes the rest: every id in the stream
  *    at least once.
  */
@@ -23,44 +27,44 @@
 
 #define N 20000
 
-typedef struct wait_arg {
-    redisContext *c;
-    long long min;
-} wait_arg;
-
-static int stream_has(void *arg)
-{
-    wait_arg *w = arg;
-    return th_xlen(w->c, "outbox:term") >= w->min;
-}
-
-/* Starts a relay, waits until it published something, holds Redis' writes
- * for pause_ms, sends SIGTERM; returns the exit status, the time from the
- * pause to the exit in *since_pause and from SIGTERM to the exit in
- * *since_term. */
-static int run_and_term(const char *log, const char *dbpath, const char *url, redisContext *c, int pause_ms,
+/* Starts a relay against Redis with its writes paused (CLIENT PAUSE ...
+ * WRITE, longer than any wait here), so that it is mid-drain whatever its
+ * speed: once its XADDs wait in Redis (a blocked client), SIGTERM. The
+ * replies stay held for hold_ms after SIGTERM (then CLIENT UNPAUSE), or
+ * until the relay exited when hold_ms is 0. Returns the exit status, the
+ * time from the moment its XADDs were seen held to the exit in
+ * *since_pause and from SIGTERM to the exit in *since_term. */
+static int run_and_term(const char *log, const char *dbpath, const char *url, redisContext *c, int hold_ms,
                         const char *shutdown_ms, int wait_ms, int64_t *since_pause, int64_t *since_term)
 {
-    wait_arg w = {c, th_xlen(c, "outbox:term") + 100};
-    pid_t pid = rt_relay_spawn(log, dbpath, url, "--shutdown-timeout-ms", shutdown_ms, NULL);
+    pid_t pid;
     int64_t paused, termed;
     int rc;
-    if (!th_wait_until(20000 * th_slow(), stream_has, &w))
+    freeReplyObject(th_cmd(c, "CLIENT PAUSE %d WRITE", 60000 * th_slow()));
+    pid = rt_relay_spawn(log, dbpath, url, "--shutdown-timeout-ms", shutdown_ms, NULL);
+    if (!rt_wait_blocked(c, 20000 * th_slow()))
         diag("the relay did not start publishing");
     paused = th_now_ms();
-    freeReplyObject(th_cmd(c, "CLIENT PAUSE %d WRITE", pause_ms));
     /* Let XADDs pile up behind the pause (a daemon under valgrind takes
      * longer to send its next ones). */
     th_sleep_ms(50 * th_slow());
     termed = th_now_ms();
     kill(pid, SIGTERM);
-    rc = th_wait(pid, wait_ms);
+    if (hold_ms) {
+        rc = th_wait(pid, hold_ms);
+        freeReplyObject(th_cmd(c, "CLIENT UNPAUSE"));
+        if (rc == -2)
+            rc = th_wait(pid, wait_ms);
+    } else {
+        rc = th_wait(pid, wait_ms);
+    }
     *since_pause = th_now_ms() - paused;
     *since_term = th_now_ms() - termed;
     if (rc == -2) {
         kill(pid, SIGKILL);
         th_wait(pid, -1);
     }
+    freeReplyObject(th_cmd(c, "CLIENT UNPAUSE"));
     return rc;
 }
 
@@ -101,7 +105,7 @@ int main(void)
     is_int(entries, published, "held replies: the stream holds exactly the rows marked published");
 
     /* 2: replies held past the shutdown timeout. */
-    rc = run_and_term(log2, dbpath, srv.url, c, 3000, "500", 6000 * th_slow(), &since_pause, &ms);
+    rc = run_and_term(log2, dbpath, srv.url, c, 0, "500", 6000 * th_slow(), &since_pause, &ms);
     is_int(rc, 0, "shutdown timeout: exit 0 after SIGTERM");
     diag("shutdown timeout: exited %lld ms after SIGTERM", (long long)ms);
     ok(ms >= 450 && since_pause < 2500, "it gave up waiting at the 500 ms timeout (%lld ms)", (long long)ms);
@@ -111,7 +115,6 @@ int main(void)
     ok(strstr(text, "shutdown timeout") != NULL, "shutdown timeout: logged");
     free(text);
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 1"), 0, "shutdown timeout: no row left in state 1");
-    th_sleep_ms(3000); /* the pause ends; the abandoned XADDs run */
 
     /* 3: a second run drains the rest. */
     rc = rt_relay_run(60000 * th_slow(), &err, dbpath, srv.url, "--drain", NULL);

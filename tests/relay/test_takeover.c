@@ -103,8 +103,10 @@ int main(void)
                               (long long)live_until);
         if (rt_unix_ms() < live_until)
             is_int(held, N_LIVE, "they stay untouched until the lease expires");
-        else
-            diag("this test woke up too late to look just before the expiry");
+        else /* the same count of checks either way */
+            printf("ok %d - # SKIP they stay untouched until the lease expires: this test woke up too late to look "
+                   "just before the expiry\n",
+                   ++tap_count_);
     }
     s = rt_stream_read(c, "outbox:takeover");
     for (i = 0; i < s.n; i++)

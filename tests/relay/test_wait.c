@@ -123,7 +123,7 @@ int main(void)
     is_int(th_xlen(c, "outbox:good"), N_GOOD, "replica up: %d entries on the primary (WAIT never failed)",
            N_GOOD);
     rc_replica = th_redis_client(&replica);
-    deadline = th_now_ms() + 5000;
+    deadline = th_now_ms() + 5000 * th_slow();
     while (th_xlen(rc_replica, "outbox:good") < N_GOOD && th_now_ms() < deadline)
         th_sleep_ms(10);
     is_int(th_xlen(rc_replica, "outbox:good"), N_GOOD, "replica up: and on the replica");
@@ -134,14 +134,19 @@ int main(void)
 
     /* 2: no replica: WAIT says 0, nothing may count as published. */
     th_redis_stop(&replica);
-    deadline = th_now_ms() + 10000;
+    deadline = th_now_ms() + 10000 * th_slow();
     while (replica_linked(c) && th_now_ms() < deadline)
         th_sleep_ms(20);
     ok(!replica_linked(c), "the replica is gone");
     rt_insert_rows(db, "lonely", 0, 50, "lonely", 0);
     pid = rt_relay_spawn(log, dbpath, primary.url, "--wait-replicas", "1", "--wait-timeout-ms", "100",
                          "--max-attempts", "1000", "--backoff-min-ms", "100", "--backoff-max-ms", "200", NULL);
-    th_sleep_ms(1500 * th_slow()); /* long enough for XADDs and WAITs, also under valgrind */
+    /* Until every row was sent and its WAIT failed at least once. */
+    deadline = th_now_ms() + 20000 * th_slow();
+    while ((th_xlen(c, "outbox:lonely") < 50 ||
+            th_sql_int(db, "SELECT count(*) FROM outbox WHERE topic = 'lonely' AND last_error LIKE 'WAIT:%%'") < 50) &&
+           th_now_ms() < deadline)
+        th_sleep_ms(20);
     is_int(th_stop(pid, SIGTERM, 15000), 0, "replica down: SIGTERM exits 0");
     ok(th_xlen(c, "outbox:lonely") >= 50, "replica down: the XADDs were made (%lld entries)",
        th_xlen(c, "outbox:lonely"));

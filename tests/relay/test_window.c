@@ -26,7 +26,7 @@ int main(void)
     redisContext *c;
     redisReply *rep;
     pid_t pid;
-    int64_t t0, pause_end, deadline;
+    int64_t pause_end, deadline;
     long max_sending = 0, max_sending_paused = 0, samples = 0, published = 0, published_paused = -1;
     int rc, pause_ms;
 
@@ -34,17 +34,21 @@ int main(void)
     log = th_path(dir, "relay.log");
     rt_insert_rows(db, "w", 0, N, "window", 0);
 
-    /* Not stretched by th_slow() beyond the relay's 10 s reply timeout. */
-    pause_ms = th_slow() > 1 ? 4000 : 2000;
+    /* Held by the test until the relay's XADDs waited in Redis for a while
+     * (below the relay's 10 s reply timeout, also under valgrind); the
+     * pause's own end is only a bound, however long the relay takes to
+     * start. */
+    pause_ms = 60000 * th_slow();
     rep = th_cmd(c, "CLIENT PAUSE %d WRITE", pause_ms);
     ok(rep->type == REDIS_REPLY_STATUS, "CLIENT PAUSE WRITE accepted");
     freeReplyObject(rep);
-    t0 = th_now_ms();
-    pause_end = t0 + pause_ms;
     pid = rt_relay_spawn(log, dbpath, srv.url, "--inflight", "100", NULL);
+    if (!rt_wait_blocked(c, 20000 * th_slow()))
+        diag("no XADD of the relay waits in Redis");
+    pause_end = th_now_ms() + (th_slow() > 1 ? 4000 : 1500);
 
     /* While paused: sample the table as fast as we can. */
-    while (th_now_ms() < pause_end - 150) {
+    while (th_now_ms() < pause_end) {
         long sending = (long)th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 1");
         if (sending > max_sending_paused)
             max_sending_paused = sending;
@@ -56,6 +60,7 @@ int main(void)
     is_int(max_sending_paused, WINDOW, "while Redis holds the writes, the relay fills the window of %d and no more",
            WINDOW);
     is_int(published_paused, 0, "nothing is marked published while Redis holds the writes");
+    freeReplyObject(th_cmd(c, "CLIENT UNPAUSE"));
 
     /* After the pause: it drains, never above the window. */
     max_sending = max_sending_paused;

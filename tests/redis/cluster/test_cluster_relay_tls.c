@@ -64,7 +64,12 @@ static void test_faults(void)
                          "100000", "--backoff-min-ms", "50", "--backoff-max-ms", "300", "--batch", "64",
                          "--metrics-listen", listen, NULL);
     bg_writer_start(&writer, dbpath, topics, TOPICS, 1, "w");
-    th_sleep_ms(500 * th_slow()); /* the relay is publishing with the old slot map when the slot moves */
+    /* The relay is publishing with the old slot map when the slot moves:
+     * some rows published (however long its start takes), then a while. */
+    for (int64_t t0 = th_now_ms(); th_now_ms() - t0 < 20000 * th_slow() &&
+                                   th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2") == 0;)
+        th_sleep_ms(10);
+    th_sleep_ms(500 * th_slow());
 
     /* Topic 1's slot moved by hand to the next master. */
     from = ce_owner(&env, streams[1]);

@@ -276,6 +276,143 @@ int se_failover(const se_env *e, int i)
     return ok_;
 }
 
+/* The value of field name in a flat name/value array reply, or NULL. */
+static const char *field(const redisReply *r, const char *name)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    for (size_t k = 0; k + 1 < r->elements; k += 2)
+        if (r->element[k]->type == REDIS_REPLY_STRING && strcmp(r->element[k]->str, name) == 0 &&
+            r->element[k + 1]->type == REDIS_REPLY_STRING)
+            return r->element[k + 1]->str;
+    return NULL;
+}
+
+/* Whether sentinel i (on client c) would promote node want: it names the
+ * other node as the master with no failover in progress, and knows node
+ * want as a replica fit for it (no down or disconnected flag, INFO seen in
+ * the last 30 s reporting the slave role and its link to that master up,
+ * a non-zero priority), as its SENTINEL FAILOVER chooses. *why gets what
+ * is missing. */
+static int replica_fit(const se_env *e, redisContext *c, int want, char *why, size_t len)
+{
+    redisReply *m = redisCommand(c, "SENTINEL MASTER " SE_MASTER_NAME), *r;
+    const char *flags = field(m, "flags"), *port = field(m, "port");
+    int fit = 0;
+    if (!flags || !port || atoi(port) != node_port(e, 1 - want) || strstr(flags, "failover_in_progress")) {
+        snprintf(why, len, "master %s flags %s", port ? port : "?", flags ? flags : "?");
+        if (m)
+            freeReplyObject(m);
+        return 0;
+    }
+    freeReplyObject(m);
+    r = redisCommand(c, "SENTINEL REPLICAS " SE_MASTER_NAME);
+    snprintf(why, len, "node %d is not among its replicas", want);
+    for (size_t k = 0; r && r->type == REDIS_REPLY_ARRAY && k < r->elements; k++) {
+        const redisReply *s = r->element[k];
+        const char *p = field(s, "port"), *f = field(s, "flags"), *link = field(s, "master-link-status"),
+                   *down = field(s, "master-link-down-time"), *prio = field(s, "slave-priority"),
+                   *refresh = field(s, "info-refresh"), *role = field(s, "role-reported"),
+                   *mport = field(s, "master-port");
+        if (!p || atoi(p) != node_port(e, want))
+            continue;
+        fit = f && !strcmp(f, "slave") && role && !strcmp(role, "slave") && link && !strcmp(link, "ok") && down &&
+              atoll(down) == 0 && prio && atoi(prio) != 0 && refresh && atoll(refresh) < 30000 && mport &&
+              atoi(mport) == node_port(e, 1 - want);
+        snprintf(why, len, "node %d: flags %s, role %s, link %s, link down %s ms, priority %s, info %s ms old, master "
+                 "port %s", want, f ? f : "?", role ? role : "?", link ? link : "?", down ? down : "?",
+                 prio ? prio : "?", refresh ? refresh : "?", mport ? mport : "?");
+    }
+    if (r)
+        freeReplyObject(r);
+    return fit;
+}
+
+int se_failover_ready(const se_env *e, int i, int want, int timeout_ms)
+{
+    int64_t deadline = th_now_ms() + timeout_ms;
+    char why[512] = "";
+    for (;;) {
+        redisContext *c = se_sentinel_client(e, i);
+        int fit = c && replica_fit(e, c, want, why, sizeof why);
+        if (c)
+            redisFree(c);
+        if (fit)
+            return 1;
+        if (th_now_ms() >= deadline) {
+            diag("sentinel %d is not ready to promote node %d: %s", i, want, c ? why : "no answer");
+            return 0;
+        }
+        th_sleep_ms(50);
+    }
+}
+
+int se_failover_to(const se_env *e, int i, int want, int timeout_ms)
+{
+    int64_t deadline = th_now_ms() + timeout_ms;
+    char why[512] = "", last[512] = "";
+    for (;;) {
+        redisContext *c = se_sentinel_client(e, i);
+        redisReply *r = NULL;
+        int fit = c && replica_fit(e, c, want, why, sizeof why);
+        if (fit) {
+            r = redisCommand(c, "SENTINEL FAILOVER " SE_MASTER_NAME);
+            if (r && r->type == REDIS_REPLY_STATUS) {
+                freeReplyObject(r);
+                redisFree(c);
+                return 0;
+            }
+            /* -INPROG (one still running) or -NOGOODSLAVE (its view of the
+             * replica changed since): ask again. */
+            snprintf(why, sizeof why, "SENTINEL FAILOVER: %s",
+                     r && r->type == REDIS_REPLY_ERROR ? r->str : "no answer");
+            if (strcmp(why, last) != 0)
+                diag("sentinel %d: %s", i, why);
+        }
+        if (r)
+            freeReplyObject(r);
+        if (c)
+            redisFree(c);
+        snprintf(last, sizeof last, "%s", why);
+        if (th_now_ms() >= deadline) {
+            diag("sentinel %d did not take a failover to node %d: %s", i, want, why);
+            return -1;
+        }
+        th_sleep_ms(50);
+    }
+}
+
+int se_failover_aborted(const se_env *e, int i, int from)
+{
+    redisContext *c = se_sentinel_client(e, i);
+    redisReply *m = c ? redisCommand(c, "SENTINEL MASTER " SE_MASTER_NAME) : NULL;
+    const char *flags = field(m, "flags"), *port = field(m, "port");
+    int aborted = flags && port && atoi(port) == node_port(e, from) && !strstr(flags, "failover_in_progress");
+    if (m)
+        freeReplyObject(m);
+    if (c)
+        redisFree(c);
+    return aborted;
+}
+
+int se_switch_to(const se_env *e, int i, int want, int timeout_ms)
+{
+    int64_t deadline = th_now_ms() + timeout_ms;
+    if (se_failover_to(e, i, want, timeout_ms) != 0)
+        return 0;
+    while (!se_wait_master(e, want, 0)) {
+        if (th_now_ms() >= deadline)
+            return 0;
+        if (se_failover_aborted(e, i, 1 - want)) {
+            diag("sentinel %d's failover to node %d ended without a switch: asking again", i, want);
+            if (se_failover_to(e, i, want, (int)(deadline - th_now_ms())) != 0)
+                return 0;
+        }
+        th_sleep_ms(50);
+    }
+    return 1;
+}
+
 /* Every sentinel knows the replica and the two other sentinels. */
 static int sentinels_settled(const se_env *e)
 {

@@ -74,5 +74,23 @@ int se_sentinel_restart(se_env *e, int i);
 redisContext *se_sentinel_client(const se_env *e, int i);
 /* SENTINEL FAILOVER mymaster through sentinel i; 0 if it accepted. */
 int se_failover(const se_env *e, int i);
+/* SENTINEL FAILOVER mymaster through sentinel i once it would promote
+ * node want: it names the other node as the master, has no failover in
+ * progress, and its view of node want (refreshed by INFO every 10 s) is a
+ * replica fit for promotion, linked to that master. An answer of -INPROG or
+ * -NOGOODSLAVE is asked again. 0 once accepted; -1 after timeout_ms, with
+ * what was missing as a diagnostic. */
+int se_failover_to(const se_env *e, int i, int want, int timeout_ms);
+/* Waits until sentinel i would promote node want (as se_failover_to
+ * requires); 1, or 0 after timeout_ms with what was missing. */
+int se_failover_ready(const se_env *e, int i, int want, int timeout_ms);
+/* Whether sentinel i names node from as the master with no failover in
+ * progress: a failover it accepted ended without a switch (it aborts one
+ * whose promotion does not show within failover-timeout). */
+int se_failover_aborted(const se_env *e, int i, int from);
+/* se_failover_to, then waits until a majority names node want and it is
+ * master (se_wait_master), asking again whenever sentinel i's failover
+ * aborted; 1, or 0 after timeout_ms. */
+int se_switch_to(const se_env *e, int i, int want, int timeout_ms);
 
 #endif

@@ -62,22 +62,31 @@ static int all_applied(void *arg)
 typedef struct named {
     const se_env *e;
     int node;
+    int asked; /* the sentinel asked for the failover to node */
 } named;
 
+/* Node n->node is the master; a failover that sentinel n->asked aborted
+ * (its promotion not seen within failover-timeout) is asked for again. */
 static int master_is(void *arg)
 {
     const named *n = arg;
-    return se_wait_master(n->e, n->node, 0);
+    if (se_wait_master(n->e, n->node, 0))
+        return 1;
+    if (se_failover_aborted(n->e, n->asked, 1 - n->node)) {
+        diag("the failover to node %d ended without a switch: asking again", n->node);
+        se_failover_to(n->e, n->asked, n->node, 10000 * th_slow());
+    }
+    return 0;
 }
 
-static int dedup_done(const th_redis *node, int n)
+static int dedup_done(const th_redis *node, const char *group, int n)
 {
     redisContext *c = th_redis_client(node);
     int done = 0;
     char key[128];
     for (int i = 0; i < n; i++) {
         char *v;
-        snprintf(key, sizeof key, "dedup:g1:{" STREAM "}:m-%d", i);
+        snprintf(key, sizeof key, "dedup:%s:{" STREAM "}:m-%d", group, i);
         v = ct_get(c, key);
         done += v && strcmp(v, "D") == 0;
         free(v);
@@ -93,7 +102,7 @@ static void test_helper(se_env *e)
     outbox_consumer *c;
     char err[256];
     int want = N, dups = 0;
-    named nm = {e, 1};
+    named nm = {e, 1, 0};
     int64_t t0;
     redisContext *rc;
 
@@ -108,15 +117,22 @@ static void test_helper(se_env *e)
     is_int(outbox_consumer_create(&c, &loop, &s, err, sizeof err), 0, "helper: created on %s", e->url);
     is_int(outbox_consumer_start(c), 0, "helper: started");
     write_entries(&e->node[0], 0, N);
-    ok(ct_run_until_cond(&loop, all_applied, &want, 20000), "helper: %d entries applied from node 0", N);
+    ok(ct_run_until_cond(&loop, all_applied, &want, 20000 * th_slow()), "helper: %d entries applied from node 0", N);
+    /* The failover once the replica has the entries and their done
+     * markers (replication lags on a loaded machine; what the master had
+     * not sent to the replica would be lost with the switch). */
+    for (t0 = th_now_ms(); dedup_done(&e->node[0], "g1", N) < N && th_now_ms() - t0 < 10000 * th_slow();)
+        ct_run_for(&loop, 20);
+    se_wait_replica(e, 1, 30000 * th_slow());
 
-    ok(se_failover(e, 0) == 0, "helper: SENTINEL FAILOVER accepted");
+    ok(se_failover_to(e, 0, 1, 30000 * th_slow()) == 0, "helper: SENTINEL FAILOVER accepted");
     t0 = th_now_ms();
-    ok(ct_run_until_cond(&loop, master_is, &nm, 30000), "helper: node 1 is the master");
+    ok(ct_run_until_cond(&loop, master_is, &nm, 30000 * th_slow()), "helper: node 1 is the master");
     diag("helper: SENTINEL FAILOVER took %lld ms", (long long)(th_now_ms() - t0));
     write_entries(&e->node[1], N, N);
     want = 2 * N;
-    ok(ct_run_until_cond(&loop, all_applied, &want, 30000), "helper: %d more entries applied from node 1", N);
+    ok(ct_run_until_cond(&loop, all_applied, &want, 30000 * th_slow()), "helper: %d more entries applied from node 1",
+       N);
     diag("helper: all applied %lld ms after the failover began", (long long)(th_now_ms() - t0));
     ct_run_for(&loop, 300);
     for (int i = 0; i < 2 * N; i++)
@@ -125,7 +141,7 @@ static void test_helper(se_env *e)
     rc = th_redis_client(&e->node[1]);
     is_int(ct_pending(rc, STREAM, "g1"), 0, "helper: all acknowledged on the new master");
     redisFree(rc);
-    is_int(dedup_done(&e->node[1], 2 * N), 2 * N, "helper: every dedup marker is done on the new master");
+    is_int(dedup_done(&e->node[1], "g1", 2 * N), 2 * N, "helper: every dedup marker is done on the new master");
     outbox_consumer_stop(c, NULL, NULL);
     outbox_consumer_destroy(c);
     is_int(ct_loop_finish(&loop, 5000), 0, "helper: the loop closes cleanly");
@@ -139,14 +155,14 @@ static void test_cli(se_env *e, const char *dir)
     pid_t pid = ct_consume_spawn(args, NULL, out, errp);
     int64_t deadline;
     int missing = 0;
-    named nm = {e, 0};
+    named nm = {e, 0, 1};
 
     ok(pid > 0, "cli: outbox-consume started");
     /* It reads the whole stream (2N entries) from the master, node 1; once
      * its dedup markers are on the replica too (a marker written to the old
      * master while the replica is being promoted is lost, and its message
      * applied again: the same window as the relay's), the failover back. */
-    deadline = th_now_ms() + 30000;
+    deadline = th_now_ms() + 30000 * th_slow();
     do {
         text = th_slurp(out);
         missing = 2 * N - rt_count_substr(text, "\"id\":\"m-");
@@ -155,10 +171,15 @@ static void test_cli(se_env *e, const char *dir)
             th_sleep_ms(50);
     } while (missing > 0 && th_now_ms() < deadline);
     is_int(missing, 0, "cli: the %d entries printed", 2 * N);
-    th_sleep_ms(300);
-    ok(se_wait_replica(e, 0, 30000), "cli: the old master is a replica now and has everything the master has");
-    ok(se_failover(e, 1) == 0, "cli: SENTINEL FAILOVER back accepted");
-    ok(th_wait_until(30000, master_is, &nm), "cli: node 0 is the master again");
+    for (deadline = th_now_ms() + 10000 * th_slow();
+         dedup_done(&e->node[1], "g2", 2 * N) < 2 * N && th_now_ms() < deadline;)
+        th_sleep_ms(20);
+    ok(se_wait_replica(e, 0, 30000 * th_slow()),
+       "cli: the old master is a replica now and has everything the master has");
+    /* The sentinel asked must see it so too (it learns that from an INFO
+     * every 10 s); -INPROG or -NOGOODSLAVE are asked again. */
+    ok(se_failover_to(e, 1, 0, 30000 * th_slow()) == 0, "cli: SENTINEL FAILOVER back accepted");
+    ok(th_wait_until(30000 * th_slow(), master_is, &nm), "cli: node 0 is the master again");
     write_entries(&e->node[0], 0, 1); /* m-0 once more: a duplicate, skipped */
     {
         redisContext *c = th_redis_client(&e->node[0]);
@@ -169,7 +190,7 @@ static void test_cli(se_env *e, const char *dir)
         }
         redisFree(c);
     }
-    deadline = th_now_ms() + 30000;
+    deadline = th_now_ms() + 30000 * th_slow();
     do {
         text = th_slurp(out);
         missing = 0;

@@ -63,7 +63,7 @@ int main(void)
     /* 1 */
     se_sentinel_kill(&e, 0);
     rt_insert_rows(db, "one", 0, 500, "one", 0);
-    rc = rt_relay_run(60000, &err, dbpath, e.url, "--drain", NULL);
+    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, e.url, "--drain", NULL);
     is_int(rc, 0, "first sentinel down: --drain exits 0");
     if (rc != 0)
         th_diag_tail("relay", err, 20);
@@ -75,7 +75,14 @@ int main(void)
     se_sentinel_kill(&e, 2);
     rt_insert_rows(db, "two", 0, 300, "two", 0);
     pid = rt_relay_spawn(log2, dbpath, e.url, NULL);
-    th_sleep_ms(2500);
+    /* Until it said so (however long the start takes), and 2.5 s at least. */
+    {
+        int64_t t0 = th_now_ms();
+        while (!log_has(log2, "no sentinel named the master") && th_now_ms() - t0 < 20000 * th_slow())
+            th_sleep_ms(20);
+        if (th_now_ms() - t0 < 2500)
+            th_sleep_ms((int)(2500 - (th_now_ms() - t0)));
+    }
     is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'two' AND state = 2"), 0,
            "all sentinels down: nothing published");
     is_int(log_has(log2, "no sentinel named the master"), 1, "all sentinels down: said once");
@@ -96,11 +103,12 @@ int main(void)
     rt_insert_rows(db, "three", 100, 100, "three", 0);
     ok(th_wait_until(20000 * th_slow(), settled, NULL), "sentinels down while connected: rows still published");
     is_int(xlen_master(&e, "three"), 200, "  all on the master");
-    th_sleep_ms(1000);
+    for (int64_t t0 = th_now_ms(); !log_has(log3, "no sentinel answers") && th_now_ms() - t0 < 10000 * th_slow();)
+        th_sleep_ms(20);
     ok(log_has(log3, "no sentinel answers"), "  the relay says the sentinels do not answer");
     for (i = 0; i < SE_SENTINELS; i++)
         ok(se_sentinel_restart(&e, i) == 0, "sentinel %d started again", i);
-    for (i = 0; i < 200 && !log_has(log3, "a sentinel answers again"); i++)
+    for (int64_t t0 = th_now_ms(); !log_has(log3, "a sentinel answers again") && th_now_ms() - t0 < 10000 * th_slow();)
         th_sleep_ms(50);
     ok(log_has(log3, "a sentinel answers again"), "  and that one answers again");
     is_int(th_stop(pid, SIGTERM, 15000), 0, "the relay exits 0 on SIGTERM");

@@ -83,7 +83,7 @@ static void run_phase(se_env *e, const char *dir, const char *dbpath, const phas
      * after the kill: the drain may go on for as long as a read of it takes
      * on a loaded machine, and only what was not marked by then is certain
      * to have been left for the failover. */
-    for (i = 0; i < 400 && published(ph->topic) < BACKLOG / 10; i++)
+    for (t_kill = th_now_ms(); th_now_ms() - t_kill < 20000 * th_slow() && published(ph->topic) < BACKLOG / 10;)
         th_sleep_ms(5);
     th_redis_kill(&e->node[ph->victim]);
     t_kill = th_now_ms();

@@ -3,7 +3,11 @@
  * URL while `SENTINEL FAILOVER` switches the master (sentinel_env.h). The
  * old master stays up and keeps accepting writes until the sentinels
  * reconfigure it as a replica (about 10 s later here): the relay must leave
- * it on the +switch-master event, not on an error.
+ * it on the +switch-master event, not on an error. The FAILOVER is asked
+ * while the test holds the write lock with the second half of the backlog
+ * just written (mid-drain however fast the relay), of a sentinel that sees
+ * the replica fit for promotion (se_failover_to), and again if that
+ * sentinel aborts it.
  *   1. --wait-replicas 1: a backlog drains through the switch; nothing is
  *      lost on the new master; the relay logged the switch.
  *   2. --idempotent, switching back: the publish script is not on the
@@ -48,7 +52,7 @@ static int running_master(const se_env *e, int node)
 static void switch_during_drain(se_env *e, const char *dir, const char *dbpath, int from, int idempotent)
 {
     char log[512], *text;
-    int to = 1 - from, i, committed = BACKLOG;
+    int to = 1 - from, committed = BACKLOG;
     int64_t last_seq;
     int64_t t_switch, t_named = -1, t_resumed = -1, base;
     pid_t pid;
@@ -56,25 +60,43 @@ static void switch_during_drain(se_env *e, const char *dir, const char *dbpath, 
     rt_audit a;
 
     snprintf(log, sizeof log, "%s/relay-%s.log", dir, topic);
-    rt_insert_rows(db, topic, 0, BACKLOG, topic, 16);
+    rt_insert_rows(db, topic, 0, BACKLOG / 2, topic, 16);
     if (idempotent)
         pid = rt_relay_spawn(log, dbpath, e->url, "--idempotent", "--max-attempts", "100000", "--backoff-min-ms",
                              "50", "--backoff-max-ms", "300", NULL);
     else
         pid = rt_relay_spawn(log, dbpath, e->url, "--wait-replicas", "1", "--wait-timeout-ms", "300",
                              "--max-attempts", "100000", "--backoff-min-ms", "50", "--backoff-max-ms", "300", NULL);
-    for (i = 0; i < 400 && published() < BACKLOG / 10; i++)
+    /* Mid-drain at the FAILOVER, however fast the relay: once it published
+     * some of the first half of the backlog, the test takes the write lock
+     * (the relay can neither mark nor claim), commits the second half in
+     * that transaction and asks for the failover before it lets go: at
+     * least half the backlog is then provably left. */
+    for (t_switch = th_now_ms(); th_now_ms() - t_switch < 20000 * th_slow() && published() < BACKLOG / 10;)
         th_sleep_ms(5);
+    /* The sentinel asked must see node `to` as a replica linked to the
+     * master first (after the first switch it learns that from an INFO
+     * every 10 s). */
+    se_failover_ready(e, 0, to, 30000 * th_slow());
+    th_sql_exec(db, "BEGIN IMMEDIATE");
+    rt_insert_rows_in_txn(db, topic, BACKLOG / 2, BACKLOG - BACKLOG / 2, topic, 16);
     base = published();
     ok(base > 0 && base < BACKLOG, "%s: SENTINEL FAILOVER mid-drain (%lld of %d published)", topic, (long long)base,
        BACKLOG);
-    ok(se_failover(e, 0) == 0, "%s: SENTINEL FAILOVER accepted", topic);
+    ok(se_failover_to(e, 0, to, 10000 * th_slow()) == 0, "%s: SENTINEL FAILOVER accepted", topic);
+    th_sql_exec(db, "COMMIT");
     t_switch = th_now_ms();
-    /* Rows keep coming while the master changes. */
-    for (i = 0; i < 600 && !running_master(e, to); i++) {
+    /* Rows keep coming while the master changes. A failover the sentinel
+     * aborted (its promotion not seen within failover-timeout) is asked
+     * for again. */
+    while (th_now_ms() - t_switch < 30000 * th_slow() && !running_master(e, to)) {
         rt_insert_rows(db, topic, committed, 20, topic, 16);
         committed += 20;
         th_sleep_ms(50);
+        if (se_failover_aborted(e, 0, from)) {
+            diag("%s: the failover ended without a switch: asking again", topic);
+            se_failover_to(e, 0, to, 10000 * th_slow());
+        }
     }
     if (running_master(e, to))
         t_named = th_now_ms();
