@@ -381,6 +381,10 @@ static void stop_check(outbox_relay *r)
     outbox__ops_close(r, on_handle_closed);
 }
 
+/* How often the timeout looks again at messages claimed before the stop
+ * that were not sent yet when it expired. */
+#define SHUTDOWN_RECHECK_MS 20
+
 static void on_shutdown_timeout(uv_timer_t *t)
 {
     outbox_relay *r = t->data;
@@ -390,6 +394,11 @@ static void on_shutdown_timeout(uv_timer_t *t)
         /* Dropping fails every pending reply: each one releases its row. */
         outbox__link_reset(r, "shutdown timeout");
     }
+    /* A claim that was running when the stop came still sends its messages
+     * afterwards: once they wait for replies they are handed back too, so
+     * that the stop never outlasts the timeout by much. */
+    if (r->win.inflight > r->win.awaiting)
+        uv_timer_start(&r->stop.shutdown_timer, on_shutdown_timeout, SHUTDOWN_RECHECK_MS, 0);
     stop_check(r);
 }
 
@@ -411,7 +420,9 @@ int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), 
         outbox__wake_stop(r);
         /* No more reconnects; a live connection stays for the replies awaited. */
         outbox__link_hold(r);
-        if (r->win.awaiting)
+        /* Messages awaiting replies, or claimed and about to be sent (a
+         * unit's claim running now): either may wait for Redis. */
+        if (r->win.awaiting || r->win.inflight || r->sched.running)
             uv_timer_start(&r->stop.shutdown_timer, on_shutdown_timeout, r->cfg.s.shutdown_timeout_ms, 0);
         outbox__sched_schedule(r);
     }
