@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include "redis/redis_int.h"
@@ -148,6 +150,189 @@ static void on_connect(uv_connect_t *req, int status)
     outbox__redis_leave(r);
 }
 
+/*
+ * A peer that went silent (a black hole: no RST, no FIN) is noticed on an
+ * idle connection by keepalive probes (after OUTBOX__REDIS_KEEPALIVE_IDLE_S
+ * of silence, one a second, OUTBOX__REDIS_KEEPALIVE_PROBES of them), and on
+ * one with bytes unacknowledged by TCP_USER_TIMEOUT, set to the same bound,
+ * which also ends a connect whose SYNs go unanswered. Both are set on every
+ * new socket: libuv's uv_tcp_keepalive() before the socket exists applies
+ * a fixed 60 s idle time and the kernel's default 9 probes 75 s apart,
+ * which let a silent peer go unnoticed for 11 minutes. A failure to set
+ * them leaves the kernel's defaults: the reply timeout still bounds a
+ * connection with commands outstanding.
+ */
+static void set_dead_peer_bounds(uv_tcp_t *t)
+{
+    uv_os_fd_t fd;
+    int idle = OUTBOX__REDIS_KEEPALIVE_IDLE_S, intvl = 1, cnt = OUTBOX__REDIS_KEEPALIVE_PROBES, on = 1;
+    unsigned user_ms = (unsigned)OUTBOX__REDIS_DEAD_PEER_MS;
+    if (uv_fileno((uv_handle_t *)t, &fd) != 0)
+        return;
+    (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
+}
+
+/* ---- the stall watch ------------------------------------------------------ */
+
+/*
+ * A connection into a black hole (a dropped route, a firewall change, a
+ * partition) gets no reply, and TCP retransmits with a backoff that doubles
+ * from 200 ms, on each side: after 8 s of silence the next try came some
+ * 2-5 s after the network was back, and the reply timeout (10 s by
+ * default) was what ended the wait. So while commands wait for replies the
+ * connection is looked at every STALL_TICK_MS, and once nothing has arrived
+ * on it for STALL_MS a probe starts: a new connection to the same address
+ * that sends a PING. Any answer from the server's process to it (a reply,
+ * an error such as NOAUTH, or a close: a TLS port closes on plaintext), or
+ * a refused connect, shows the server reachable again; if this connection
+ * has still received nothing one look later, it fails (OUTBOX_ETIMEDOUT),
+ * its commands fail with it and the owner reconnects at once: a healed
+ * network costs about two looks and a reconnect. A probe whose connect is
+ * not answered by the next look is dropped for a new one (a fresh SYN,
+ * not the kernel's retries 1, 2, 4 s apart). A server that is busy (a long
+ * command, DEBUG SLEEP) answers neither connection, and the replies that
+ * come first on this one end the probe.
+ */
+#define STALL_TICK_MS 200
+#define STALL_MS 1000
+
+struct stall_probe {
+    uv_tcp_t tcp;
+    uv_connect_t req;
+    uv_write_t wreq;
+    outbox__redis *r;
+    uint64_t started;
+    int connected, answered, abandoned;
+    char buf[64];
+};
+
+static void on_probe_closed(uv_handle_t *h)
+{
+    struct stall_probe *p = h->data;
+    outbox__redis *r = p->r;
+    free(p);
+    r->refs--;
+    outbox__redis_enter(r);
+    outbox__redis_leave(r); /* frees r if it was the last handle of a close */
+}
+
+static void probe_close(outbox__redis *r)
+{
+    struct stall_probe *p = r->probe;
+    if (!p)
+        return;
+    r->probe = NULL;
+    p->abandoned = 1;
+    uv_close((uv_handle_t *)&p->tcp, on_probe_closed);
+}
+
+static void on_probe_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct stall_probe *p = h->data;
+    (void)suggested;
+    *buf = uv_buf_init(p->buf, sizeof p->buf);
+}
+
+static void on_probe_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct stall_probe *p = s->data;
+    (void)buf;
+    if (nread != 0 && !p->abandoned) {
+        p->answered = 1; /* bytes, EOF or a reset: the server's process answered */
+        uv_read_stop(s);
+    }
+}
+
+static void on_probe_written(uv_write_t *req, int status)
+{
+    (void)req;
+    (void)status; /* a failed write shows in the read */
+}
+
+static void on_probe_connect(uv_connect_t *req, int status)
+{
+    static char ping[] = "PING\r\n";
+    struct stall_probe *p = req->data;
+    uv_buf_t b = uv_buf_init(ping, sizeof ping - 1);
+    if (p->abandoned || status == UV_ECANCELED)
+        return;
+    if (status == UV_ECONNREFUSED) {
+        p->answered = 1; /* the host answers; nothing listens there any more */
+    } else if (status == 0) {
+        /* Not connected for the next look if the PING cannot go: a new probe. */
+        p->connected = uv_read_start((uv_stream_t *)&p->tcp, on_probe_alloc, on_probe_read) == 0 &&
+                       uv_write(&p->wreq, (uv_stream_t *)&p->tcp, &b, 1, on_probe_written) == 0;
+    }
+}
+
+static void probe_start(outbox__redis *r, uv_os_fd_t fd)
+{
+    struct sockaddr_storage peer;
+    socklen_t plen = sizeof peer;
+    struct stall_probe *p;
+    if (getpeername(fd, (struct sockaddr *)&peer, &plen) != 0)
+        return;
+    if (!(p = calloc(1, sizeof *p)))
+        return;
+    p->r = r;
+    p->started = uv_now(r->loop);
+    uv_tcp_init(r->loop, &p->tcp);
+    p->tcp.data = p;
+    p->req.data = p;
+    r->refs++;
+    r->probe = p;
+    if (uv_tcp_connect(&p->req, &p->tcp, (const struct sockaddr *)&peer, on_probe_connect) != 0)
+        probe_close(r);
+}
+
+static void on_stall_tick(uv_timer_t *t)
+{
+    outbox__redis *r = t->data;
+    uint64_t now = uv_now(r->loop), quiet = r->last_rx > r->wait_since ? r->last_rx : r->wait_since;
+    struct stall_probe *p = r->probe;
+    uv_os_fd_t fd;
+    if (r->state != ST_CONNECTED || r->ring_count == 0 || !r->stream) {
+        outbox__redis_conn_stall_stop(r);
+        return;
+    }
+    if (now - quiet < STALL_MS) {
+        probe_close(r); /* replies came lately: not stalled */
+        return;
+    }
+    if (p && p->answered && r->last_rx < p->started) {
+        outbox__redis_enter(r);
+        probe_close(r);
+        outbox__redis_set_err(r,
+                              "no reply for %llu ms while a new connection to %s:%d was answered: the connection "
+                              "is lost",
+                              (unsigned long long)(now - quiet), r->url.host, r->url.port);
+        outbox__redis_fail_conn(r, OUTBOX_ETIMEDOUT);
+        outbox__redis_leave(r);
+        return;
+    }
+    if (p && p->connected)
+        return; /* its PING waits for a busy server: so do the replies here */
+    probe_close(r); /* one not answered yet: a fresh SYN instead of the kernel's retries */
+    if (uv_fileno((uv_handle_t *)r->stream, &fd) == 0)
+        probe_start(r, fd);
+}
+
+void outbox__redis_conn_stall_watch(outbox__redis *r)
+{
+    if (r->state == ST_CONNECTED && !r->url.path && r->stream && !uv_is_active((uv_handle_t *)&r->stall_timer))
+        uv_timer_start(&r->stall_timer, on_stall_tick, STALL_TICK_MS, STALL_TICK_MS);
+}
+
+void outbox__redis_conn_stall_stop(outbox__redis *r)
+{
+    uv_timer_stop(&r->stall_timer);
+    probe_close(r);
+}
+
 /* Connects a new TCP handle to addr. Returns 0 or a libuv error (errstr
  * set). */
 static int start_tcp(outbox__redis *r, const struct sockaddr *addr)
@@ -163,12 +348,13 @@ static int start_tcp(outbox__redis *r, const struct sockaddr *addr)
     r->refs++;
     r->stream = (uv_stream_t *)t;
     uv_tcp_nodelay(t, 1);
-    uv_tcp_keepalive(t, 1, 60);
     r->state = ST_CONNECTING;
     rc = uv_tcp_connect(&r->creq, t, addr, on_connect);
     if (rc < 0) {
         outbox__redis_set_err(r, "connect %s:%d: %s", r->url.host, r->url.port, uv_strerror(rc));
         outbox__redis_close_stream(r);
+    } else {
+        set_dead_peer_bounds(t);
     }
     return rc;
 }

@@ -326,14 +326,17 @@ void outbox__redis_io_on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf
         /* late data for a connection already given up */
     } else if (nread < 0) {
         read_failed(r, nread);
-    } else if (r->tls) {
-        tls_input(r, buf->base, (size_t)nread);
-    } else if (redisReaderFeed(r->reader, buf->base, (size_t)nread) != REDIS_OK) {
-        outbox__redis_set_err(r, "out of memory buffering a reply");
-        outbox__redis_fail_conn(r, OUTBOX_ENOMEM);
     } else {
-        r->got_input = 1;
-        process_replies(r);
+        r->last_rx = uv_now(r->loop); /* for the stall watch (conn.c) */
+        if (r->tls) {
+            tls_input(r, buf->base, (size_t)nread);
+        } else if (redisReaderFeed(r->reader, buf->base, (size_t)nread) != REDIS_OK) {
+            outbox__redis_set_err(r, "out of memory buffering a reply");
+            outbox__redis_fail_conn(r, OUTBOX_ENOMEM);
+        } else {
+            r->got_input = 1;
+            process_replies(r);
+        }
     }
     outbox__redis_leave(r);
 }

@@ -86,8 +86,8 @@ static void rc_retry(outbox__rconn *rc, int status, const char *detail)
                     rc_failure_text(rc, status), rc->what, rc->desc,
                     (unsigned long long)(now - rc->down_since), rc->failures, outbox_err_name(status), detail);
     }
-    /* 100 ms doubling to 5 s; failures counts this one already. */
-    d = outbox__backoff_ms(100, 5000, rc->failures);
+    /* failures counts this one already. */
+    d = outbox__backoff_ms(OUTBOX__RECONNECT_MIN_MS, OUTBOX__RECONNECT_MAX_MS, rc->failures);
     uv_timer_start(&rc->timer, rc_on_timer, d, 0);
 }
 

@@ -2,8 +2,9 @@
  * rconn.h: a Redis connection that keeps itself connected (internal).
  *
  * Wraps outbox__redis (one object per connection attempt) with reconnects
- * on a uv timer, exponential backoff with jitter (100 ms doubling to 5 s),
- * and log lines that do not flood: one warning when Redis becomes
+ * on a uv timer, exponential backoff with jitter (OUTBOX__RECONNECT_MIN_MS
+ * doubling to OUTBOX__RECONNECT_MAX_MS, each wait drawn from its upper
+ * half), and log lines that do not flood: one warning when Redis becomes
  * unreachable, a reminder every 30 s, one line when it is back.
  */
 #ifndef OUTBOX_SRC_RCONN_H

@@ -200,6 +200,7 @@ static void drop_transport(outbox__redis *r)
     outbox__redis_stop_timer(r);
     uv_idle_stop(&r->idle);
     uv_check_stop(&r->check);
+    outbox__redis_conn_stall_stop(r);
     outbox__redis_close_stream(r);
     if (r->gai_active)
         uv_cancel((uv_req_t *)&r->gai);
@@ -261,6 +262,7 @@ static void teardown(outbox__redis *r)
     uv_close((uv_handle_t *)&r->timer, on_handle_closed);
     uv_close((uv_handle_t *)&r->idle, on_handle_closed);
     uv_close((uv_handle_t *)&r->check, on_handle_closed);
+    uv_close((uv_handle_t *)&r->stall_timer, on_handle_closed);
 }
 
 /* ---- commands ------------------------------------------------------------ */
@@ -287,8 +289,11 @@ static int queue_command(outbox__redis *r, const char *cmd, size_t len, uint64_t
             outbox__redis_arm_timer(r, p.deadline);
         }
     }
+    if (r->ring_count == 0)
+        r->wait_since = uv_now(r->loop);
     ring_push(r, &p);
     outbox__redis_io_schedule_flush(r);
+    outbox__redis_conn_stall_watch(r);
     return 0;
 }
 
@@ -454,13 +459,15 @@ int outbox__redis_create(outbox__redis **out, uv_loop_t *loop, const outbox__red
      * callbacks. */
     uv_timer_init(loop, &r->timer);
     r->timer.data = r;
+    uv_timer_init(loop, &r->stall_timer);
+    r->stall_timer.data = r;
     uv_idle_init(loop, &r->idle);
     uv_check_init(loop, &r->check);
     r->turn_budget = REPLIES_PER_TURN;
     r->idle.data = r;
     r->check.data = r;
     r->wreq.data = r;
-    r->refs = 3;
+    r->refs = 4;
     r->state = ST_NEW;
     *out = r;
     return 0;

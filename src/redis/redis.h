@@ -123,6 +123,35 @@ void outbox__redis_url_describe(const outbox__redis_url *u, char *buf, size_t le
 
 typedef struct outbox__redis outbox__redis;
 
+/*
+ * The bound on noticing a TCP peer that went silent without a reset (a
+ * black hole, a dead host): keepalive probes start after
+ * OUTBOX__REDIS_KEEPALIVE_IDLE_S of silence, one a second, and the
+ * connection fails after OUTBOX__REDIS_KEEPALIVE_PROBES unanswered ones; bytes
+ * sent and unacknowledged for OUTBOX__REDIS_DEAD_PEER_MS (TCP_USER_TIMEOUT)
+ * fail it too. Every TCP connection gets them (conn.c), again at every
+ * reconnect. A connection with commands outstanding is also bounded by their
+ * reply timeout, usually sooner.
+ */
+#define OUTBOX__REDIS_KEEPALIVE_IDLE_S 5
+#define OUTBOX__REDIS_KEEPALIVE_PROBES 5
+#define OUTBOX__REDIS_DEAD_PEER_MS                                                                                    \
+    ((OUTBOX__REDIS_KEEPALIVE_IDLE_S + OUTBOX__REDIS_KEEPALIVE_PROBES) * 1000)
+
+/*
+ * The reconnect backoff of every connection layer (rconn.c, the sentinels'
+ * rounds, a cluster's nodes and slot map): OUTBOX__RECONNECT_MIN_MS doubling
+ * to OUTBOX__RECONNECT_MAX_MS, each wait drawn from the upper half of its
+ * step (outbox__backoff_ms). The cap bounds the time from a healed network
+ * or a restarted Redis to publishing again: with 5 s, a relay that failed a
+ * few times during a 3 s run of resets came back up to 5 s after the last
+ * one. At 500 ms a process tries at most about three times a second, at a
+ * random phase, so processes that lost Redis together do not come back in
+ * step.
+ */
+#define OUTBOX__RECONNECT_MIN_MS 100
+#define OUTBOX__RECONNECT_MAX_MS 500
+
 typedef struct outbox__redis_options {
     uint64_t connect_timeout_ms; /* resolve + connect + TLS + handshake; default 5000; 0 = none */
     uint64_t reply_timeout_ms;   /* default deadline of each command; default 10000; 0 = none */

@@ -108,6 +108,15 @@ struct outbox__redis {
 
     outbox__redis_push_cb push_cb; /* pub/sub messages, see is_push() */
     void *push_data;
+
+    /* The stall watch (conn.c): while commands wait for replies on a TCP
+     * connection, a look at its socket every few hundred ms; while the
+     * peer acknowledges none of the bytes sent, a probe connect to the same
+     * address (NULL when none). */
+    uv_timer_t stall_timer;
+    struct stall_probe *probe;
+    uint64_t last_rx;    /* loop ms of the last bytes read */
+    uint64_t wait_since; /* loop ms the pending queue stopped being empty */
 };
 
 /* ---- redis.c ------------------------------------------------------------- */
@@ -132,6 +141,10 @@ void outbox__redis_on_timer(uv_timer_t *t);
 
 void outbox__redis_conn_handshake_reply(outbox__redis *r, const pending *p, redisReply *reply);
 void outbox__redis_conn_tls_step(outbox__redis *r);
+/* Starts the stall watch, if not running, on a connected TCP connection
+ * (a command was queued); stop ends it and closes its probe. */
+void outbox__redis_conn_stall_watch(outbox__redis *r);
+void outbox__redis_conn_stall_stop(outbox__redis *r);
 
 /* ---- redis_io.c ---------------------------------------------------------- */
 

@@ -137,7 +137,8 @@ static void next(outbox__sentinel *s)
     if (s->rounds_failed == 1)
         outbox__log(s->log, OUTBOX_LOG_WARN, "msg=\"no sentinel answers, retrying with backoff\" conn=%s detail=\"%s\"",
                     s->what, s->errstr);
-    uv_timer_start(&s->timer, on_timer, outbox__backoff_ms(500, 5000, s->rounds_failed), 0);
+    uv_timer_start(&s->timer, on_timer,
+                   outbox__backoff_ms(OUTBOX__RECONNECT_MIN_MS, OUTBOX__RECONNECT_MAX_MS, s->rounds_failed), 0);
 }
 
 static int reply_str(const redisReply *r, char *buf, size_t len)

@@ -20,8 +20,8 @@ void outbox__cluster_options_defaults(outbox__cluster_options *o)
     o->refresh_min_ms = 1000;
     o->retry_min_ms = 20;
     o->retry_max_ms = 500;
-    o->node_retry_min_ms = 100;
-    o->node_retry_max_ms = 2000;
+    o->node_retry_min_ms = OUTBOX__RECONNECT_MIN_MS;
+    o->node_retry_max_ms = OUTBOX__RECONNECT_MAX_MS;
 }
 
 /* ---- lifetime ------------------------------------------------------------ */

@@ -79,7 +79,7 @@ typedef struct outbox__cluster_options {
     unsigned max_redirects;      /* MOVED/ASK in a row per command; default 5 */
     uint64_t refresh_min_ms;     /* throttle of map refreshes after MOVED; default 1000 */
     uint64_t retry_min_ms, retry_max_ms;           /* TRYAGAIN & co backoff; default 20, 500 */
-    uint64_t node_retry_min_ms, node_retry_max_ms; /* a down node; default 100, 2000 */
+    uint64_t node_retry_min_ms, node_retry_max_ms; /* a down node; default 100, 500 */
 } outbox__cluster_options;
 
 void outbox__cluster_options_defaults(outbox__cluster_options *o);

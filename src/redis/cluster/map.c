@@ -36,7 +36,7 @@ static void refresh_failed(outbox__cluster *c)
         if (c->closing)
             return;
     }
-    d = outbox__backoff_ms(100, 5000, c->refresh_failures);
+    d = outbox__backoff_ms(OUTBOX__RECONNECT_MIN_MS, OUTBOX__RECONNECT_MAX_MS, c->refresh_failures);
     c->refresh_armed = 1;
     uv_timer_start(&c->refresh_timer, outbox__cluster_map_on_timer, d, 0);
 }
