@@ -22,6 +22,7 @@ static void on_db_opened(outbox_relay *r);
 static void on_redis_up(outbox_relay *r)
 {
     r->redis.down_since = 0;
+    outbox__pub_park_flush(r); /* the messages the loss left without a reply first */
     outbox__sched_schedule(r);
 }
 
@@ -34,12 +35,14 @@ static void on_redis_node_up(outbox_relay *r, void *node)
 }
 
 /* The connection was lost (or no cluster node answers): every pending reply
- * callback already ran and released its message; the link reconnects. */
+ * callback already ran and parked its message to send it again (or handed
+ * it back); the link reconnects. */
 static void on_redis_down(outbox_relay *r, int status)
 {
     r->stats.reconnects++;
     r->redis.down_since = uv_now(r->loop);
-    LOG(r, OUTBOX_LOG_WARN, "msg=\"in-flight messages released for retry\" err=%s", outbox_err_name(status));
+    LOG(r, OUTBOX_LOG_WARN, "msg=\"in-flight messages kept to send again\" count=%zu err=%s", r->park.n,
+        outbox_err_name(status));
     stop_check(r); /* lost while stopping: nothing more to wait for */
 }
 
@@ -290,6 +293,7 @@ int outbox_relay_start(outbox_relay *r)
     }
     /* Every handle initialised here is counted, and closed by stop_check. */
     r->stop.handles_open = outbox__sched_init(r);
+    r->stop.handles_open += outbox__pub_park_init(r);
     uv_timer_init(r->loop, &r->stop.shutdown_timer);
     r->stop.shutdown_timer.data = r;
     r->stop.handles_open++;
@@ -372,6 +376,7 @@ static void stop_check(outbox_relay *r)
     r->stop.closing = 1;
     close_redis(r);
     outbox__sched_close(r, on_handle_closed);
+    outbox__pub_park_close(r, on_handle_closed);
     uv_close((uv_handle_t *)&r->stop.shutdown_timer, on_handle_closed);
     outbox__dbwait_close(r, on_handle_closed);
     if (r->stop.began) {
@@ -420,6 +425,7 @@ int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), 
         outbox__wake_stop(r);
         /* No more reconnects; a live connection stays for the replies awaited. */
         outbox__link_hold(r);
+        outbox__pub_park_release(r, "held back: relay stopping");
         /* Messages awaiting replies, or claimed and about to be sent (a
          * unit's claim running now): either may wait for Redis. */
         if (r->win.awaiting || r->win.inflight || r->sched.running)

@@ -201,6 +201,10 @@ void outbox__mark_account(outbox_relay *r, msg *m)
     if (m->outcome == OUT_PUBLISHED) {
         r->stats.published_total++;
         LOG(r, OUTBOX_LOG_DEBUG, "msg=published id=%s seq=%lld entry=%s", m->id, (long long)m->seq, m->result);
+    } else if (m->outcome == OUT_RELEASE) {
+        char q[256];
+        outbox__logfmt_quote(q, sizeof q, m->result ? m->result : "");
+        LOG(r, OUTBOX_LOG_DEBUG, "msg=\"handed back\" id=%s seq=%lld why=%s", m->id, (long long)m->seq, q);
     } else if (m->outcome == OUT_RETRY || m->outcome == OUT_DEAD) {
         char q[256];
         outbox__logfmt_quote(q, sizeof q, m->result ? m->result : "");

@@ -4,7 +4,9 @@
  * cluster), and WAIT groups (--wait-replicas): one per node that took
  * messages of a batch, its WAIT sent to that node behind them. Every reply
  * turns its message into a queued mark; a keyed message's successor is sent
- * once it is accepted. Loop thread.
+ * once it is accepted. A message whose connection was lost before its reply
+ * is parked and sent again once Redis is back (struct relay_park in
+ * relay_int.h says why). Loop thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,20 @@
 
 #include "relay_int.h"
 #include "util/array.h"
+
+/*
+ * A message whose XADD was accepted and whose WAIT was lost with the
+ * connection goes back to its row (sent again later). Its key's next
+ * message was sent when the XADD was accepted, behind the WAIT: parked, it
+ * would be sent again before this one and land first on a promoted replica
+ * that never got this one. So nothing more is parked until Redis is back
+ * (the replies failing after this one are those later messages).
+ */
+static void release_unacked(outbox_relay *r, msg *m, const char *why)
+{
+    r->park.off = 1;
+    outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
+}
 
 static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
@@ -48,7 +64,7 @@ static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, vo
         if (acked >= (long long)r->cfg.s.wait_replicas)
             outbox__win_queue_mark(r, m, OUT_PUBLISHED, m->result, strlen(m->result));
         else if (status != 0)
-            outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
+            release_unacked(r, m, why);
         else
             outbox__win_queue_mark(r, m, OUT_RETRY, why, strlen(why));
     }
@@ -137,6 +153,140 @@ static void leave_group(msg *m)
     m->group = NULL;
 }
 
+/* ---- parked messages (struct relay_park) -------------------------------- */
+
+/* How often a message is sent again after lost connections before its row
+ * is handed back, and how long before its lease ends a parked message is
+ * handed back rather than sent (beyond the reply timeout). */
+#define PARK_MAX_RESENDS 3
+#define PARK_MARGIN_MS 1000
+/* While Redis is down, how often the parked messages are looked at for
+ * leases about to end. */
+#define PARK_CHECK_MS 1000
+
+static void on_park_timer(uv_timer_t *t);
+
+/* The lease of m leaves time for a send and its reply. */
+static int park_in_time(const outbox_relay *r, const msg *m, int64_t now)
+{
+    return m->lease_until - now > (int64_t)r->cfg.s.reply_timeout_ms + PARK_MARGIN_MS;
+}
+
+static void park_arm(outbox_relay *r)
+{
+    if (outbox__link_up(r))
+        uv_timer_start(&r->park.timer, on_park_timer, 0, 0); /* after the other callbacks of the loss */
+    else if (!uv_is_active((uv_handle_t *)&r->park.timer))
+        uv_timer_start(&r->park.timer, on_park_timer, PARK_CHECK_MS, 0);
+}
+
+int outbox__pub_park(outbox_relay *r, msg *m)
+{
+    if (r->state != R_RUNNING || r->park.off || m->resends >= PARK_MAX_RESENDS ||
+        !park_in_time(r, m, outbox_now_ms()))
+        return 0;
+    m->resends++;
+    m->state = MSG_HELD;
+    m->park_next = NULL;
+    if (r->park.tail)
+        r->park.tail->park_next = m;
+    else
+        r->park.head = m;
+    r->park.tail = m;
+    r->park.n++;
+    park_arm(r);
+    return 1;
+}
+
+/* Takes the whole list. */
+static msg *park_take(outbox_relay *r)
+{
+    msg *m = r->park.head;
+    r->park.head = r->park.tail = NULL;
+    r->park.n = 0;
+    return m;
+}
+
+void outbox__pub_park_flush(outbox_relay *r)
+{
+    int64_t now = outbox_now_ms();
+    wait_set ws = {0};
+    msg *m = park_take(r), *next;
+    uv_timer_stop(&r->park.timer);
+    r->park.off = 0;
+    for (; m; m = next) {
+        next = m->park_next;
+        m->park_next = NULL;
+        if (r->state != R_RUNNING)
+            outbox__win_hand_back(r, m, "held back: relay stopping", "held back: relay stopping");
+        else if (!park_in_time(r, m, now))
+            outbox__win_hand_back(r, m, "connection lost; lease ending", "held back: connection lost");
+        else
+            outbox__pub_send(r, m, &ws); /* hands it back if it cannot go */
+    }
+    outbox__pub_flush_groups(r, &ws);
+    r->hooks.schedule(r); /* the marks of those handed back */
+    r->hooks.stop_check(r);
+}
+
+void outbox__pub_park_release(outbox_relay *r, const char *why)
+{
+    msg *m = park_take(r), *next;
+    uv_timer_stop(&r->park.timer);
+    for (; m; m = next) {
+        next = m->park_next;
+        m->park_next = NULL;
+        outbox__win_hand_back(r, m, why, why);
+    }
+}
+
+/* Down: hands back the messages whose leases are ending, in list order. */
+static void park_expire(outbox_relay *r)
+{
+    int64_t now = outbox_now_ms();
+    msg *m = park_take(r), *next;
+    for (; m; m = next) {
+        next = m->park_next;
+        m->park_next = NULL;
+        if (park_in_time(r, m, now)) {
+            if (r->park.tail)
+                r->park.tail->park_next = m;
+            else
+                r->park.head = m;
+            r->park.tail = m;
+            r->park.n++;
+        } else {
+            outbox__win_hand_back(r, m, "connection lost; lease ending", "held back: connection lost");
+        }
+    }
+    if (r->park.head)
+        uv_timer_start(&r->park.timer, on_park_timer, PARK_CHECK_MS, 0);
+    r->hooks.schedule(r); /* their marks */
+}
+
+static void on_park_timer(uv_timer_t *t)
+{
+    outbox_relay *r = t->data;
+    if (outbox__link_up(r))
+        outbox__pub_park_flush(r);
+    else
+        park_expire(r);
+}
+
+int outbox__pub_park_init(outbox_relay *r)
+{
+    uv_timer_init(r->loop, &r->park.timer);
+    r->park.timer.data = r;
+    return 1;
+}
+
+void outbox__pub_park_close(outbox_relay *r, uv_close_cb cb)
+{
+    uv_close((uv_handle_t *)&r->park.timer, cb);
+}
+
+/* ---- replies ------------------------------------------------------------- */
+
 static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     msg *m = data;
@@ -146,11 +296,15 @@ static void on_xadd_reply(outbox__redis *conn, int status, redisReply *reply, vo
     if (status != 0 || !reply || outbox__link_lost(r, conn, reply)) {
         const char *why = status ? outbox_strerror(status) : reply ? reply->str : "no reply";
         r->win.awaiting--;
-        /* The outcome is unknown: it may be appended, it may not. Retrying
-         * risks a duplicate, never a loss. (A node that stopped being the
-         * master is the connection's failure too, not the message's.) */
+        /* The outcome is unknown: it may be appended, it may not. Sending
+         * it again risks a duplicate, never a loss. (A node that stopped
+         * being the master is the connection's failure too, not the
+         * message's.) */
         leave_group(m);
-        outbox__win_hand_back(r, m, why, "held back: connection lost");
+        /* Not when publishing is held (an ACL refusing XADD, a cluster node
+         * behind a plain URL): sent again, it would meet the same answer. */
+        if (outbox__link_problem(r) || !outbox__pub_park(r, m))
+            outbox__win_hand_back(r, m, why, "held back: connection lost");
     } else if (reply->type == REDIS_REPLY_STRING || reply->type == REDIS_REPLY_STATUS) {
         void *node = outbox__link_node_of(r, conn);
         if (r->cfg.s.wait_replicas) {
@@ -218,7 +372,6 @@ void outbox__pub_send(outbox_relay *r, msg *m, wait_set *ws)
         outbox__win_hand_back(r, m, outbox_strerror(e), "held back: connection lost");
         return;
     }
-    m->cmd = NULL;
     m->state = MSG_SENT;
     r->win.awaiting++;
     /* Without memory for a group, its reply releases it (on_xadd_reply). */

@@ -524,8 +524,11 @@ static void unit_done(uv_work_t *w, int status)
         if (c->state != MSG_HELD || c->behind)
             continue; /* handed back by settle_chain, or chained */
         if (!outbox__link_up(r)) {
-            unsent = 1;
-            outbox__win_hand_back(r, c, "connection lost", "held back: connection lost");
+            /* Lost while the claim ran: sent once Redis is back. */
+            if (!outbox__pub_park(r, c)) {
+                unsent = 1;
+                outbox__win_hand_back(r, c, "connection lost", "held back: connection lost");
+            }
         } else if (send) {
             send[nsend++] = c;
         } else {
