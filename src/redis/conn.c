@@ -184,30 +184,38 @@ static void set_dead_peer_bounds(uv_tcp_t *t)
  * from 200 ms, on each side: after 8 s of silence the next try came some
  * 2-5 s after the network was back, and the reply timeout (10 s by
  * default) was what ended the wait. So while commands wait for replies the
- * connection is looked at every STALL_TICK_MS, and once nothing has arrived
- * on it for STALL_MS a probe starts: a new connection to the same address
- * that sends a PING. Any answer from the server's process to it (a reply,
- * an error such as NOAUTH, or a close: a TLS port closes on plaintext), or
- * a refused connect, shows the server reachable again; if this connection
- * has still received nothing one look later, it fails (OUTBOX_ETIMEDOUT),
- * its commands fail with it and the owner reconnects at once: a healed
- * network costs about two looks and a reconnect. A probe whose connect is
- * not answered by the next look is dropped for a new one (a fresh SYN,
- * not the kernel's retries 1, 2, 4 s apart). A server that is busy (a long
- * command, DEBUG SLEEP) answers neither connection, and the replies that
- * come first on this one end the probe.
+ * connection is looked at every STALL_TICK_MS. Once nothing has arrived for
+ * STALL_MS, a PING goes behind the commands (its reply, in order with
+ * theirs, is dropped): a server that is only slow, busy or paused (DEBUG
+ * SLEEP, CLIENT PAUSE WRITE during a failover; again every STALL_MS while
+ * the silence lasts) gets it acknowledged by its
+ * kernel at once (or, when the server reads nothing and its window is full,
+ * the kernel's window probes are), and the connection is left alone. If
+ * STALL_ACK_MS later no acknowledgement came at all (TCP_INFO), the network
+ * is dropping the packets: a probe connect to the same address starts, a new one
+ * at every look until one is answered (a fresh SYN, not the kernel's
+ * retries 1, 2, 4 s apart). A probe that connects, or is refused, shows the
+ * path working again while this connection is not: it fails
+ * (OUTBOX_ETIMEDOUT), its commands fail with it, and the owner reconnects at
+ * once. A command that may wait in the server (XREADGROUP BLOCK, WAIT:
+ * queued with a timeout above the reply timeout) leaves the connection
+ * silent on purpose: while one is pending there is no watch, and a silent
+ * peer is found by keepalive and the command's own timeout instead.
  */
 #define STALL_TICK_MS 200
 #define STALL_MS 1000
+#define STALL_ACK_MS 400
+/* The kernel's clock and the loop's cached one differ by a few ms: an
+ * acknowledgement this close before the PING counts as one of it. The PING
+ * is sent again every STALL_MS, so one taken for the other is looked at
+ * again a second later. */
+#define STALL_ACK_SLACK_MS 20
 
 struct stall_probe {
     uv_tcp_t tcp;
     uv_connect_t req;
-    uv_write_t wreq;
     outbox__redis *r;
-    uint64_t started;
-    int connected, answered, abandoned;
-    char buf[64];
+    int abandoned;
 };
 
 static void on_probe_closed(uv_handle_t *h)
@@ -230,43 +238,23 @@ static void probe_close(outbox__redis *r)
     uv_close((uv_handle_t *)&p->tcp, on_probe_closed);
 }
 
-static void on_probe_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-    struct stall_probe *p = h->data;
-    (void)suggested;
-    *buf = uv_buf_init(p->buf, sizeof p->buf);
-}
-
-static void on_probe_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
-{
-    struct stall_probe *p = s->data;
-    (void)buf;
-    if (nread != 0 && !p->abandoned) {
-        p->answered = 1; /* bytes, EOF or a reset: the server's process answered */
-        uv_read_stop(s);
-    }
-}
-
-static void on_probe_written(uv_write_t *req, int status)
-{
-    (void)req;
-    (void)status; /* a failed write shows in the read */
-}
-
 static void on_probe_connect(uv_connect_t *req, int status)
 {
-    static char ping[] = "PING\r\n";
     struct stall_probe *p = req->data;
-    uv_buf_t b = uv_buf_init(ping, sizeof ping - 1);
-    if (p->abandoned || status == UV_ECANCELED)
-        return;
-    if (status == UV_ECONNREFUSED) {
-        p->answered = 1; /* the host answers; nothing listens there any more */
-    } else if (status == 0) {
-        /* Not connected for the next look if the PING cannot go: a new probe. */
-        p->connected = uv_read_start((uv_stream_t *)&p->tcp, on_probe_alloc, on_probe_read) == 0 &&
-                       uv_write(&p->wreq, (uv_stream_t *)&p->tcp, &b, 1, on_probe_written) == 0;
+    outbox__redis *r = p->r;
+    if (p->abandoned || (status != 0 && status != UV_ECONNREFUSED))
+        return; /* unanswered too: the next look tries again */
+    outbox__redis_enter(r);
+    probe_close(r);
+    if (r->state == ST_CONNECTED) {
+        outbox__redis_set_err(r,
+                              "no reply and nothing acknowledged for %llu ms while a new connection to %s:%d was %s: "
+                              "the network dropped this one",
+                              (unsigned long long)(uv_now(r->loop) - r->stall_quiet), r->url.host, r->url.port,
+                              status == 0 ? "accepted" : "refused");
+        outbox__redis_fail_conn(r, OUTBOX_ETIMEDOUT);
     }
+    outbox__redis_leave(r);
 }
 
 static void probe_start(outbox__redis *r, uv_os_fd_t fd)
@@ -274,12 +262,9 @@ static void probe_start(outbox__redis *r, uv_os_fd_t fd)
     struct sockaddr_storage peer;
     socklen_t plen = sizeof peer;
     struct stall_probe *p;
-    if (getpeername(fd, (struct sockaddr *)&peer, &plen) != 0)
-        return;
-    if (!(p = calloc(1, sizeof *p)))
+    if (getpeername(fd, (struct sockaddr *)&peer, &plen) != 0 || !(p = calloc(1, sizeof *p)))
         return;
     p->r = r;
-    p->started = uv_now(r->loop);
     uv_tcp_init(r->loop, &p->tcp);
     p->tcp.data = p;
     p->req.data = p;
@@ -291,34 +276,41 @@ static void probe_start(outbox__redis *r, uv_os_fd_t fd)
 
 static void on_stall_tick(uv_timer_t *t)
 {
+    static const char ping[] = "*1\r\n$4\r\nPING\r\n";
     outbox__redis *r = t->data;
     uint64_t now = uv_now(r->loop), quiet = r->last_rx > r->wait_since ? r->last_rx : r->wait_since;
-    struct stall_probe *p = r->probe;
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
     uv_os_fd_t fd;
     if (r->state != ST_CONNECTED || r->ring_count == 0 || !r->stream) {
         outbox__redis_conn_stall_stop(r);
         return;
     }
-    if (now - quiet < STALL_MS) {
-        probe_close(r); /* replies came lately: not stalled */
+    if (now - quiet < STALL_MS || r->nblocking) {
+        probe_close(r); /* replies came lately, or one may wait in the server: not stalled */
+        r->stall_nudged = 0;
         return;
     }
-    if (p && p->answered && r->last_rx < p->started) {
-        outbox__redis_enter(r);
-        probe_close(r);
-        outbox__redis_set_err(r,
-                              "no reply for %llu ms while a new connection to %s:%d was answered: the connection "
-                              "is lost",
-                              (unsigned long long)(now - quiet), r->url.host, r->url.port);
-        outbox__redis_fail_conn(r, OUTBOX_ETIMEDOUT);
-        outbox__redis_leave(r);
+    if (!r->stall_nudged || r->stall_quiet != quiet || now - r->stall_nudged >= STALL_MS) {
+        /* Something for the peer's kernel to acknowledge. */
+        r->stall_quiet = quiet;
+        r->stall_nudged = now;
+        if (outbox__redis_queue_raw(r, ping, sizeof ping - 1, K_NUDGE) != 0)
+            r->stall_nudged = 0;
         return;
     }
-    if (p && p->connected)
-        return; /* its PING waits for a busy server: so do the replies here */
+    memset(&ti, 0, sizeof ti);
+    if (now - r->stall_nudged < STALL_ACK_MS || uv_fileno((uv_handle_t *)r->stream, &fd) != 0 ||
+        getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+        return;
+    /* An acknowledgement since the PING (of it, or of a window probe when
+     * the server reads nothing: its window is full) shows the peer there. */
+    if (ti.tcpi_last_ack_recv <= now - r->stall_nudged + STALL_ACK_SLACK_MS) {
+        probe_close(r); /* acknowledged: slow, not lost */
+        return;
+    }
     probe_close(r); /* one not answered yet: a fresh SYN instead of the kernel's retries */
-    if (uv_fileno((uv_handle_t *)r->stream, &fd) == 0)
-        probe_start(r, fd);
+    probe_start(r, fd);
 }
 
 void outbox__redis_conn_stall_watch(outbox__redis *r)
@@ -330,6 +322,7 @@ void outbox__redis_conn_stall_watch(outbox__redis *r)
 void outbox__redis_conn_stall_stop(outbox__redis *r)
 {
     uv_timer_stop(&r->stall_timer);
+    r->stall_nudged = 0;
     probe_close(r);
 }
 

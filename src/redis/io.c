@@ -238,7 +238,7 @@ static void process_replies(outbox__redis *r)
             outbox__redis_stop_timer(r);
         if (p.kind == K_USER)
             outbox__redis_call_reply(r, &p, 0, reply);
-        else
+        else if (p.kind != K_NUDGE)
             outbox__redis_conn_handshake_reply(r, &p, reply);
         freeReplyObject(reply);
     }

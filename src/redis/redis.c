@@ -157,6 +157,7 @@ pending outbox__redis_ring_pop(outbox__redis *r)
     pending p = r->ring[r->ring_head];
     r->ring_head = (r->ring_head + 1) & (r->ring_cap - 1);
     r->ring_count--;
+    r->nblocking -= p.blocking;
     return p;
 }
 
@@ -284,6 +285,8 @@ static int queue_command(outbox__redis *r, const char *cmd, size_t len, uint64_t
     p.kind = kind;
     if (kind == K_USER) {
         p.timeout_ms = timeout_ms ? timeout_ms : r->reply_timeout_ms;
+        p.blocking = timeout_ms && timeout_ms > r->reply_timeout_ms;
+        r->nblocking += p.blocking;
         if (p.timeout_ms) {
             p.deadline = uv_now(r->loop) + p.timeout_ms;
             outbox__redis_arm_timer(r, p.deadline);
@@ -295,6 +298,11 @@ static int queue_command(outbox__redis *r, const char *cmd, size_t len, uint64_t
     outbox__redis_io_schedule_flush(r);
     outbox__redis_conn_stall_watch(r);
     return 0;
+}
+
+int outbox__redis_queue_raw(outbox__redis *r, const char *cmd, size_t len, int kind)
+{
+    return queue_command(r, cmd, len, 0, NULL, NULL, kind);
 }
 
 static int check_usable(const outbox__redis *r)

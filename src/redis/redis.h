@@ -195,7 +195,10 @@ int outbox__redis_connect(outbox__redis *r, outbox__redis_connect_cb connect_cb,
 
 /* Queues one command. Only allowed once connect_cb reported success and
  * before failure/close; otherwise OUTBOX_ECLOSED (or OUTBOX_ESTATE before the
- * connection is up). timeout_ms 0 means the default reply timeout. Bytes are
+ * connection is up). timeout_ms 0 means the default reply timeout; a
+ * longer one marks a command that may wait in the server (BLOCK, WAIT), so
+ * that the connection's silence meanwhile is not taken for a network that
+ * dropped it (the stall watch, conn.c). Bytes are
  * copied; output is coalesced and written once per loop turn: in the same
  * turn when queued from a timer or an I/O callback, else in the next.
  * Returns 0, OUTBOX_ENOMEM, OUTBOX_ECLOSED, OUTBOX_ESTATE. */

@@ -38,7 +38,7 @@ enum state {
     ST_CLOSING     /* close() done its part; waiting for handles to close */
 };
 
-enum kind { K_USER = 0, K_AUTH, K_SELECT, K_SETNAME, K_PING };
+enum kind { K_USER = 0, K_AUTH, K_SELECT, K_SETNAME, K_PING, K_NUDGE /* the stall watch's PING (conn.c) */ };
 
 typedef struct pending {
     outbox__redis_reply_cb cb;
@@ -46,6 +46,7 @@ typedef struct pending {
     uint64_t deadline;   /* loop time in ms; 0 = none */
     uint64_t timeout_ms; /* for the error message */
     int kind;
+    int blocking; /* may wait in the server (a timeout above the reply timeout: BLOCK, WAIT) */
 } pending;
 
 struct outbox__redis {
@@ -116,7 +117,10 @@ struct outbox__redis {
     uv_timer_t stall_timer;
     struct stall_probe *probe;
     uint64_t last_rx;    /* loop ms of the last bytes read */
+    size_t nblocking;    /* pending commands that may wait in the server */
     uint64_t wait_since; /* loop ms the pending queue stopped being empty */
+    uint64_t stall_quiet;  /* the silence the watch's PING was sent for (since then) */
+    uint64_t stall_nudged; /* loop ms that PING was queued; 0: none */
 };
 
 /* ---- redis.c ------------------------------------------------------------- */
@@ -133,6 +137,9 @@ pending outbox__redis_ring_pop(outbox__redis *r);
 void outbox__redis_call_reply(outbox__redis *r, const pending *p, int status, redisReply *reply);
 int outbox__redis_queue_argv(outbox__redis *r, int argc, const char **argv, const size_t *argvlen,
                              uint64_t timeout_ms, outbox__redis_reply_cb cb, void *data, int kind);
+/* Queues a formatted command of the connection's own (kind not K_USER: no
+ * callback, no deadline). 0 or OUTBOX_ENOMEM. */
+int outbox__redis_queue_raw(outbox__redis *r, const char *cmd, size_t len, int kind);
 void outbox__redis_arm_timer(outbox__redis *r, uint64_t deadline);
 void outbox__redis_stop_timer(outbox__redis *r);
 void outbox__redis_on_timer(uv_timer_t *t);

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -30,6 +32,7 @@ typedef struct client {
     char *buf;
     size_t len, cap;
     int received; /* commands received on this connection */
+    int first;    /* the server's first connection */
     int done;     /* misbehaved already: ignore further input */
     /* replies held back until `after` commands arrived */
     char *held;
@@ -154,6 +157,10 @@ static void handle_input(fake_server *fs, client *c)
         case FAKE_SPLIT:
             write_split(c->fd, reply, rlen);
             break;
+        case FAKE_STALL_FIRST:
+            if (!c->first || c->received <= fs->after)
+                write_all(c->fd, reply, rlen);
+            break;
         case FAKE_GARBAGE:
         case FAKE_CLOSE_MIDREPLY:
             hold(c, reply, rlen);
@@ -212,7 +219,7 @@ static void *server_main(void *arg)
                     continue;
                 }
                 fs->clients[k].fd = fd;
-                atomic_fetch_add(&fs->connections, 1);
+                fs->clients[k].first = atomic_fetch_add(&fs->connections, 1) == 0;
             } else {
                 client *c = &fs->clients[idx[i]];
                 char buf[16384];
@@ -257,16 +264,29 @@ fake_server *fake_server_start(fake_mode mode, int after, int good)
     snprintf(fs->sock, sizeof fs->sock, "%s/fake.sock", fs->dir);
     snprintf(fs->url, sizeof fs->url, "unix://%s", fs->sock);
 
-    fs->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fs->listen_fd < 0)
-        bail("fake server socket: %s", strerror(errno));
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    if (strlen(fs->sock) >= sizeof sa.sun_path)
-        bail("fake server: socket path too long");
-    strcpy(sa.sun_path, fs->sock);
-    if (bind(fs->listen_fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fs->listen_fd, 16) < 0)
-        bail("fake server bind/listen %s: %s", fs->sock, strerror(errno));
+    if (mode == FAKE_STALL_FIRST) {
+        struct sockaddr_in in;
+        socklen_t len = sizeof in;
+        memset(&in, 0, sizeof in);
+        in.sin_family = AF_INET;
+        in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        fs->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fs->listen_fd < 0 || bind(fs->listen_fd, (struct sockaddr *)&in, sizeof in) < 0 ||
+            listen(fs->listen_fd, 16) < 0 || getsockname(fs->listen_fd, (struct sockaddr *)&in, &len) < 0)
+            bail("fake server TCP listen: %s", strerror(errno));
+        snprintf(fs->url, sizeof fs->url, "redis://127.0.0.1:%d", ntohs(in.sin_port));
+    } else {
+        fs->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fs->listen_fd < 0)
+            bail("fake server socket: %s", strerror(errno));
+        memset(&sa, 0, sizeof sa);
+        sa.sun_family = AF_UNIX;
+        if (strlen(fs->sock) >= sizeof sa.sun_path)
+            bail("fake server: socket path too long");
+        strcpy(sa.sun_path, fs->sock);
+        if (bind(fs->listen_fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fs->listen_fd, 16) < 0)
+            bail("fake server bind/listen %s: %s", fs->sock, strerror(errno));
+    }
     if (pipe2(fs->wake, O_CLOEXEC) < 0)
         bail("fake server pipe: %s", strerror(errno));
     if (pthread_create(&fs->thread, NULL, server_main, fs) != 0)

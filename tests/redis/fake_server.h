@@ -23,14 +23,20 @@ typedef enum fake_mode {
     FAKE_SILENT,
     /* Listens but never accepts: the kernel completes the connection, no
      * byte is ever read or written. */
-    FAKE_NO_ACCEPT
+    FAKE_NO_ACCEPT,
+    /* Over TCP on 127.0.0.1 (the URL is redis://127.0.0.1:PORT): the first
+     * connection answers its first `after` commands and then nothing (its
+     * bytes still acknowledged by the kernel, as on a connection whose
+     * replies a network lost); every later connection answers everything. */
+    FAKE_STALL_FIRST
 } fake_mode;
 
 typedef struct fake_server fake_server;
 
 /* Starts the server thread; bails out on failure. */
 fake_server *fake_server_start(fake_mode mode, int after, int good);
-/* "unix:///tmp/outbox-test-XXXXXX/fake.sock" */
+/* "unix:///tmp/outbox-test-XXXXXX/fake.sock" (FAKE_STALL_FIRST:
+ * "redis://127.0.0.1:PORT") */
 const char *fake_server_url(const fake_server *fs);
 /* Commands received so far (all connections). */
 int fake_server_commands(fake_server *fs);

@@ -2,7 +2,8 @@
  * test_redis_conn_failures.c: the libuv Redis connection (src/redis/redis.c)
  * against a server that misbehaves: a real redis-server that does not
  * answer in time (reply timeout), and a fake one (fake_server.c) that splits
- * replies, sends garbage, stays silent, never accepts or hangs up mid-reply.
+ * replies, sends garbage, stays silent, never accepts or hangs up mid-reply,
+ * and the stall watch on a TCP connection to one that stops answering.
  * Helpers: rc.h.
  */
 #include <stdio.h>
@@ -235,6 +236,57 @@ static void test_fake_close(void)
     fake_server_stop(fs);
 }
 
+/*
+ * The stall watch (conn.c) on a TCP connection whose server reads but stops
+ * answering, its kernel still acknowledging every byte: a server that is
+ * busy or paused, not a network that drops packets. After a second of
+ * silence the watch sends its PING, sees it acknowledged and leaves the
+ * connection alone: the command ends by its own reply timeout, no probe
+ * connection is made. A command that may wait in the server (a timeout
+ * above the reply timeout) is not watched at all: no PING.
+ */
+static void test_stall_acked(void)
+{
+    fake_server *fs = fake_server_start(FAKE_STALL_FIRST, 1, 0);
+    outbox__redis_options o;
+    rc_conn t;
+    int64_t start;
+
+    outbox__redis_options_defaults(&o);
+    o.reply_timeout_ms = 2500;
+    rc_init(&t);
+    is_int(rc_connect(&t, fake_server_url(fs), &o), 0, "stall watch, acknowledged: connected over TCP");
+    rc_cmd(&t, 0, 0, "PING", NULL);
+    rc_run_until(&t, &t.rec[0].calls, 5000);
+    is_str(t.rec[0].str, "PONG", "  the first command answered");
+    start = th_now_ms();
+    rc_cmd(&t, 1, 0, "PING", NULL);
+    rc_run_until(&t, &t.disconnects, 10000 * rc_slow);
+    is_int(t.rec[1].status, OUTBOX_ETIMEDOUT, "  the unanswered one ETIMEDOUT");
+    is_str(t.disconnect_err, "reply timeout after 2500 ms", "  by its reply timeout, not the watch");
+    ok(th_now_ms() - start >= 2400, "  after about 2500 ms (%lld)", (long long)(th_now_ms() - start));
+    ok(fake_server_commands(fs) >= 3, "  the watch's PING went behind it (%d commands)", fake_server_commands(fs));
+    is_int(fake_server_connections(fs), 1, "  and no probe connection was made");
+    rc_close(&t);
+    rc_finish(&t, "stall watch, acknowledged");
+    fake_server_stop(fs);
+
+    fs = fake_server_start(FAKE_STALL_FIRST, 1, 0);
+    outbox__redis_options_defaults(&o);
+    o.reply_timeout_ms = 500;
+    rc_init(&t);
+    is_int(rc_connect(&t, fake_server_url(fs), &o), 0, "stall watch, blocking command: connected");
+    rc_cmd(&t, 0, 0, "PING", NULL);
+    rc_run_until(&t, &t.rec[0].calls, 5000);
+    rc_cmd(&t, 1, 2500, "XREAD", "BLOCK", "2000", "STREAMS", "s", "$", NULL);
+    rc_run_until(&t, &t.disconnects, 10000 * rc_slow);
+    is_str(t.disconnect_err, "reply timeout after 2500 ms", "  ends by its own timeout");
+    is_int(fake_server_commands(fs), 2, "  no PING of the watch while it may block");
+    rc_close(&t);
+    rc_finish(&t, "stall watch, blocking command");
+    fake_server_stop(fs);
+}
+
 int main(void)
 {
     th_redis srv;
@@ -246,5 +298,6 @@ int main(void)
     test_fake_silent();
     test_fake_no_accept();
     test_fake_close();
+    test_stall_acked();
     return rc_end(&srv, start);
 }
