@@ -224,7 +224,15 @@ typedef struct bench_bm_target {
     int port, cluster;
     const char *key;
     int keyspace;
+    /* The command as a user would time Redis's own XADD ceiling (BENCHMARKS.md):
+     * `XADD KEY * id m-0000001 payload <BENCH_USER_PAYLOAD bytes>` instead of the
+     * drain's entry shape (id of 36 characters, envelope_len bytes). */
+    int user_form;
 } bench_bm_target;
+#define BENCH_USER_PAYLOAD 192
+/* redis-benchmark -c 4 -P 64 of the user form on the private server: the
+ * ceiling a user measures (README). */
+int bench_redis_benchmark_user(bench *b, long n, double *rps, char *err, size_t errlen);
 int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int clients, int pipeline,
                              size_t envelope_len, double *rps, double *p50_ms, char *err, size_t errlen);
 

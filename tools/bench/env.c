@@ -413,8 +413,15 @@ long long bench_redis_used_memory(bench *b)
 int bench_redis_benchmark(bench *b, long n, int clients, int pipeline, size_t envelope_len, double *rps,
                           double *p50_ms, char *err, size_t errlen)
 {
-    const bench_bm_target t = {b->sock, NULL, 0, 0, "outbox:bench", 0};
+    const bench_bm_target t = {b->sock, NULL, 0, 0, "outbox:bench", 0, 0};
     return bench_redis_benchmark_to(b, &t, n, clients, pipeline, envelope_len, rps, p50_ms, err, errlen);
+}
+
+int bench_redis_benchmark_user(bench *b, long n, double *rps, char *err, size_t errlen)
+{
+    const bench_bm_target t = {b->sock, NULL, 0, 0, "outbox:bench", 0, 1};
+    double p50;
+    return bench_redis_benchmark_to(b, &t, n, 4, 64, BENCH_USER_PAYLOAD, rps, &p50, err, errlen);
 }
 
 int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int clients, int pipeline,
@@ -432,10 +439,12 @@ int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int cli
     *p50_ms = 0;
     memset(id, 'i', 36);
     id[36] = '\0';
+    if (t->user_form)
+        snprintf(id, sizeof id, "m-0000001");
     env = malloc(envelope_len + 1);
     if (!env)
         return -1;
-    memset(env, 'e', envelope_len);
+    memset(env, t->user_form ? 'p' : 'e', envelope_len);
     env[envelope_len] = '\0';
     snprintf(nbuf, sizeof nbuf, "%ld", n);
     snprintf(cbuf, sizeof cbuf, "%d", clients);
@@ -472,7 +481,7 @@ int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int cli
     argv[a++] = "*";
     argv[a++] = "id";
     argv[a++] = id;
-    argv[a++] = "envelope";
+    argv[a++] = t->user_form ? "payload" : "envelope";
     argv[a++] = env;
     argv[a] = NULL;
     if (bench_spawn(argv, out, out, &pid) != 0) {

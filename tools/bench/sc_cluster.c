@@ -60,10 +60,10 @@ static int cluster_spread(bench_cluster *c)
 static int ceilings(bench *b, bench_tcp_server *s, bench_cluster *c, const bench_drain_side *tg, double ceiling[2],
                     size_t envlen, long n, char *err, size_t errlen)
 {
-    bench_bm_target single = {NULL, "127.0.0.1", s->port, 0, "outbox:bench:__rand_int__", BENCH_TOPICS};
+    bench_bm_target single = {NULL, "127.0.0.1", s->port, 0, "outbox:bench:__rand_int__", BENCH_TOPICS, 0};
     /* --cluster puts each client on one master and replaces {tag} with a
      * hash tag of that master's slots. */
-    bench_bm_target clus = {NULL, "127.0.0.1", c->port[0], 1, "outbox:bench:{tag}:__rand_int__", BENCH_TOPICS};
+    bench_bm_target clus = {NULL, "127.0.0.1", c->port[0], 1, "outbox:bench:{tag}:__rand_int__", BENCH_TOPICS, 0};
     double rps, p50, sum[2] = {0, 0};
     int k, i;
     /* Before and after the drains would need the drains in between; two
