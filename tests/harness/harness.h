@@ -114,7 +114,7 @@ void th_sql_exec(sqlite3 *db, const char *fmt, ...);
  * bails on error. */
 int64_t th_sql_int(sqlite3 *db, const char *fmt, ...);
 /* Runs sql on db while a connection of its own to path holds the write lock
- * for hold_ms (taken 20 ms before sql starts, on a thread); returns sql's
+ * for hold_ms (taken before sql starts, on a thread; sql waits for it); returns sql's
  * result code, with how long it ran in *took_ms and how long after the
  * lock's release it ended in *late_ms (negative: before it). Bails if the
  * lock cannot be taken. */

@@ -21,6 +21,7 @@ typedef struct lock_holder {
     const char *path;
     int hold_ms;
     uint64_t released_ns; /* right after its COMMIT */
+    int locked;           /* set (atomically) once it holds the lock */
 } lock_holder;
 
 static void *hold_lock(void *arg)
@@ -28,8 +29,9 @@ static void *hold_lock(void *arg)
     lock_holder *h = arg;
     sqlite3 *db = NULL;
     if (sqlite3_open_v2(h->path, &db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK ||
-        sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        sqlite3_busy_timeout(db, 5000) != SQLITE_OK || sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
         bail("cannot take the write lock of %s: %s", h->path, sqlite3_errmsg(db));
+    __atomic_store_n(&h->locked, 1, __ATOMIC_RELEASE);
     th_sleep_ms(h->hold_ms);
     sqlite3_exec(db, "COMMIT", NULL, NULL, NULL);
     h->released_ns = mono_ns();
@@ -40,13 +42,18 @@ static void *hold_lock(void *arg)
 int th_sql_while_locked(sqlite3 *db, const char *path, int hold_ms, const char *sql, double *took_ms,
                         double *late_ms)
 {
-    lock_holder h = {path, hold_ms, 0};
+    lock_holder h = {path, hold_ms, 0, 0};
     pthread_t t;
     uint64_t t0, t1;
+    int64_t deadline = th_now_ms() + 10000 * th_slow();
     int rc;
     if (pthread_create(&t, NULL, hold_lock, &h) != 0)
         bail("cannot start the lock holder");
-    th_sleep_ms(20);
+    /* The lock is taken before sql starts, however late the thread runs. */
+    while (!__atomic_load_n(&h.locked, __ATOMIC_ACQUIRE) && th_now_ms() < deadline)
+        th_sleep_ms(1);
+    if (!__atomic_load_n(&h.locked, __ATOMIC_ACQUIRE))
+        bail("the lock holder did not take the write lock of %s in time", path);
     t0 = mono_ns();
     rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
     t1 = mono_ns();
