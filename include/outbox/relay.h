@@ -112,9 +112,12 @@ typedef struct outbox_relay_settings {
     uint64_t wait_timeout_ms;
     /* Redis connect timeout; default 5000 ms. */
     uint64_t connect_timeout_ms;
-    /* Redis reply timeout in ms: a connection with a reply overdue this long
-     * is dropped and its messages retried, so that a stuck connection is
-     * given up before the leases of its messages expire. Default 0, which
+    /* Redis reply timeout in ms: a connection whose oldest command has
+     * waited this long for its reply (counted from when the reply before it
+     * came: commands behind a WAIT or a large value on a slow link are not
+     * given up while those before them are still answered) is dropped and
+     * its messages sent again, so that a stuck connection is given up
+     * before the leases of its messages expire. Default 0, which
      * means lease_ms/3, at most 10000 (it follows lease_ms). A value set
      * must be below lease_ms, less wait_timeout_ms with wait_replicas. */
     uint64_t reply_timeout_ms;

@@ -278,7 +278,7 @@ static void on_stall_tick(uv_timer_t *t)
 {
     static const char ping[] = "*1\r\n$4\r\nPING\r\n";
     outbox__redis *r = t->data;
-    uint64_t now = uv_now(r->loop), quiet = r->last_rx > r->wait_since ? r->last_rx : r->wait_since;
+    uint64_t now = uv_now(r->loop), quiet = r->last_rx > r->head_since ? r->last_rx : r->head_since;
     struct tcp_info ti;
     socklen_t len = sizeof ti;
     uv_os_fd_t fd;

@@ -23,11 +23,17 @@
  * internal entries.
  *
  * Deadlines: a single timer. Before the connection is up it is the connect
- * timeout. Afterwards it is armed for the earliest deadline among pending
- * commands. Because replies arrive in order, one expired command means the
- * connection is stuck, so the whole connection fails with ETIMEDOUT. The
- * timer is re-armed lazily: only when it fires is the queue scanned for the
- * next deadline, so a reply costs O(1).
+ * timeout. Afterwards a command's reply timeout counts from when it became
+ * the oldest one waiting (queued on an empty queue, or the reply before it
+ * came): replies arrive in order, so that is when the server owes it, and a
+ * command queued behind a WAIT or behind a 1 MiB value on a slow link is
+ * not given up while the ones before it are still being answered. (Counted
+ * from when it was queued, eight 1 MiB XADDs on a 1 Mbit/s link expired
+ * behind one another, and XADDs behind WAITs for unreachable replicas
+ * expired every second.) One overdue reply means the connection is stuck,
+ * so the whole connection fails with ETIMEDOUT. The timer is re-armed
+ * lazily: when it fires it looks at the oldest command only, and a reply
+ * costs O(1).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -158,6 +164,14 @@ pending outbox__redis_ring_pop(outbox__redis *r)
     r->ring_head = (r->ring_head + 1) & (r->ring_cap - 1);
     r->ring_count--;
     r->nblocking -= p.blocking;
+    if (r->ring_count > 0) {
+        /* The next one is owed from now; the timer (if any) fires early and
+         * looks again. */
+        const pending *h = &r->ring[r->ring_head];
+        r->head_since = uv_now(r->loop);
+        if (h->deadline && !r->timer_armed && r->state == ST_CONNECTED)
+            outbox__redis_arm_timer(r, r->head_since + h->timeout_ms);
+    }
     return p;
 }
 
@@ -293,7 +307,7 @@ static int queue_command(outbox__redis *r, const char *cmd, size_t len, uint64_t
         }
     }
     if (r->ring_count == 0)
-        r->wait_since = uv_now(r->loop);
+        r->head_since = uv_now(r->loop);
     ring_push(r, &p);
     outbox__redis_io_schedule_flush(r);
     outbox__redis_conn_stall_watch(r);
@@ -380,25 +394,16 @@ void outbox__redis_on_timer(uv_timer_t *t)
         outbox__redis_set_err(r, "connect timeout after %llu ms", (unsigned long long)r->connect_timeout_ms);
         outbox__redis_fail_conn(r, OUTBOX_ETIMEDOUT);
     } else if (r->state == ST_CONNECTED && r->ring_count > 0) {
-        uint64_t now = uv_now(r->loop), next = 0;
-        size_t i;
-        const pending *expired = NULL;
-        for (i = 0; i < r->ring_count; i++) {
-            const pending *p = &r->ring[(r->ring_head + i) & (r->ring_cap - 1)];
-            if (!p->deadline)
-                continue;
-            if (p->deadline <= now) {
-                expired = p;
-                break;
-            }
-            if (!next || p->deadline < next)
-                next = p->deadline;
-        }
-        if (expired) {
-            outbox__redis_set_err(r, "reply timeout after %llu ms", (unsigned long long)expired->timeout_ms);
+        /* Only the oldest command is owed a reply now (see the top). */
+        const pending *h = &r->ring[r->ring_head];
+        uint64_t now = uv_now(r->loop), due = r->head_since + h->timeout_ms;
+        if (!h->deadline) {
+            /* No deadline: the next one's is armed when it becomes the oldest. */
+        } else if (due <= now) {
+            outbox__redis_set_err(r, "reply timeout after %llu ms", (unsigned long long)h->timeout_ms);
             outbox__redis_fail_conn(r, OUTBOX_ETIMEDOUT);
-        } else if (next) {
-            outbox__redis_arm_timer(r, next);
+        } else {
+            outbox__redis_arm_timer(r, due);
         }
     }
     outbox__redis_leave(r);

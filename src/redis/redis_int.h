@@ -43,7 +43,7 @@ enum kind { K_USER = 0, K_AUTH, K_SELECT, K_SETNAME, K_PING, K_NUDGE /* the stal
 typedef struct pending {
     outbox__redis_reply_cb cb;
     void *data;
-    uint64_t deadline;   /* loop time in ms; 0 = none */
+    uint64_t deadline;   /* non-zero: it has a reply timeout (counted as redis.c's top says) */
     uint64_t timeout_ms; /* for the error message */
     int kind;
     int blocking; /* may wait in the server (a timeout above the reply timeout: BLOCK, WAIT) */
@@ -118,7 +118,7 @@ struct outbox__redis {
     struct stall_probe *probe;
     uint64_t last_rx;    /* loop ms of the last bytes read */
     size_t nblocking;    /* pending commands that may wait in the server */
-    uint64_t wait_since; /* loop ms the pending queue stopped being empty */
+    uint64_t head_since; /* loop ms the oldest pending command became the oldest */
     uint64_t stall_quiet;  /* the silence the watch's PING was sent for (since then) */
     uint64_t stall_nudged; /* loop ms that PING was queued; 0: none */
 };

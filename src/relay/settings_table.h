@@ -99,7 +99,8 @@
     X("connect-timeout-ms", U64, connect_timeout_ms, 0, 5000, 1, 3600000, "MS", NULL,                                 \
       "Redis connect + handshake timeout")                                                                           \
     X("reply-timeout-ms", U64, reply_timeout_ms, OUTBOX__OPT_ZERO, 0, 1, 3600000, "MS", OUTBOX__REPLY_TIMEOUT_SHOWN, \
-      "a connection with a reply overdue this long is dropped (its messages retried); when given, below --lease-ms " \
+      "a connection whose oldest command waited this long for its reply (counted from the reply before it) is "     \
+      "dropped (its messages sent again); when given, below --lease-ms "                                              \
       "(less the WAIT timeout with --wait-replicas)")                                                                \
     X("log-level", LEVEL, log_level, 0, OUTBOX_LOG_INFO, OUTBOX_LOG_DEBUG, OUTBOX_LOG_ERROR, "LEVEL", NULL,          \
       "debug, info, warn or error")                                                                                  \

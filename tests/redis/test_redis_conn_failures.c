@@ -107,6 +107,37 @@ static void test_fake_garbage(void)
     fake_server_stop(fs);
 }
 
+/* Replies that come slowly but steadily: each command is owed its reply
+ * from the one before it, so a pipeline that takes longer in all than one
+ * timeout is not given up (each ECHO reply is written a byte at a time). */
+static void test_fake_progress(void)
+{
+    fake_server *fs = fake_server_start(FAKE_SPLIT, 0, 0);
+    rc_conn t;
+    char big[401];
+    int64_t start, took;
+    int i, all = 1;
+    /* 406 bytes a reply, at least 0.3 ms a byte: 16 replies take at least
+     * 1.9 s, each about 0.12 s. */
+    memset(big, 'b', 400);
+    big[400] = '\0';
+    rc_init(&t);
+    is_int(rc_connect(&t, fake_server_url(fs), NULL), 0, "slow but steady: connected");
+    start = th_now_ms();
+    for (i = 0; i < 16; i++)
+        rc_cmd(&t, i, 1000, "ECHO", big, NULL);
+    rc_run_until(&t, &t.rec[15].calls, 60000 * rc_slow);
+    took = th_now_ms() - start;
+    for (i = 0; i < 16; i++)
+        all = all && t.rec[i].status == 0 && t.rec[i].type == REDIS_REPLY_STRING;
+    ok(all, "  every reply came, none timed out (%lld ms in all, 1000 ms each)", (long long)took);
+    ok(took > 1000, "  in more than one command's timeout (%lld ms)", (long long)took);
+    is_int(t.disconnects, 0, "  the connection stayed");
+    rc_close(&t);
+    rc_finish(&t, "slow but steady");
+    fake_server_stop(fs);
+}
+
 static void test_fake_silent(void)
 {
     fake_server *fs = fake_server_start(FAKE_SILENT, 0, 0);
@@ -115,10 +146,11 @@ static void test_fake_silent(void)
     rc_init(&t);
     is_int(rc_connect(&t, fake_server_url(fs), NULL), 0, "silent: connected");
     start = th_now_ms();
-    /* The shortest deadline is not the first command's. */
-    rc_cmd(&t, 0, 5000, "PING", NULL);
+    /* A command's timeout counts from when it is the oldest waiting: the
+     * first one's 400 ms, not the second's shorter 150. */
+    rc_cmd(&t, 0, 400, "PING", NULL);
     rc_cmd(&t, 1, 150, "PING", NULL);
-    rc_cmd(&t, 2, 5000, "PING", NULL);
+    rc_cmd(&t, 2, 400, "PING", NULL);
     rc_run_until(&t, &t.disconnects, 5000);
     ok(t.rec[0].status == OUTBOX_ETIMEDOUT && t.rec[1].status == OUTBOX_ETIMEDOUT &&
            t.rec[2].status == OUTBOX_ETIMEDOUT,
@@ -127,8 +159,8 @@ static void test_fake_silent(void)
     ok(t.rec[0].seq < t.rec[1].seq && t.rec[1].seq < t.rec[2].seq, "  in order");
     is_int(t.disconnects, 1, "  disconnect_cb once");
     is_int(t.disconnect_status, OUTBOX_ETIMEDOUT, "  ETIMEDOUT");
-    is_str(t.disconnect_err, "reply timeout after 150 ms", "  errstr names the expired command");
-    ok(th_now_ms() - start >= 140 && th_now_ms() - start < 1500 * rc_slow, "  after about 150 ms (%lld)",
+    is_str(t.disconnect_err, "reply timeout after 400 ms", "  errstr names the oldest command's timeout");
+    ok(th_now_ms() - start >= 390 && th_now_ms() - start < 2000 * rc_slow, "  after about 400 ms (%lld)",
        (long long)(th_now_ms() - start));
     rc_close(&t);
     rc_finish(&t, "silent");
@@ -294,6 +326,7 @@ int main(void)
 
     test_real_timeout(&srv);
     test_fake_split();
+    test_fake_progress();
     test_fake_garbage();
     test_fake_silent();
     test_fake_no_accept();
