@@ -611,10 +611,6 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
         sqlite3_reset(r->db.q_claim);
         sqlite3_clear_bindings(r->db.q_claim);
     }
-    /* What a message parked after a lost connection checks (publish.c). */
-    for (i = 0; e == 0 && i < x->nchosen; i++)
-        if (x->cs[x->chosen[i]].m)
-            x->cs[x->chosen[i]].m->lease_until = until;
 done:
     free(list);
     free(index);

@@ -156,34 +156,24 @@ static void leave_group(msg *m)
 /* ---- parked messages (struct relay_park) -------------------------------- */
 
 /* How often a message is sent again after lost connections before its row
- * is handed back, and how long before its lease ends a parked message is
- * handed back rather than sent (beyond the reply timeout). */
-#define PARK_MAX_RESENDS 3
-#define PARK_MARGIN_MS 1000
-/* While Redis is down, how often the parked messages are looked at for
- * leases about to end. */
-#define PARK_CHECK_MS 1000
+ * is handed back: a guard against a message that itself ends the connection
+ * every time, high enough for 30 s of random resets (a loss every few
+ * hundred ms). */
+#define PARK_MAX_RESENDS 100
 
 static void on_park_timer(uv_timer_t *t);
 
-/* The lease of m leaves time for a send and its reply. */
-static int park_in_time(const outbox_relay *r, const msg *m, int64_t now)
-{
-    return m->lease_until - now > (int64_t)r->cfg.s.reply_timeout_ms + PARK_MARGIN_MS;
-}
-
+/* Up (a cluster whose other nodes answer): sent again after the other
+ * callbacks of the loss. Down: they wait for the up event. */
 static void park_arm(outbox_relay *r)
 {
     if (outbox__link_up(r))
-        uv_timer_start(&r->park.timer, on_park_timer, 0, 0); /* after the other callbacks of the loss */
-    else if (!uv_is_active((uv_handle_t *)&r->park.timer))
-        uv_timer_start(&r->park.timer, on_park_timer, PARK_CHECK_MS, 0);
+        uv_timer_start(&r->park.timer, on_park_timer, 0, 0);
 }
 
 int outbox__pub_park(outbox_relay *r, msg *m)
 {
-    if (r->state != R_RUNNING || r->park.off || m->resends >= PARK_MAX_RESENDS ||
-        !park_in_time(r, m, outbox_now_ms()))
+    if (r->state != R_RUNNING || r->park.off || m->resends >= PARK_MAX_RESENDS)
         return 0;
     m->resends++;
     m->state = MSG_HELD;
@@ -209,7 +199,6 @@ static msg *park_take(outbox_relay *r)
 
 void outbox__pub_park_flush(outbox_relay *r)
 {
-    int64_t now = outbox_now_ms();
     wait_set ws = {0};
     msg *m = park_take(r), *next;
     uv_timer_stop(&r->park.timer);
@@ -219,8 +208,6 @@ void outbox__pub_park_flush(outbox_relay *r)
         m->park_next = NULL;
         if (r->state != R_RUNNING)
             outbox__win_hand_back(r, m, "held back: relay stopping", "held back: relay stopping");
-        else if (!park_in_time(r, m, now))
-            outbox__win_hand_back(r, m, "connection lost; lease ending", "held back: connection lost");
         else
             outbox__pub_send(r, m, &ws); /* hands it back if it cannot go */
     }
@@ -240,37 +227,11 @@ void outbox__pub_park_release(outbox_relay *r, const char *why)
     }
 }
 
-/* Down: hands back the messages whose leases are ending, in list order. */
-static void park_expire(outbox_relay *r)
-{
-    int64_t now = outbox_now_ms();
-    msg *m = park_take(r), *next;
-    for (; m; m = next) {
-        next = m->park_next;
-        m->park_next = NULL;
-        if (park_in_time(r, m, now)) {
-            if (r->park.tail)
-                r->park.tail->park_next = m;
-            else
-                r->park.head = m;
-            r->park.tail = m;
-            r->park.n++;
-        } else {
-            outbox__win_hand_back(r, m, "connection lost; lease ending", "held back: connection lost");
-        }
-    }
-    if (r->park.head)
-        uv_timer_start(&r->park.timer, on_park_timer, PARK_CHECK_MS, 0);
-    r->hooks.schedule(r); /* their marks */
-}
-
 static void on_park_timer(uv_timer_t *t)
 {
     outbox_relay *r = t->data;
     if (outbox__link_up(r))
         outbox__pub_park_flush(r);
-    else
-        park_expire(r);
 }
 
 int outbox__pub_park_init(outbox_relay *r)

@@ -112,7 +112,6 @@ struct msg {
     relay_batch *batch;    /* the batch lease it was claimed in, or NULL (a lease of its own) */
     int batch_lead;        /* its mark writes its batch's published record (see relay_batch) */
     int own_published;     /* published, but marked on its own row (its batch was slow to finish) */
-    int64_t lease_until;   /* unix ms its lease ends, as claimed (0: unknown; never parked) */
     unsigned resends;      /* sent again after a lost connection (publish.c, park) */
     msg *park_next;        /* r->park's list */
 };
@@ -422,15 +421,19 @@ struct relay_stop {
  * back to the database. Handed back, their rows went pending one by one,
  * and every later row of their keys had to wait behind them as a row of
  * its own (claim.c, defer): after 3 s of resets a 160k-row backlog drained
- * in 11 s instead of 1.2 s. A message is handed back after all when its
- * lease would end before a reply could come, after PARK_MAX_RESENDS sends
- * again, and when the relay stops. Loop thread.
+ * in 11 s instead of 1.2 s. They are kept however long Redis stays away,
+ * past their leases too: the relay never takes over its own messages
+ * (outbox__win_seq_has, outbox__batch_ours), another relay that does
+ * publishes them first (ours is a duplicate, its mark fenced), and the
+ * window bounds their memory. A message is handed back after
+ * PARK_MAX_RESENDS sends again, when publishing is held, and when the relay
+ * stops. Loop thread.
  */
 struct relay_park {
     msg *head, *tail;
     size_t n;
     int off; /* a WAIT lost: park nothing until Redis is back (publish.c, release_unacked) */
-    uv_timer_t timer; /* soon after a loss while up (a cluster node), then every second while down */
+    uv_timer_t timer; /* the send again after a loss while up (a cluster node) */
 };
 
 struct outbox_relay {
