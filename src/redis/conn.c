@@ -123,11 +123,27 @@ static void start_tls(outbox__redis *r)
     outbox__redis_conn_tls_step(r);
 }
 
+static void redials_close(outbox__redis *r);
+
+/* r->stream is connected: reads, then the TLS or the Redis handshake. */
+static void stream_up(outbox__redis *r)
+{
+    int rc;
+    redials_close(r);
+    if ((rc = uv_read_start(r->stream, outbox__redis_io_on_alloc, outbox__redis_io_on_read)) < 0) {
+        outbox__redis_set_err(r, "read: %s", uv_strerror(rc));
+        outbox__redis_fail_conn(r, OUTBOX_ECONNECT);
+    } else if (r->tls_cfg) {
+        start_tls(r);
+    } else {
+        start_handshake(r);
+    }
+}
+
 static void on_connect(uv_connect_t *req, int status)
 {
     uv_stream_t *s = req->handle;
     outbox__redis *r = s->data;
-    int rc;
     outbox__redis_enter(r);
     if (s != r->stream || r->state != ST_CONNECTING) {
         /* an attempt abandoned by a timeout or close(): UV_ECANCELED */
@@ -139,13 +155,8 @@ static void on_connect(uv_connect_t *req, int status)
         outbox__redis_close_stream(r);
         if (!r->ai_next || try_next_address(r) < 0)
             outbox__redis_fail_conn(r, OUTBOX_ECONNECT);
-    } else if ((rc = uv_read_start(s, outbox__redis_io_on_alloc, outbox__redis_io_on_read)) < 0) {
-        outbox__redis_set_err(r, "read: %s", uv_strerror(rc));
-        outbox__redis_fail_conn(r, OUTBOX_ECONNECT);
-    } else if (r->tls_cfg) {
-        start_tls(r);
     } else {
-        start_handshake(r);
+        stream_up(r);
     }
     outbox__redis_leave(r);
 }
@@ -324,6 +335,102 @@ void outbox__redis_conn_stall_stop(outbox__redis *r)
     uv_timer_stop(&r->stall_timer);
     r->stall_nudged = 0;
     probe_close(r);
+    redials_close(r);
+}
+
+/* ---- dialing again while a connect is unanswered ------------------------ */
+
+/*
+ * A SYN lost in a black hole is sent again by the kernel 1, 3 and 7 s
+ * later: a connect started during the fault came through up to 2-4 s after
+ * the network was back. So while a TCP connect is unanswered, another one
+ * to the same address starts every REDIAL_MS (at most MAX_REDIALS at once,
+ * the oldest dropped for a new one), and the first to connect is the
+ * connection; the others are closed. A far server whose answer takes
+ * longer than REDIAL_MS still gets its first SYN answered: nothing is
+ * given up before the connect timeout.
+ */
+#define REDIAL_MS 500
+#define MAX_REDIALS 4
+
+struct redial {
+    uv_tcp_t tcp; /* first: as r->stream, its memory goes in on_stream_closed */
+    uv_connect_t req;
+    outbox__redis *r;
+    int abandoned;
+};
+
+static void on_redial_closed(uv_handle_t *h)
+{
+    struct redial *d = (struct redial *)h;
+    outbox__redis *r = d->r;
+    free(d);
+    r->refs--;
+    outbox__redis_enter(r);
+    outbox__redis_leave(r); /* frees r if it was the last handle of a close */
+}
+
+static void redial_drop(outbox__redis *r, int i)
+{
+    struct redial *d = r->redials[i];
+    r->redials[i] = r->redials[--r->nredials];
+    d->abandoned = 1;
+    uv_close((uv_handle_t *)&d->tcp, on_redial_closed);
+}
+
+static void redials_close(outbox__redis *r)
+{
+    while (r->nredials > 0)
+        redial_drop(r, r->nredials - 1);
+    if (r->state != ST_CONNECTED)
+        uv_timer_stop(&r->stall_timer);
+}
+
+static void on_redial_connect(uv_connect_t *req, int status)
+{
+    struct redial *d = req->data;
+    outbox__redis *r = d->r;
+    int i;
+    if (d->abandoned)
+        return;
+    for (i = 0; i < r->nredials && r->redials[i] != d; i++)
+        ;
+    if (i == r->nredials)
+        return;
+    if (status < 0 || r->state != ST_CONNECTING) {
+        redial_drop(r, i); /* the first attempt's own failure or timeout decides */
+        return;
+    }
+    outbox__redis_enter(r);
+    r->redials[i] = r->redials[--r->nredials];
+    outbox__redis_close_stream(r); /* the first attempt: its callback sees UV_ECANCELED */
+    r->stream = (uv_stream_t *)&d->tcp;
+    set_dead_peer_bounds(&d->tcp);
+    stream_up(r);
+    outbox__redis_leave(r);
+}
+
+static void on_redial_tick(uv_timer_t *t)
+{
+    outbox__redis *r = t->data;
+    struct redial *d;
+    if (r->state != ST_CONNECTING) {
+        redials_close(r);
+        return;
+    }
+    if (r->nredials == MAX_REDIALS)
+        redial_drop(r, 0);
+    if (!(d = calloc(1, sizeof *d)))
+        return;
+    d->r = r;
+    uv_tcp_init(r->loop, &d->tcp);
+    d->tcp.data = r; /* as r->stream, the reads find r there */
+    d->req.data = d;
+    uv_tcp_nodelay(&d->tcp, 1);
+    r->refs++;
+    r->redials[r->nredials++] = d;
+    if (uv_tcp_connect(&d->req, &d->tcp, (const struct sockaddr *)&r->dial_addr, on_redial_connect) != 0)
+        redial_drop(r, r->nredials - 1);
 }
 
 /* Connects a new TCP handle to addr. Returns 0 or a libuv error (errstr
@@ -348,6 +455,10 @@ static int start_tcp(outbox__redis *r, const struct sockaddr *addr)
         outbox__redis_close_stream(r);
     } else {
         set_dead_peer_bounds(t);
+        redials_close(r); /* of an address tried before */
+        memcpy(&r->dial_addr, addr, addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                                                : sizeof(struct sockaddr_in));
+        uv_timer_start(&r->stall_timer, on_redial_tick, REDIAL_MS, REDIAL_MS);
     }
     return rc;
 }

@@ -114,8 +114,11 @@ struct outbox__redis {
      * connection, a look at its socket every few hundred ms; while the
      * peer acknowledges none of the bytes sent, a probe connect to the same
      * address (NULL when none). */
-    uv_timer_t stall_timer;
+    uv_timer_t stall_timer; /* also the connects' redial ticks while connecting (conn.c) */
     struct stall_probe *probe;
+    struct redial *redials[4]; /* connects to dial_addr started again (conn.c, MAX_REDIALS) */
+    int nredials;
+    struct sockaddr_storage dial_addr;
     uint64_t last_rx;    /* loop ms of the last bytes read */
     size_t nblocking;    /* pending commands that may wait in the server */
     uint64_t head_since; /* loop ms the oldest pending command became the oldest */
