@@ -1,0 +1,228 @@
+# scenarios.sh: the network-fault scenarios, sourced by run.sh after
+# world.sh. Each scenario is a function sc_NAME that builds its world,
+# commits a backlog, starts a writer (committing and rolling back) and the
+# relay, injects its fault mid-drain, heals, and leaves the verdict to
+# sc_settle: the backlog drains, an undisturbed backlog of the same size is
+# drained in the same run for comparison, the writer stops, and check.py
+# counts what was found, lost, duplicated and misordered.
+#
+# SC_MODE is short (the meson tests: seconds per scenario) or long
+# (tools/chaos.sh: the durations the scenarios are specified with).
+
+SC_MODE=${SC_MODE:-short}
+sc_p() { if [ "$SC_MODE" = long ]; then echo "$2"; else echo "$1"; fi; } # sc_p SHORT LONG
+
+# The relay as these scenarios run it: faults are noticed within a second
+# (reply and connect timeouts), retries start fast and never exhaust the
+# attempts (a dead row would hide a loss), and published rows are kept so
+# that the checker reads every row's state.
+SC_RELAY_ARGS=(--lease-ms 5000 --reply-timeout-ms 1000 --connect-timeout-ms 1000 --backoff-min-ms 50
+               --backoff-max-ms 500 --scan-interval-ms 100 --max-attempts 100000 --retention-ms 0
+               --log-level info)
+SC_RELAY_ADDR=127.0.0.1 # what a relay inside the namespace connects from
+SC_TOPIC=nf
+SC_STREAM=outbox:$SC_TOPIC
+SC_NODES=()         # NAME=SOCKET of every Redis node, for the checker
+SC_ASSERT_TIMING=() # resume / catchup: the targets asserted in this scenario
+SC_EXPECT_LOSS=0    # 1 where an async-replication window is measured, not asserted
+SC_WRITER_PID=""
+SC_FAILED=0
+SC_POINTS=0
+SC_RESULT=()
+
+sc_ok() { # sc_ok DESCRIPTION COMMAND...
+    local what=$1
+    shift
+    SC_POINTS=$((SC_POINTS + 1))
+    if "$@"; then echo "ok $SC_POINTS - $what"; else echo "not ok $SC_POINTS - $what"; SC_FAILED=1; fi
+}
+
+sc_host_spawn() { # sc_host_spawn NAME CMD...: a process in the root namespace, tracked by pid
+    local name=$1
+    shift
+    "$@" >>"$NF_WORK/$name.log" 2>&1 &
+    NF_LAST_PID=$!
+    NF_PIDS+=("$NF_LAST_PID")
+}
+
+sc_db_init() { # sc_db_init [DIR]
+    SC_DB=${1:-$NF_WORK}/app.db
+    "$NF_RELAY_BIN" init --db "$SC_DB" >/dev/null || nf_fail "outbox-relay init"
+}
+sc_sql() { sqlite3 -cmd ".timeout 30000" "$SC_DB" "$@"; }
+sc_writer() { python3 "$nf_here/writer.py" --db "$SC_DB" --topic "$SC_TOPIC" --rolled-back "$NF_WORK/rolled-back" "$@"; }
+
+# The backlog: N rows in one transaction, ids w-0 .. w-(N-1).
+sc_backlog() { sc_writer --backlog "$1" --payload-bytes "${2:-200}" >/dev/null || nf_fail "backlog"; SC_NEXT=$1; }
+
+# The writer: one transaction at a time at RATE per second, every 5th rolled
+# back, until the stop file appears.
+sc_writer_start() { # sc_writer_start RATE [PAYLOAD_BYTES]
+    rm -f "$NF_WORK/stop"
+    sc_host_spawn writer python3 "$nf_here/writer.py" --db "$SC_DB" --topic "$SC_TOPIC" \
+        --rolled-back "$NF_WORK/rolled-back" --until "$NF_WORK/stop" --rate "$1" --start "$SC_NEXT" \
+        --payload-bytes "${2:-200}"
+    SC_WRITER_PID=$NF_LAST_PID
+}
+sc_writer_stop() {
+    [ -n "$SC_WRITER_PID" ] || return 0
+    touch "$NF_WORK/stop"
+    local i
+    for i in $(seq $((400 * NF_SLOW))); do kill -0 "$SC_WRITER_PID" 2>/dev/null || break; sleep 0.05; done
+    wait "$SC_WRITER_PID" 2>/dev/null
+    SC_WRITER_PID=""
+}
+
+sc_relay() { # sc_relay NAME URL [ARG...]: sets SC_RELAY_PID
+    local name=$1 url=$2
+    shift 2
+    nf_spawn "relay-$name" "$NF_RELAY_BIN" run --db "$SC_DB" --redis "$url" "${SC_RELAY_ARGS[@]}" \
+        --worker-id "$name" "$@"
+    SC_RELAY_PID=$NF_LAST_PID
+}
+
+sc_xlen() { nf_cli "$1" XLEN "$SC_STREAM" 2>/dev/null; }
+sc_xlen_at_least() { local n; n=$(sc_xlen "$1"); [ -n "$n" ] && [ "$n" -ge "$2" ]; }
+sc_unpublished() { sc_sql "SELECT count(*) FROM outbox_messages WHERE state < 2 ${1:+AND $1}"; }
+sc_none_unpublished() { [ "$(sc_unpublished "$@")" = 0 ]; }
+sc_alive() { kill -0 "$1" 2>/dev/null; }
+
+# Mid-drain: the relay has published some of the backlog, not all of it.
+sc_mid_drain() { # sc_mid_drain NODE BACKLOG
+    nf_wait 30 sc_xlen_at_least "$1" $(($2 / 20)) || nf_fail "the relay did not start publishing the backlog"
+    local left
+    left=$(sc_unpublished)
+    [ "$left" -gt 0 ] || nf_log "warning: the backlog drained before the fault (left=$left)"
+}
+
+# After the heal: the backlog drains, then an undisturbed backlog of the
+# size the fault left (at least 100 rows) drains with the writer still
+# running, then the writer stops and everything must be published.
+sc_settle() { # sc_settle BACKLOG_AT_HEAL
+    local backlog=$1 t_heal=$NF_HEAL_MS
+    nf_wait "$(sc_p 60 180)" sc_none_unpublished "created_at < $t_heal" ||
+        nf_log "the backlog did not drain in time: $(sc_unpublished "created_at < $t_heal") left"
+    [ "$backlog" -ge 100 ] || backlog=100
+    sc_writer --backlog "$backlog" --prefix b --payload-bytes "${SC_PAYLOAD:-200}" >/dev/null
+    nf_wait "$(sc_p 60 180)" sc_none_unpublished "id LIKE 'b-%'" || nf_log "the baseline did not drain in time"
+    sc_writer_stop
+    nf_wait "$(sc_p 60 180)" sc_none_unpublished || nf_log "rows left unpublished: $(sc_unpublished)"
+}
+
+# sc_check NAME [CHECK ARGS...]: runs the checker and the assertions.
+sc_check() {
+    local name=$1 line k v
+    shift
+    local nodes=()
+    for k in "${SC_NODES[@]}"; do nodes+=(--node "$k"); done
+    line=$(python3 "$nf_here/check.py" --db "$SC_DB" "${nodes[@]}" --rolled-back "$NF_WORK/rolled-back" \
+        --prefix outbox: ${NF_HEAL_MS:+--heal-ms "$NF_HEAL_MS"} --baseline b- "$@") || nf_fail "check.py failed"
+    echo "# check: $line"
+    declare -gA R=()
+    for kv in $line; do R[${kv%%=*}]=${kv#*=}; done
+    echo "RESULT scenario=$name committed=${R[committed]} lost=${R[lost]} duplicates=${R[duplicates]}" \
+        "order_violations=${R[order_violations]} rolled_back_published=${R[rolled_back_published]}" \
+        "resume_ms=${R[resume_ms]:--} catchup_s=${R[catchup_s]:--} baseline_s=${R[baseline_s]:--}" \
+        "catchup_ratio=${R[catchup_ratio]:--} backlog_at_heal=${R[backlog_at_heal]:--}" \
+        "lost_marked=${R[lost_marked]} lost_fraction=${R[lost_fraction]} ${SC_EXTRA:-}"
+    sc_ok "committed rows exist (${R[committed]})" [ "${R[committed]}" -gt 0 ]
+    if [ "$SC_EXPECT_LOSS" = 1 ]; then
+        echo "# lost ${R[lost]} of ${R[committed]} (${R[lost_fraction]}): the async-replication window, measured"
+    else
+        sc_ok "nothing lost (${R[lost]})" [ "${R[lost]}" = 0 ]
+        sc_ok "every committed row is published (${R[unpublished]} left)" [ "${R[unpublished]}" = 0 ]
+    fi
+    sc_ok "no dead rows (${R[dead]})" [ "${R[dead]}" = 0 ]
+    sc_ok "per-key order kept (${R[order_violations]} violations)" [ "${R[order_violations]}" = 0 ]
+    sc_ok "nothing published for a rolled-back transaction (${R[rolled_back_published]} of ${R[rolled_back]})" \
+        [ "${R[rolled_back_published]}" = 0 ]
+    sc_ok "no entry without a row (${R[foreign]})" [ "${R[foreign]}" = 0 ]
+    sc_ok "the writer rolled some transactions back (${R[rolled_back]})" [ "${R[rolled_back]}" -gt 0 ]
+    local t
+    for t in "${SC_ASSERT_TIMING[@]}"; do
+        case $t in
+        resume) sc_ok "publishing resumed within 1 s of the heal (${R[resume_ms]} ms)" \
+                    [ "${R[resume_ms]}" != - ] && [ "${R[resume_ms]:-99999}" -le 1000 ] ;;
+        catchup) sc_ok "the backlog drained within 2x the undisturbed drain (${R[catchup_s]} s vs ${R[baseline_s]} s)" \
+                    python3 -c "import sys; sys.exit(0 if float('${R[catchup_s]}') <= 2 * float('${R[baseline_s]}') else 1)" ;;
+        esac
+    done
+}
+
+# ---- single node: 1, 2, 3 -------------------------------------------------
+
+sc_single_up() {
+    nf_world_up
+    nf_redis r1 127.0.0.2
+    SC_NODES=("r1=$(nf_sock r1)")
+    sc_db_init
+    SC_URL=redis://127.0.0.2:6379
+}
+
+# sc_single_fault NAME BACKLOG SECONDS FAULT...: the fault (a world.sh
+# function and its arguments) for SECONDS, mid-drain, then healed.
+sc_single_fault() {
+    local name=$1 backlog=$2 secs=$3
+    shift 3
+    sc_single_up
+    sc_backlog "$backlog"
+    sc_writer_start 100
+    sc_relay a "$SC_URL"
+    sc_mid_drain r1 "$backlog"
+    "$@" || nf_fail "could not inject the fault: $*"
+    # The fault lasts a fixed time: its duration is what the scenario is.
+    sleep "$secs"
+    sc_ok "the relay is still running under the fault" sc_alive "$SC_RELAY_PID"
+    local left
+    left=$(sc_unpublished)
+    nf_heal
+    sc_settle "$left"
+    sc_ok "the relay is still running after the heal" sc_alive "$SC_RELAY_PID"
+    sc_check "$name"
+}
+
+sc_blackhole() {
+    SC_ASSERT_TIMING=(${SC_TIMING_BLACKHOLE:-})
+    sc_single_fault blackhole "$(sc_p 20000 100000)" "$(sc_p 3 8)" nf_blackhole "$SC_RELAY_ADDR" 127.0.0.2
+}
+sc_loss() {
+    SC_ASSERT_TIMING=(${SC_TIMING_LOSS:-})
+    sc_single_fault loss20 "$(sc_p 20000 100000)" "$(sc_p 3 10)" nf_loss "$SC_RELAY_ADDR" 127.0.0.2 20
+}
+sc_reset_all() {
+    SC_ASSERT_TIMING=(${SC_TIMING_RESET:-})
+    sc_single_fault reset_all "$(sc_p 20000 100000)" "$(sc_p 2 3)" nf_reset "$SC_RELAY_ADDR" 127.0.0.2
+}
+sc_reset_random() {
+    SC_ASSERT_TIMING=(${SC_TIMING_RESET_RANDOM:-})
+    sc_single_fault reset_random "$(sc_p 20000 200000)" "$(sc_p 4 30)" nf_reset "$SC_RELAY_ADDR" 127.0.0.2 5
+}
+
+# A slow link (tbf on lo, every packet) while messages of 1 MiB drain: how
+# long each takes against what the link allows, and whether it finishes.
+sc_slow_link() {
+    local n rate secs
+    n=$(sc_p 3 4)
+    rate=$(sc_p 8mbit 1mbit)
+    SC_PAYLOAD=$((1024 * 1024))
+    SC_ASSERT_TIMING=()
+    sc_single_up
+    sc_backlog "$n" "$SC_PAYLOAD"
+    sc_writer_start 20 1024
+    nf_slow_link "$rate"
+    local t0
+    t0=$(nf_now_ms)
+    # The relay's defaults for timeouts: a 1 MiB XADD needs 8.4 s at 1 Mbit/s.
+    SC_RELAY_ARGS=(--max-attempts 100000 --retention-ms 0 --log-level info --backoff-min-ms 50 --backoff-max-ms 500)
+    sc_relay a "$SC_URL"
+    secs=$(sc_p 30 120)
+    nf_wait "$secs" sc_none_unpublished
+    local t1 published
+    t1=$(nf_now_ms)
+    published=$(sc_sql "SELECT count(*) FROM outbox_messages WHERE state = 2")
+    SC_EXTRA="slow_published=$published/$n slow_ms=$((t1 - t0)) link=$rate"
+    echo "# under $rate: $published of $n messages of 1 MiB published in $((t1 - t0)) ms"
+    nf_fast_link
+    sc_settle "$n"
+    sc_check slow_link
+}
