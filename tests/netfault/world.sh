@@ -174,25 +174,30 @@ nf_redis() {
     nf_wait 10 nf_ping "$name" || nf_fail "redis-server $name did not start (see $name.log)"
 }
 
-nf_rule() { ip netns exec "$NF_NS" nft add rule inet "$NF_TABLE" faults "$@"; }
-
+# The rules of one fault go in as one nft transaction: both directions at
+# once, never one half of a partition for a moment.
+nf_rules_add() { # nf_rules_add RULE... (each "saddr daddr match... verdict")
+    local r
+    for r in "$@"; do echo "add rule inet $NF_TABLE faults $r"; done | ip netns exec "$NF_NS" nft -f -
+}
 nf_blackhole() { # nf_blackhole A B
-    nf_rule ip saddr "$1" ip daddr "$2" drop && nf_rule ip saddr "$2" ip daddr "$1" drop
+    nf_rules_add "ip saddr $1 ip daddr $2 drop" "ip saddr $2 ip daddr $1 drop"
 }
 nf_isolate() { # nf_isolate A B...: A cut off from each B
-    local a=$1 b
+    local a=$1 b rules=()
     shift
-    for b in "$@"; do nf_blackhole "$a" "$b" || return 1; done
+    for b in "$@"; do rules+=("ip saddr $a ip daddr $b drop" "ip saddr $b ip daddr $a drop"); done
+    nf_rules_add "${rules[@]}"
 }
 nf_loss() { # nf_loss A B PCT
-    nf_rule ip saddr "$1" ip daddr "$2" numgen random mod 100 "<" "$3" drop &&
-        nf_rule ip saddr "$2" ip daddr "$1" numgen random mod 100 "<" "$3" drop
+    nf_rules_add "ip saddr $1 ip daddr $2 numgen random mod 100 < $3 drop" \
+        "ip saddr $2 ip daddr $1 numgen random mod 100 < $3 drop"
 }
 nf_reset() { # nf_reset A B [PCT]
-    local when=()
-    [ -n "${3:-}" ] && when=(numgen random mod 100 "<" "$3")
-    nf_rule ip saddr "$1" ip daddr "$2" meta l4proto tcp "${when[@]}" reject with tcp reset &&
-        nf_rule ip saddr "$2" ip daddr "$1" meta l4proto tcp "${when[@]}" reject with tcp reset
+    local when=""
+    [ -n "${3:-}" ] && when="numgen random mod 100 < $3"
+    nf_rules_add "ip saddr $1 ip daddr $2 meta l4proto tcp $when reject with tcp reset" \
+        "ip saddr $2 ip daddr $1 meta l4proto tcp $when reject with tcp reset"
 }
 nf_heal() {
     ip netns exec "$NF_NS" nft flush chain inet "$NF_TABLE" faults || nf_fail "nft flush"
@@ -200,12 +205,17 @@ nf_heal() {
 }
 nf_rules() { ip netns exec "$NF_NS" nft list chain inet "$NF_TABLE" faults; }
 
+# A packet larger than tbf's bucket never leaves, and lo's MTU (64 KiB) is
+# far above a 32 kbit bucket: while the link is slow, lo carries Ethernet's
+# 1500 bytes, as a real slow link would.
 nf_slow_link() { # nf_slow_link RATE: every packet on lo through one token bucket
+    ip -n "$NF_NS" link set lo mtu 1500 || nf_fail "lo mtu 1500"
     ip netns exec "$NF_NS" tc qdisc add dev lo root tbf rate "$1" burst 32kbit latency 400ms ||
         nf_fail "tc tbf"
 }
 nf_fast_link() {
     ip netns exec "$NF_NS" tc qdisc del dev lo root || nf_fail "tc qdisc del"
+    ip -n "$NF_NS" link set lo mtu 65536 || nf_fail "lo mtu 65536"
     NF_HEAL_MS=$(nf_now_ms)
 }
 
