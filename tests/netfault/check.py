@@ -14,6 +14,8 @@ Inputs:
   --effects FILE       ids of effects a consumer applied, one a line (optional)
   --heal-ms T          the moment a fault was healed (Unix ms, the clock Redis
                        stamps stream entry ids with)
+  --event NAME=T       another moment (e.g. Sentinel's +switch-master): prints
+                       NAME_resume_ms, the first entry at or after T minus T
   --baseline PREFIX    ids with this prefix are the undisturbed backlog,
                        committed at once (at --baseline-ms T, or else at its
                        rows' latest created_at)
@@ -128,6 +130,10 @@ def read_node(path, prefix):
     try:
         role = r.cmd("ROLE")[0].decode()
         streams = {}
+        if role != "master":
+            # A replica's copy is not what consumers read (and a cluster
+            # replica answers MOVED): only its role is reported.
+            return role, streams
         cursor = b"0"
         while True:
             cursor, keys = r.cmd("SCAN", cursor, "MATCH", prefix + "*", "TYPE", "stream", "COUNT", 1000)
@@ -156,6 +162,7 @@ def main():
     ap.add_argument("--rolled-back", action="append", default=[])
     ap.add_argument("--effects")
     ap.add_argument("--heal-ms", type=int)
+    ap.add_argument("--event", action="append", default=[])
     ap.add_argument("--baseline")
     ap.add_argument("--baseline-ms", type=int)
     ap.add_argument("--json", action="store_true")
@@ -251,6 +258,11 @@ def main():
                    if r[5] < a.heal_ms and m in first and first[m][0] >= a.heal_ms]
         out["backlog_at_heal"] = len(backlog)
         out["catchup_s"] = round((max(backlog) - a.heal_ms) / 1000.0, 3) if backlog else 0.0
+    for spec in a.event:
+        # Another moment than the heal, e.g. Sentinel's +switch-master.
+        name, t = spec.split("=", 1)
+        after = [ms for ms, _ in first.values() if ms >= int(t)]
+        out["%s_resume_ms" % name] = (min(after) - int(t)) if after else None
     if a.baseline:
         # Without --baseline-ms the backlog's own commit: its rows' latest
         # created_at (they were committed in one transaction).

@@ -138,8 +138,8 @@ sc_check() {
         echo "# lost ${R[lost]} of ${R[committed]} (${R[lost_fraction]}): the async-replication window, measured"
     else
         sc_ok "nothing lost (${R[lost]})" [ "${R[lost]}" = 0 ]
-        sc_ok "every committed row is published (${R[unpublished]} left)" [ "${R[unpublished]}" = 0 ]
     fi
+    sc_ok "every committed row is marked published (${R[unpublished]} left)" [ "${R[unpublished]}" = 0 ]
     sc_ok "no dead rows (${R[dead]})" [ "${R[dead]}" = 0 ]
     sc_ok "per-key order kept (${R[order_violations]} violations)" [ "${R[order_violations]}" = 0 ]
     sc_ok "nothing published for a rolled-back transaction (${R[rolled_back_published]} of ${R[rolled_back]})" \
@@ -281,4 +281,174 @@ sc_disk_full() {
     integrity=$(sc_sql "PRAGMA integrity_check")
     sc_ok "PRAGMA integrity_check: $integrity" [ "$integrity" = ok ]
     sc_check disk_full
+}
+
+# ---- 4. Sentinel split brain ----------------------------------------------
+
+sc_role() { nf_cli "$1" ROLE 2>/dev/null | head -1; }
+sc_role_is() { [ "$(sc_role "$1")" = "$2" ]; }
+sc_link_up() { nf_cli "$1" INFO replication 2>/dev/null | grep -q '^master_link_status:up'; }
+sc_sentinel_knows() { # sc_sentinel_knows SENTINEL: sees the replica and the other two sentinels
+    local info
+    info=$(nf_cli "$1" SENTINEL master mymaster 2>/dev/null | tr -d '\r' | paste - - | tr '\t' '=')
+    echo "$info" | grep -qx 'num-slaves=1' && echo "$info" | grep -qx 'num-other-sentinels=2'
+}
+sc_sentinel_master_is() { # sc_sentinel_master_is SENTINEL ADDR
+    [ "$(nf_cli "$1" SENTINEL get-master-addr-by-name mymaster 2>/dev/null | head -1)" = "$2" ]
+}
+sc_event_seen() { grep -q -- "$1" "$NF_WORK/events.log" 2>/dev/null; }
+sc_event_ms() { grep -m1 -- "$1" "$NF_WORK/events.log" | cut -d' ' -f1; }
+
+# One master (m1, 127.0.0.2) with one replica (r1, .3) and three sentinels
+# (.11-.13), each with its own address, source address and announce-ip.
+sc_sentinel_up() {
+    nf_world_up
+    nf_redis m1 127.0.0.2
+    nf_redis r1 127.0.0.3 --replicaof 127.0.0.2 6379
+    nf_wait 20 sc_link_up r1 || nf_fail "the replica did not sync"
+    local i addr
+    for i in 1 2 3; do
+        addr=127.0.0.1$i
+        mkdir -p "$NF_WORK/s$i"
+        cat >"$NF_WORK/s$i/sentinel.conf" <<CONF
+port 26379
+bind $addr
+bind-source-addr $addr
+protected-mode no
+unixsocket $(nf_sock "s$i")
+unixsocketperm 700
+dir $NF_WORK/s$i
+sentinel announce-ip $addr
+sentinel monitor mymaster 127.0.0.2 6379 2
+sentinel down-after-milliseconds mymaster 1000
+sentinel failover-timeout mymaster 10000
+sentinel parallel-syncs mymaster 1
+CONF
+        nf_spawn "s$i" redis-server "$NF_WORK/s$i/sentinel.conf" --sentinel
+    done
+    for i in 1 2 3; do
+        nf_wait 30 sc_sentinel_knows "s$i" || nf_fail "sentinel s$i does not see the replica and the other sentinels"
+    done
+    sc_host_spawn events python3 "$nf_here/events.py" "$(nf_sock s1)" +switch-master +sdown +odown
+    SC_NODES=("m1=$(nf_sock m1)" "r1=$(nf_sock r1)")
+    sc_db_init
+    SC_URL="redis-sentinel://127.0.0.11:26379,127.0.0.12:26379,127.0.0.13:26379#mymaster"
+}
+
+# sc_sentinel_split NAME [RELAY ARGS...]: the master cut off from its
+# replica and the sentinels (not from the relay) until +switch-master, then
+# healed; the old master must come back as a replica of the new one.
+sc_sentinel_split() {
+    local name=$1 backlog left t_switch t_cut
+    shift
+    backlog=$(sc_p 30000 100000)
+    sc_sentinel_up
+    sc_backlog "$backlog"
+    sc_writer_start 100
+    sc_relay a "$SC_URL" "$@"
+    sc_mid_drain m1 "$backlog"
+    t_cut=$(nf_now_ms)
+    nf_isolate 127.0.0.2 127.0.0.3 127.0.0.11 127.0.0.12 127.0.0.13 || nf_fail "the partition"
+    sc_ok "the sentinels promote the replica (+switch-master)" nf_wait 30 sc_event_seen +switch-master
+    t_switch=$(sc_event_ms +switch-master)
+    # The old master stays cut off a little longer than the promotion, as a
+    # partition does not heal on cue: the relay may still be writing to it.
+    sleep "$(sc_p 1 5)"
+    sc_ok "the relay is still running in the split brain" sc_alive "$SC_RELAY_PID"
+    left=$(sc_unpublished)
+    nf_heal
+    sc_ok "the old master comes back as a replica" nf_wait 30 sc_role_is m1 slave
+    nf_wait 30 sc_link_up m1 || nf_log "the old master's replication link is not up"
+    sc_settle "$left"
+    SC_EXTRA="switch_after_cut_ms=$((t_switch - t_cut)) heal_after_switch_ms=$((NF_HEAL_MS - t_switch))"
+    sc_check "$name" --event "switch=$t_switch"
+    echo "# after +switch-master: first entry on the new master after ${R[switch_resume_ms]:--} ms"
+    SC_SWITCH_RESUME=${R[switch_resume_ms]:--}
+}
+
+sc_sentinel() {
+    SC_EXPECT_LOSS=1
+    SC_ASSERT_TIMING=()
+    sc_sentinel_split sentinel
+}
+sc_sentinel_wait() {
+    SC_ASSERT_TIMING=()
+    sc_sentinel_split sentinel_wait --wait-replicas 1
+}
+
+# ---- 5. Cluster minority --------------------------------------------------
+
+sc_cluster_ok() { nf_cli "$1" CLUSTER INFO 2>/dev/null | grep -q '^cluster_state:ok'; }
+sc_all_cluster_ok() { local n; for n in c1 c2 c3 c4 c5 c6; do sc_cluster_ok "$n" || return 1; done; }
+sc_all_links_up() { local n; for n in "$@"; do sc_link_up "$n" || return 1; done; }
+
+# Three masters (c1-c3, 127.0.0.2-4) and three replicas (c4-c6, .5-.7),
+# cluster-node-timeout short, so that a master cut off from the majority
+# is replaced by its replica within seconds.
+sc_cluster_up() {
+    local i
+    nf_world_up
+    for i in 1 2 3 4 5 6; do
+        nf_redis "c$i" "127.0.0.$((i + 1))" --cluster-enabled yes --cluster-config-file nodes.conf \
+            --cluster-node-timeout "${SC_NODE_TIMEOUT:-1000}"
+    done
+    ip netns exec "$NF_NS" redis-cli --cluster create 127.0.0.2:6379 127.0.0.3:6379 127.0.0.4:6379 \
+        127.0.0.5:6379 127.0.0.6:6379 127.0.0.7:6379 --cluster-replicas 1 --cluster-yes \
+        >"$NF_WORK/cluster-create.log" 2>&1 || nf_fail "redis-cli --cluster create (see cluster-create.log)"
+    nf_wait 30 sc_all_cluster_ok || nf_fail "the cluster did not reach state ok"
+    SC_NODES=()
+    for i in 1 2 3 4 5 6; do SC_NODES+=("c$i=$(nf_sock "c$i")"); done
+    # The master that holds the stream's slot, and its replica.
+    local slot
+    slot=$(nf_cli c1 CLUSTER KEYSLOT "$SC_STREAM")
+    local owner m r
+    owner=$(python3 "$nf_here/slot_owner.py" "$(nf_sock c1)" "$SC_STREAM") ||
+        nf_fail "no master (or no replica) for slot $slot"
+    m=${owner%% *} r=${owner#* }
+    SC_VICTIM=c$((${m##*.} - 1)) SC_VICTIM_REPLICA=c$((${r##*.} - 1))
+    nf_wait 30 sc_all_links_up c4 c5 c6 || nf_fail "the replicas did not sync"
+    sc_db_init
+    SC_URL="redis-cluster://127.0.0.2:6379,127.0.0.3:6379,127.0.0.4:6379"
+    nf_log "slot $slot of $SC_STREAM: master $SC_VICTIM, replica $SC_VICTIM_REPLICA"
+}
+
+sc_addr() { echo "127.0.0.$(( ${1#c} + 1 ))"; }
+
+# sc_cluster_minority NAME [RELAY ARGS...]: the stream's master cut off
+# from every other node (not from the relay) until its replica is master,
+# then healed; the old master must come back as a replica.
+sc_cluster_minority() {
+    local name=$1 backlog left t_cut t_promoted others=() i
+    shift
+    backlog=$(sc_p 20000 100000)
+    sc_cluster_up
+    sc_backlog "$backlog"
+    sc_writer_start 100
+    sc_relay a "$SC_URL" "$@"
+    sc_mid_drain "$SC_VICTIM" "$backlog"
+    for i in 1 2 3 4 5 6; do [ "c$i" = "$SC_VICTIM" ] || others+=("$(sc_addr "c$i")"); done
+    t_cut=$(nf_now_ms)
+    nf_isolate "$(sc_addr "$SC_VICTIM")" "${others[@]}" || nf_fail "the partition"
+    sc_ok "the replica $SC_VICTIM_REPLICA is promoted" nf_wait 30 sc_role_is "$SC_VICTIM_REPLICA" master
+    t_promoted=$(nf_now_ms)
+    sleep "$(sc_p 1 5)" # the partition outlasts the promotion a little, as real ones do
+    sc_ok "the relay is still running in the minority partition" sc_alive "$SC_RELAY_PID"
+    left=$(sc_unpublished)
+    nf_heal
+    sc_ok "the old master comes back as a replica" nf_wait 30 sc_role_is "$SC_VICTIM" slave
+    nf_wait 30 sc_link_up "$SC_VICTIM" || nf_log "the old master's replication link is not up"
+    sc_settle "$left"
+    SC_EXTRA="promoted_after_cut_ms=$((t_promoted - t_cut)) heal_after_promotion_ms=$((NF_HEAL_MS - t_promoted))"
+    sc_check "$name" --event "promoted=$t_promoted"
+    echo "# after the promotion: first entry after ${R[promoted_resume_ms]:--} ms"
+}
+
+sc_cluster() {
+    SC_EXPECT_LOSS=1
+    SC_ASSERT_TIMING=()
+    sc_cluster_minority cluster
+}
+sc_cluster_wait() {
+    SC_ASSERT_TIMING=()
+    sc_cluster_minority cluster_wait --wait-replicas 1
 }
