@@ -191,26 +191,26 @@ sc_single_fault() {
 
 sc_blackhole() {
     SC_ASSERT_TIMING=(${SC_TIMING_BLACKHOLE:-})
-    sc_single_fault blackhole "$(sc_p 50000 150000)" "$(sc_p 3 8)" nf_blackhole "$SC_RELAY_ADDR" 127.0.0.2
+    sc_single_fault blackhole "$(sc_p 15000 150000)" "$(sc_p 2 8)" nf_blackhole "$SC_RELAY_ADDR" 127.0.0.2
 }
 sc_loss() {
     SC_ASSERT_TIMING=(${SC_TIMING_LOSS:-})
-    sc_single_fault loss20 "$(sc_p 50000 150000)" "$(sc_p 3 10)" nf_loss "$SC_RELAY_ADDR" 127.0.0.2 20
+    sc_single_fault loss20 "$(sc_p 15000 150000)" "$(sc_p 2 10)" nf_loss "$SC_RELAY_ADDR" 127.0.0.2 20
 }
 sc_reset_all() {
     SC_ASSERT_TIMING=(${SC_TIMING_RESET:-})
-    sc_single_fault reset_all "$(sc_p 50000 150000)" "$(sc_p 2 3)" nf_reset "$SC_RELAY_ADDR" 127.0.0.2
+    sc_single_fault reset_all "$(sc_p 15000 150000)" "$(sc_p 1 3)" nf_reset "$SC_RELAY_ADDR" 127.0.0.2
 }
 sc_reset_random() {
     SC_ASSERT_TIMING=(${SC_TIMING_RESET_RANDOM:-})
-    sc_single_fault reset_random "$(sc_p 50000 300000)" "$(sc_p 4 30)" nf_reset "$SC_RELAY_ADDR" 127.0.0.2 5
+    sc_single_fault reset_random "$(sc_p 15000 300000)" "$(sc_p 2 30)" nf_reset "$SC_RELAY_ADDR" 127.0.0.2 5
 }
 
 # A slow link (tbf on lo, every packet) while messages of 1 MiB drain: how
 # long each takes against what the link allows, and whether it finishes.
 sc_slow_link() {
     local n rate secs
-    n=$(sc_p 3 4)
+    n=$(sc_p 2 4)
     rate=$(sc_p 8mbit 1mbit)
     SC_PAYLOAD=$((1024 * 1024))
     SC_ASSERT_TIMING=()
@@ -260,7 +260,11 @@ sc_disk_full() {
     sc_relay a "$SC_URL"
     local relay_a=$SC_RELAY_PID
     sc_mid_drain r1 "$backlog"
+    # Redis holds the writes while the disk fills, so that the relay has
+    # messages on their way whose marks must then fail, however fast it is.
+    nf_cli r1 CLIENT PAUSE 60000 WRITE >/dev/null
     nf_fill
+    nf_cli r1 CLIENT UNPAUSE >/dev/null
     sc_ok "the writer's commits fail with SQLITE_FULL" \
         nf_wait 20 sc_log_has writer "database or disk is full"
     sc_ok "the relay's database writes fail and it says so" \
@@ -341,7 +345,7 @@ CONF
 sc_sentinel_split() {
     local name=$1 backlog left t_switch t_cut
     shift
-    backlog=$(sc_p 30000 100000)
+    backlog=$(sc_p 2000 100000)
     sc_sentinel_up
     sc_backlog "$backlog"
     sc_writer_start 100
@@ -353,7 +357,7 @@ sc_sentinel_split() {
     t_switch=$(sc_event_ms +switch-master)
     # The old master stays cut off a little longer than the promotion, as a
     # partition does not heal on cue: the relay may still be writing to it.
-    sleep "$(sc_p 1 5)"
+    sleep "$(sc_p 0.5 5)"
     sc_ok "the relay is still running in the split brain" sc_alive "$SC_RELAY_PID"
     left=$(sc_unpublished)
     nf_heal
@@ -420,7 +424,7 @@ sc_addr() { echo "127.0.0.$(( ${1#c} + 1 ))"; }
 sc_cluster_minority() {
     local name=$1 backlog left t_cut t_promoted others=() i
     shift
-    backlog=$(sc_p 20000 100000)
+    backlog=$(sc_p 2000 100000)
     sc_cluster_up
     sc_backlog "$backlog"
     sc_writer_start 100
@@ -431,7 +435,7 @@ sc_cluster_minority() {
     nf_isolate "$(sc_addr "$SC_VICTIM")" "${others[@]}" || nf_fail "the partition"
     sc_ok "the replica $SC_VICTIM_REPLICA is promoted" nf_wait 30 sc_role_is "$SC_VICTIM_REPLICA" master
     t_promoted=$(nf_now_ms)
-    sleep "$(sc_p 1 5)" # the partition outlasts the promotion a little, as real ones do
+    sleep "$(sc_p 0.5 5)" # the partition outlasts the promotion a little, as real ones do
     sc_ok "the relay is still running in the minority partition" sc_alive "$SC_RELAY_PID"
     left=$(sc_unpublished)
     nf_heal
@@ -451,4 +455,64 @@ sc_cluster() {
 sc_cluster_wait() {
     SC_ASSERT_TIMING=()
     sc_cluster_minority cluster_wait --wait-replicas 1
+}
+
+# ---- 6. the consumer side -------------------------------------------------
+
+sc_effects() { [ -f "$NF_WORK/effects" ] && wc -l <"$NF_WORK/effects" || echo 0; }
+sc_effects_at_least() { [ "$(sc_effects)" -ge "$1" ]; }
+sc_log_count() { grep -c -- "$2" "$NF_WORK/$1.log" 2>/dev/null || true; }
+sc_log_count_above() { [ "$(sc_log_count "$1" "$2")" -gt "$3" ]; }
+
+# outbox-consume (the consumer group helper under it) with an effect per
+# message (a line appended to a file) through the faults of 1-3, then the
+# same consumer blocked in XREADGROUP BLOCK while its connection goes
+# silent (a black hole): it must notice within --block-ms plus the reply
+# timeout the helper gives a blocked read (10 s), reconnect once healed, and
+# every effect must be applied exactly once.
+sc_consumer() {
+    local backlog block_ms n0 t0 t_notice seen fault
+    backlog=$(sc_p 2000 10000)
+    block_ms=$(sc_p 100 2000)
+    SC_ASSERT_TIMING=()
+    sc_single_up
+    sc_backlog "$backlog"
+    sc_writer_start 50
+    sc_relay a "$SC_URL"
+    nf_spawn consumer "$NF_CONSUME_BIN" --redis "$SC_URL" --stream "$SC_STREAM" --group g --consumer c1 \
+        --block-ms "$block_ms" --min-idle-ms 2000 --claim-interval-ms 500 --retry-ms 100 --max-deliveries 1000 \
+        --exec "printf '%s\n' \"\$OUTBOX_ID\" >>'$NF_WORK/effects'"
+    local consumer=$NF_LAST_PID
+    nf_wait 30 sc_effects_at_least $((backlog / 10)) || nf_fail "the consumer applies nothing"
+    for fault in "nf_blackhole $SC_RELAY_ADDR 127.0.0.2" "nf_loss $SC_RELAY_ADDR 127.0.0.2 20" \
+                 "nf_reset $SC_RELAY_ADDR 127.0.0.2"; do
+        $fault || nf_fail "could not inject $fault"
+        sleep "$(sc_p 1 8)" # the fault's duration
+        nf_heal
+        sc_ok "the consumer is still running after: $fault" sc_alive "$consumer"
+    done
+    # Idle: everything so far applied, the consumer blocked in XREADGROUP.
+    sc_writer_stop
+    nf_wait 60 sc_none_unpublished || nf_fail "the relay did not catch up"
+    nf_wait 60 sc_effects_at_least "$(sc_sql "SELECT count(*) FROM outbox")" || nf_fail "the consumer did not catch up"
+    seen=$(sc_log_count consumer "redis connection lost")
+    nf_blackhole "$SC_RELAY_ADDR" 127.0.0.2
+    t0=$(nf_now_ms)
+    local bound=$(( (block_ms + 10000) / 1000 + 5 ))
+    if nf_wait "$bound" sc_log_count_above consumer "redis connection lost" "$seen"; then t_notice=$(( $(nf_now_ms) - t0 )); else t_notice=-; fi
+    sc_ok "the blocked consumer notices the silent connection within ${bound} s ($t_notice ms)" [ "$t_notice" != - ]
+    nf_heal
+    n0=$(sc_effects)
+    SC_NEXT=$((SC_NEXT + 100000))
+    sc_writer --count 20 --start "$SC_NEXT" >/dev/null
+    local want=$((n0 + 16)) t1
+    t1=$(nf_now_ms)
+    sc_ok "after the heal the consumer reconnects and applies new messages" nf_wait 30 sc_effects_at_least "$want"
+    SC_EXTRA="silent_notice_ms=$t_notice new_after_heal_ms=$(( $(nf_now_ms) - t1 ))"
+    sc_settle 100
+    nf_wait 60 sc_effects_at_least "$(sc_sql "SELECT count(*) FROM outbox")" || nf_log "effects missing"
+    sc_check consumer --effects "$NF_WORK/effects"
+    sc_ok "every committed message's effect applied (${R[effects_missing]} missing)" [ "${R[effects_missing]}" = 0 ]
+    sc_ok "no effect applied twice (${R[effects_duplicated]})" [ "${R[effects_duplicated]}" = 0 ]
+    sc_ok "no effect for anything not committed (${R[effects_foreign]})" [ "${R[effects_foreign]}" = 0 ]
 }
