@@ -127,12 +127,16 @@ sc_check() {
         --prefix outbox: ${NF_HEAL_MS:+--heal-ms "$NF_HEAL_MS"} --baseline b- "$@") || nf_fail "check.py failed"
     echo "# check: $line"
     declare -gA R=()
-    for kv in $line; do R[${kv%%=*}]=${kv#*=}; done
+    local events=""
+    for kv in $line; do
+        R[${kv%%=*}]=${kv#*=}
+        case ${kv%%=*} in resume_ms) ;; *_resume_ms) events+=" $kv" ;; esac
+    done
     echo "RESULT scenario=$name committed=${R[committed]} lost=${R[lost]} duplicates=${R[duplicates]}" \
         "order_violations=${R[order_violations]} rolled_back_published=${R[rolled_back_published]}" \
         "resume_ms=${R[resume_ms]:--} catchup_s=${R[catchup_s]:--} baseline_s=${R[baseline_s]:--}" \
         "catchup_ratio=${R[catchup_ratio]:--} backlog_at_heal=${R[backlog_at_heal]:--}" \
-        "lost_marked=${R[lost_marked]} lost_fraction=${R[lost_fraction]} ${SC_EXTRA:-}"
+        "lost_marked=${R[lost_marked]} lost_fraction=${R[lost_fraction]}${events} ${SC_EXTRA:-}"
     sc_ok "committed rows exist (${R[committed]})" [ "${R[committed]}" -gt 0 ]
     if [ "$SC_EXPECT_LOSS" = 1 ]; then
         echo "# lost ${R[lost]} of ${R[committed]} (${R[lost_fraction]}): the async-replication window, measured"
@@ -367,7 +371,6 @@ sc_sentinel_split() {
     SC_EXTRA="switch_after_cut_ms=$((t_switch - t_cut)) heal_after_switch_ms=$((NF_HEAL_MS - t_switch))"
     sc_check "$name" --event "switch=$t_switch"
     echo "# after +switch-master: first entry on the new master after ${R[switch_resume_ms]:--} ms"
-    SC_SWITCH_RESUME=${R[switch_resume_ms]:--}
 }
 
 sc_sentinel() {
