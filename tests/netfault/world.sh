@@ -162,14 +162,16 @@ nf_ping() { [ "$(nf_cli "$1" PING 2>/dev/null)" = PONG ]; }
 
 # nf_redis NAME ADDR [ARG...]: a redis-server inside the namespace on
 # ADDR:6379, its outgoing connections (replication, cluster bus) from ADDR
-# too, so that a rule naming ADDR catches them; waits until it answers.
+# too, so that a rule naming ADDR catches them; waits until it answers. A
+# master sends a replica its full sync at once (the default waits 5 s for
+# more replicas), so that a healed node catches up in the time of the data.
 nf_redis() {
     local name=$1 addr=$2
     shift 2
     mkdir -p "$NF_WORK/$name"
     nf_spawn "$name" redis-server --bind "$addr" --port 6379 --bind-source-addr "$addr" \
         --protected-mode no --unixsocket "$(nf_sock "$name")" --unixsocketperm 700 \
-        --dir "$NF_WORK/$name" --save "" --appendonly no --logfile "" "$@"
+        --dir "$NF_WORK/$name" --save "" --appendonly no --logfile "" --repl-diskless-sync-delay 0 "$@"
     eval "NF_PID_$name=$NF_LAST_PID"
     nf_wait 10 nf_ping "$name" || nf_fail "redis-server $name did not start (see $name.log)"
 }
