@@ -3,7 +3,8 @@
 # with the durations it is specified with (an 8 s black hole, 10 s of 20 %
 # loss, 1 MiB messages over a 1 Mbit/s link, 3 s of resets and 30 s of
 # random ones, a full disk for 10 s, a Sentinel split brain and a Cluster
-# minority with and without --wait-replicas 1, the consumer through them),
+# minority with and without --wait-replicas 1, the consumer through the
+# network faults and through a Sentinel failover),
 # each in a world of its own. Prints each scenario's checks, then one table
 # row per scenario (Markdown, as in docs/RELIABILITY.md):
 #   scenario | committed | lost | duplicates | order violations | resume ms |
@@ -18,7 +19,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 export OUTBOX_BUILD_DIR=${OUTBOX_BUILD_DIR:-$here/build}
-scenarios=${CHAOS_SCENARIOS:-blackhole loss slow_link reset_all reset_random disk_full sentinel sentinel_wait cluster cluster_wait consumer}
+scenarios=${CHAOS_SCENARIOS:-blackhole loss slow_link reset_all reset_random disk_full sentinel sentinel_wait cluster cluster_wait consumer consumer_sentinel}
 mode=${CHAOS_MODE:-long}
 out=$(mktemp -d "${TMPDIR:-/tmp}/outbox-chaos-XXXXXX")
 trap 'rm -rf "$out"' EXIT

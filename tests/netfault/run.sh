@@ -4,7 +4,7 @@
 # figures (check.py). Exit 0 when every check held, 1 when one failed, 77
 # (skip, with the reason) without root or without ip netns / nft.
 #   blackhole loss slow_link reset_all reset_random disk_full
-#   sentinel sentinel_wait cluster cluster_wait consumer
+#   sentinel sentinel_wait cluster cluster_wait consumer consumer_sentinel
 # OUTBOX_SLOW=N stretches every deadline N times; NF_KEEP=1 keeps the
 # world's directory (logs, database) for a look afterwards.
 set -uo pipefail
