@@ -144,9 +144,9 @@ nf_spawn() { # nf_spawn NAME CMD...
 
 # nf_stop PID [SIG]: 0 when it exited with status 0.
 nf_stop() {
-    local pid=$1 sig=${2:-TERM} i rc
+    local pid=$1 sig=${2:-TERM} rc
     kill -s "$sig" "$pid" 2>/dev/null
-    for i in $(seq $((200 * NF_SLOW))); do
+    for _ in $(seq $((200 * NF_SLOW))); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.05
     done
