@@ -6,7 +6,9 @@
 # and UndefinedBehaviorSanitizer and runs the library's own tests (units,
 # allocation failures, fuzz corpus replays, CLI) under them. Ends with
 # "N passed, N failed" counted from meson's test logs; exits non-zero if
-# anything failed or no test ran.
+# anything failed or no test ran. The first pass includes the short forms
+# of the network-fault scenarios (suite netfault, tests/netfault/; as root,
+# skipped without); their long forms are `bash tools/chaos.sh`.
 #   SANITIZE=0   skip the sanitizer pass
 #   SETUP=valgrind  run the first pass under valgrind (slow; see README)
 set -uo pipefail
