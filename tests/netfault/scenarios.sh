@@ -160,7 +160,7 @@ sc_check() {
     for t in "${SC_ASSERT_TIMING[@]}"; do
         case $t in
         resume) sc_ok "publishing resumed within 1 s of the heal (${R[resume_ms]} ms)" \
-                    sc_at_most "${R[resume_ms]:--}" 1000 ;;
+                    sc_at_most "${R[resume_ms]:--}" $((1000 * ${OUTBOX_SLOW:-1})) ;;
         switch) sc_ok "the first entry on the new master within 1 s of +switch-master (${R[switch_resume_ms]} ms)" \
                     sc_at_most "${R[switch_resume_ms]:--}" 1000 ;;
         catchup) sc_ok "the backlog drained within 2x the undisturbed drain (${R[catchup_s]} s vs ${R[baseline_s]} s)" \
@@ -202,23 +202,25 @@ sc_single_fault() {
     sc_check "$name"
 }
 
+# The 1 s resume is asserted in both forms; the 2x catch-up in the long
+# form only, whose backlog takes over a second undisturbed (in the short
+# form the resume itself is most of a catch-up of 0.2 s).
+sc_timing() { SC_ASSERT_TIMING=(resume); [ "$SC_MODE" = long ] && SC_ASSERT_TIMING+=("$@"); return 0; }
+
 sc_blackhole() {
-    # The 1 s resume target is measured, not asserted: the relay misses it
-    # after 8 s (2.2-3.2 s) and, on a loaded machine, even after 2 s (1181
-    # ms once, 34-261 ms otherwise): docs/RELIABILITY.md.
-    SC_ASSERT_TIMING=()
+    sc_timing catchup
     sc_single_fault blackhole "$(sc_p 15000 150000)" "$(sc_p 2 8)" nf_blackhole "$SC_RELAY_ADDR" 127.0.0.2
 }
 sc_loss() {
-    SC_ASSERT_TIMING=()
+    sc_timing catchup
     sc_single_fault loss20 "$(sc_p 15000 150000)" "$(sc_p 2 10)" nf_loss "$SC_RELAY_ADDR" 127.0.0.2 20
 }
 sc_reset_all() {
-    SC_ASSERT_TIMING=()
+    sc_timing catchup
     sc_single_fault reset_all "$(sc_p 15000 150000)" "$(sc_p 1 3)" nf_reset "$SC_RELAY_ADDR" 127.0.0.2
 }
 sc_reset_random() {
-    SC_ASSERT_TIMING=()
+    sc_timing
     sc_single_fault reset_random "$(sc_p 15000 300000)" "$(sc_p 2 30)" nf_reset "$SC_RELAY_ADDR" 127.0.0.2 5
 }
 
