@@ -502,6 +502,8 @@ static void on_reply(outbox__redis *conn, int status, redisReply *reply, void *d
         uint64_t delay = outbox__backoff_ms(c->opt.retry_min_ms, c->opt.retry_max_ms, ++k->retries);
         if (from)
             from->tryagain++;
+        if (from && starts_with(reply, "CLUSTERDOWN"))
+            from->said_down = uv_now(c->loop);
         if (!starts_with(reply, "TRYAGAIN"))
             outbox__cluster_map_refresh_soon(c);
         if (uv_now(c->loop) + delay >= k->deadline) {

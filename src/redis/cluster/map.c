@@ -5,8 +5,9 @@
  * for servers that do not know CLUSTER SHARDS.
  *
  * A refresh asks the nodes in turn, those connected first (masters before
- * the others), then the rest of the known nodes and the URL's seeds; the
- * first that gives a map wins.
+ * the others), then the rest of the known nodes and the URL's seeds, and
+ * last those that lately answered CLUSTERDOWN; the first that gives a map
+ * wins.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,9 @@
 #include "redis/cluster/cluster_int.h"
 
 static void try_next(outbox__cluster *c);
+
+/* How long a node's CLUSTERDOWN puts it last among those asked for the map. */
+#define SAID_DOWN_MS 10000
 
 static void refresh_failed(outbox__cluster *c)
 {
@@ -255,12 +259,19 @@ static void start_refresh(outbox__cluster *c)
         return;
     }
     c->probe_order = order;
-    /* Connected masters, connected others, then the rest. */
-    for (int pass = 0; pass < 3; pass++)
+    /* Connected masters, connected others, the rest, then the nodes that
+     * answered CLUSTERDOWN in the last SAID_DOWN_MS: a master cut off from
+     * the majority says so and still names itself for its slots, while the
+     * others already name the replica promoted in its place (asked first,
+     * its map left publishing there until the heal, 5 s after the
+     * promotion). */
+    for (int pass = 0; pass < 4; pass++)
         for (size_t i = 0; i < c->nnodes; i++) {
             const outbox__cluster_node *n = c->nodes[i];
             int up = n->state == NS_UP;
-            if ((pass == 0 && up && n->master) || (pass == 1 && up && !n->master) || (pass == 2 && !up))
+            int said = n->said_down && uv_now(c->loop) - n->said_down < SAID_DOWN_MS;
+            if ((pass == 0 && up && !said && n->master) || (pass == 1 && up && !said && !n->master) ||
+                (pass == 2 && !up) || (pass == 3 && up && said))
                 order[k++] = i;
         }
     c->nprobe = k;
