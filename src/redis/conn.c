@@ -350,7 +350,7 @@ void outbox__redis_conn_stall_stop(outbox__redis *r)
  * longer than REDIAL_MS still gets its first SYN answered: nothing is
  * given up before the connect timeout.
  */
-#define REDIAL_MS 500
+#define REDIAL_MS 250
 #define MAX_REDIALS 4
 
 struct redial {

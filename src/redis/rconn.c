@@ -86,8 +86,13 @@ static void rc_retry(outbox__rconn *rc, int status, const char *detail)
                     rc_failure_text(rc, status), rc->what, rc->desc,
                     (unsigned long long)(now - rc->down_since), rc->failures, outbox_err_name(status), detail);
     }
-    /* failures counts this one already. */
-    d = outbox__backoff_ms(OUTBOX__RECONNECT_MIN_MS, OUTBOX__RECONNECT_MAX_MS, rc->failures);
+    /* failures counts this one already. A timeout (of a connect whose SYNs
+     * or handshake went unanswered, of a reply) spent its own wait already:
+     * the next attempt goes after the shortest step, so that a network
+     * healed during the wait is used within one connect's time, not a
+     * connect's time plus half a second. */
+    d = status == OUTBOX_ETIMEDOUT ? outbox__backoff_ms(OUTBOX__RECONNECT_MIN_MS, OUTBOX__RECONNECT_MIN_MS, 1)
+                                   : outbox__backoff_ms(OUTBOX__RECONNECT_MIN_MS, OUTBOX__RECONNECT_MAX_MS, rc->failures);
     uv_timer_start(&rc->timer, rc_on_timer, d, 0);
 }
 
