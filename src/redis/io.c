@@ -138,6 +138,116 @@ void outbox__redis_io_flush(outbox__redis *r)
     start_write(r);
 }
 
+/* ---- reply objects -------------------------------------------------------- */
+
+/*
+ * The reader's object functions: hiredis' own, except that a top-level
+ * reply that is a short string, status, error, integer or nil goes into the
+ * connection's flat reply when it is free. Every reply is freed right after
+ * its callback (process_replies), so one flat reply is enough; a reply
+ * parsed while it is in use (a callback that makes the connection read
+ * again) is allocated as before. hiredis allocated the reply and its string
+ * separately: two mallocs and two frees for every XADD reply, about 700
+ * instructions of the relay's work per message (docs/BENCHMARKS.md).
+ * Elements of arrays are always allocated, so freeReplyObject frees an
+ * array whole. A flat reply never reaches the reader's freeObject: the
+ * reader holds a top-level reply only until the redisReaderGetReply that
+ * completes it returns it, and a scalar is complete when it is created.
+ */
+static redisReply *flat_take(const redisReadTask *task, int type)
+{
+    outbox__redis *r = task->privdata;
+    if (task->parent || !r || r->flat_busy)
+        return NULL;
+    memset(&r->flat, 0, sizeof r->flat);
+    r->flat.type = type;
+    r->flat_busy = 1;
+    return &r->flat;
+}
+
+/* A new reply of hiredis' own, linked into its parent array. */
+static redisReply *reply_new(const redisReadTask *task, int type)
+{
+    redisReply *o = calloc(1, sizeof *o);
+    if (o && task->parent) {
+        redisReply *parent = task->parent->obj;
+        parent->element[task->idx] = o;
+    }
+    if (o)
+        o->type = type;
+    return o;
+}
+
+static void *create_string(const redisReadTask *task, char *str, size_t len)
+{
+    redisReply *o = len <= FLAT_STR_MAX ? flat_take(task, task->type) : NULL;
+    char *buf;
+    if (o) {
+        buf = ((outbox__redis *)task->privdata)->flat_str;
+    } else {
+        if (!(buf = malloc(len + 1)))
+            return NULL;
+        if (!(o = reply_new(task, task->type))) {
+            free(buf);
+            return NULL;
+        }
+    }
+    memcpy(buf, str, len);
+    buf[len] = '\0';
+    o->str = buf;
+    o->len = len;
+    return o;
+}
+
+static void *create_array(const redisReadTask *task, int elements)
+{
+    redisReply *o = calloc(1, sizeof *o);
+    if (!o)
+        return NULL;
+    o->type = REDIS_REPLY_ARRAY;
+    if (elements > 0 && !(o->element = calloc((size_t)elements, sizeof *o->element))) {
+        free(o);
+        return NULL;
+    }
+    o->elements = elements > 0 ? (size_t)elements : 0;
+    if (task->parent) {
+        redisReply *parent = task->parent->obj;
+        parent->element[task->idx] = o;
+    }
+    return o;
+}
+
+static void *create_integer(const redisReadTask *task, long long value)
+{
+    redisReply *o = flat_take(task, REDIS_REPLY_INTEGER);
+    if (!o && !(o = reply_new(task, REDIS_REPLY_INTEGER)))
+        return NULL;
+    o->integer = value;
+    return o;
+}
+
+static void *create_nil(const redisReadTask *task)
+{
+    redisReply *o = flat_take(task, REDIS_REPLY_NIL);
+    return o ? o : reply_new(task, REDIS_REPLY_NIL);
+}
+
+static void free_object(void *o)
+{
+    freeReplyObject(o);
+}
+
+redisReplyObjectFunctions outbox__redis_io_reader_fns = {create_string, create_array, create_integer, create_nil,
+                                                         free_object};
+
+static void reply_free(outbox__redis *r, redisReply *reply)
+{
+    if (reply == &r->flat)
+        r->flat_busy = 0;
+    else
+        freeReplyObject(reply);
+}
+
 static void process_replies(outbox__redis *r);
 
 static void on_check(uv_check_t *h)
@@ -224,11 +334,11 @@ static void process_replies(outbox__redis *r)
         reply = obj;
         if (r->push_cb && r->state == ST_CONNECTED && is_push(reply)) {
             r->push_cb(r, reply, r->push_data);
-            freeReplyObject(reply);
+            reply_free(r, reply);
             continue;
         }
         if (r->ring_count == 0) {
-            freeReplyObject(reply);
+            reply_free(r, reply);
             outbox__redis_set_err(r, "protocol error: reply without a pending command");
             outbox__redis_fail_conn(r, r->state == ST_HANDSHAKE ? OUTBOX_ECONNECT : OUTBOX_EPROTO);
             return;
@@ -240,7 +350,7 @@ static void process_replies(outbox__redis *r)
             outbox__redis_call_reply(r, &p, 0, reply);
         else if (p.kind != K_NUDGE)
             outbox__redis_conn_handshake_reply(r, &p, reply);
-        freeReplyObject(reply);
+        reply_free(r, reply);
     }
 }
 

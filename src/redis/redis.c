@@ -464,10 +464,12 @@ int outbox__redis_create(outbox__redis **out, uv_loop_t *loop, const outbox__red
     }
     if (outbox__redis_url_copy(&r->url, url) ||
         (opt->client_name && !(r->client_name = strdup(opt->client_name))) ||
-        !(r->rbuf = malloc(READ_BUF_SIZE)) || !(r->reader = redisReaderCreate())) {
+        !(r->rbuf = malloc(READ_BUF_SIZE)) ||
+        !(r->reader = redisReaderCreateWithFunctions(&outbox__redis_io_reader_fns))) {
         destroy(r);
         return OUTBOX_ENOMEM;
     }
+    r->reader->privdata = r;
     /* Handles last: from here on the memory may only go via their close
      * callbacks. */
     uv_timer_init(loop, &r->timer);

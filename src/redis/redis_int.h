@@ -26,6 +26,9 @@
  * would otherwise hold the loop for tens of milliseconds. The rest stays
  * parsed-later in the reader and goes out at the next turn (idle handle). */
 #define REPLIES_PER_TURN 1024
+/* The longest string a reply may have to be built in the connection itself
+ * (an XADD's entry id is about 15 bytes). */
+#define FLAT_STR_MAX 127
 
 enum state {
     ST_NEW,        /* created, connect() not called */
@@ -95,7 +98,13 @@ struct outbox__redis {
     size_t wlen, wcap;
 
     char *rbuf; /* READ_BUF_SIZE, reused by every read */
-    redisReader *reader;
+    redisReader *reader; /* built with outbox__redis_io_reader_fns, privdata = this */
+    /* A top-level reply that is a short string, status, error, integer or
+     * nil is built here instead of in two allocations (io.c, flat_*): it
+     * lives until process_replies hands it back after its callback. */
+    redisReply flat;
+    int flat_busy;
+    char flat_str[FLAT_STR_MAX + 1];
     int got_input; /* plaintext: a byte arrived (else a reset hints at a TLS port) */
     outbox__tls *tls; /* the TLS session while connected */
 
@@ -158,6 +167,7 @@ void outbox__redis_conn_stall_stop(outbox__redis *r);
 
 /* ---- redis_io.c ---------------------------------------------------------- */
 
+extern redisReplyObjectFunctions outbox__redis_io_reader_fns;
 int outbox__redis_io_obuf_reserve(outbox__redis *r, size_t extra);
 void outbox__redis_io_schedule_flush(outbox__redis *r);
 void outbox__redis_io_flush(outbox__redis *r);

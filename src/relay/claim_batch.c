@@ -169,8 +169,11 @@ int outbox__claim_find_taken(claim_ctx *x, int64_t *nrows)
     int step, rc = 0;
     *nrows = 0;
     sqlite3_bind_int64(st, 1, x->now);
+    /* The oldest range first, as the rows' order is: the lowest lo. */
     while ((step = sqlite3_step(st)) == SQLITE_ROW) {
         int64_t lo = sqlite3_column_int64(st, 0), token = sqlite3_column_int64(st, 3);
+        if (x->taken && lo >= x->t_lo)
+            continue;
         if (outbox__batch_ours(r, lo, token))
             continue; /* still on its way here: not taken over by its own holder */
         x->taken = 1;
@@ -178,11 +181,12 @@ int outbox__claim_find_taken(claim_ctx *x, int64_t *nrows)
         x->t_hi = sqlite3_column_int64(st, 1);
         x->t_token = token;
         x->t_attempts = sqlite3_column_int64(st, 4);
-        break;
     }
     sqlite3_reset(st);
-    if (step != SQLITE_ROW && step != SQLITE_DONE)
+    if (step != SQLITE_DONE) {
+        x->taken = 0;
         return outbox__relay_sqlerr(r, step);
+    }
     if (!x->taken)
         return 0;
     st = r->db.q_batch_cands;

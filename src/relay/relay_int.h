@@ -93,7 +93,8 @@ struct msg {
     int64_t seq, token, attempts, created_at, replay_count;
     char *id, *topic, *key; /* in the same allocation; key "" when unkeyed */
     size_t klen;
-    msg *km_next; /* key map bucket */
+    msg *km_next;     /* key map bucket */
+    uint64_t km_hash; /* outbox__key_hash of topic and key, set when it enters the key map */
     int in_keymap;
     msg *chain_after; /* claimed behind this message of an earlier batch (linked after commit) */
     char *env;        /* idempotent mode: the envelope, sent with its stream's batch */

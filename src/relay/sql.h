@@ -74,9 +74,12 @@
 #define OUTBOX__SQL_BATCH_CANDS                                                                                       \
     "SELECT seq, topic, key, lease_token, available_at, created_at FROM outbox "                                     \
     "WHERE seq BETWEEN ?1 AND ?2 AND " OUTBOX__SQL_BARE " ORDER BY seq"
-/* Expired batch leases by ?1, oldest range first (outbox_batch_leased). */
+/* Expired batch leases by ?1 (outbox_batch_leased), in no order: the claim
+ * takes the one with the lowest range itself. With ORDER BY lo, SQLite
+ * built a temporary B-tree at every claim to sort what are nearly always
+ * no rows at all: about 27,000 instructions a claim (docs/BENCHMARKS.md). */
 #define OUTBOX__SQL_BATCH_EXPIRED                                                                                     \
-    "SELECT lo, hi, owner, token, attempts FROM outbox_batch WHERE state = 1 AND lease_until <= ?1 ORDER BY lo LIMIT 1"
+    "SELECT lo, hi, owner, token, attempts FROM outbox_batch WHERE state = 1 AND lease_until <= ?1"
 /* Takeover of an expired batch lease: ?1 lo, ?2 owner, ?3 expiry, ?4 now,
  * ?5 the token it was seen with. */
 #define OUTBOX__SQL_BATCH_TAKE                                                                                        \

@@ -317,18 +317,21 @@ int outbox__same_key(const char *t1, const char *k1, size_t l1, const char *t2, 
     return l1 == l2 && memcmp(k1, k2, l1) == 0 && strcmp(t1, t2) == 0;
 }
 
-/* The link that points at the key's entry, or at the NULL ending its bucket. */
-static msg **keymap_link(outbox_relay *r, const char *topic, const char *key, size_t klen)
+/* The link that points at the key's entry, or at the NULL ending its bucket.
+ * h is the key's outbox__key_hash; an entry's own (km_hash) is compared
+ * first, so that the strings of the other entries of a bucket, in memory
+ * last written by the claim's thread, are not read. */
+static msg **keymap_link(outbox_relay *r, uint64_t h, const char *topic, const char *key, size_t klen)
 {
-    msg **l = &r->win.keymap[outbox__key_hash(topic, key, klen) & (r->win.keymap_cap - 1)];
-    while (*l && !outbox__same_key((*l)->topic, (*l)->key, (*l)->klen, topic, key, klen))
+    msg **l = &r->win.keymap[h & (r->win.keymap_cap - 1)];
+    while (*l && ((*l)->km_hash != h || !outbox__same_key((*l)->topic, (*l)->key, (*l)->klen, topic, key, klen)))
         l = &(*l)->km_next;
     return l;
 }
 
 msg *outbox__win_key_get(outbox_relay *r, const char *topic, const char *key, size_t klen)
 {
-    return r->win.keymap_cap ? *keymap_link(r, topic, key, klen) : NULL;
+    return r->win.keymap_cap ? *keymap_link(r, outbox__key_hash(topic, key, klen), topic, key, klen) : NULL;
 }
 
 /* Makes m its key's newest message. Without memory for the table it is left
@@ -344,7 +347,7 @@ void outbox__win_key_put(outbox_relay *r, msg *m)
                 msg *e = r->win.keymap[i];
                 while (e) {
                     msg *next = e->km_next;
-                    msg **b = &n[outbox__key_hash(e->topic, e->key, e->klen) & (ncap - 1)];
+                    msg **b = &n[e->km_hash & (ncap - 1)];
                     e->km_next = *b;
                     *b = e;
                     e = next;
@@ -357,7 +360,8 @@ void outbox__win_key_put(outbox_relay *r, msg *m)
             return;
         }
     }
-    l = keymap_link(r, m->topic, m->key, m->klen);
+    m->km_hash = outbox__key_hash(m->topic, m->key, m->klen);
+    l = keymap_link(r, m->km_hash, m->topic, m->key, m->klen);
     if (*l) {
         msg *old = *l;
         m->km_next = old->km_next;
@@ -376,7 +380,12 @@ static void keymap_drop(outbox_relay *r, msg *m)
     msg **l;
     if (!m->in_keymap)
         return;
-    l = keymap_link(r, m->topic, m->key, m->klen);
+    /* m is its key's entry or a newer message of its key is: m itself is
+     * found without comparing any strings. */
+    for (l = &r->win.keymap[m->km_hash & (r->win.keymap_cap - 1)]; *l && *l != m; l = &(*l)->km_next)
+        if ((*l)->km_hash == m->km_hash &&
+            outbox__same_key((*l)->topic, (*l)->key, (*l)->klen, m->topic, m->key, m->klen))
+            break;
     if (*l == m) {
         *l = m->km_next;
         r->win.keymap_len--;

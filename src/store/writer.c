@@ -34,6 +34,16 @@ static const char *byte_name(unsigned char c, char buf[8])
     return buf;
 }
 
+/* Nonzero if some byte of s is outside '!'..'~'. */
+static unsigned id_bad_bytes(const unsigned char *s, size_t n)
+{
+    unsigned bad = 0;
+    size_t i;
+    for (i = 0; i < n; i++)
+        bad |= (unsigned char)(s[i] - '!') > '~' - '!';
+    return bad;
+}
+
 int outbox_validate_id(const char *id, char *err, size_t errlen)
 {
     size_t i, n;
@@ -43,6 +53,11 @@ int outbox_validate_id(const char *id, char *err, size_t errlen)
     n = strlen(id);
     if (n > OUTBOX_ID_MAX)
         return outbox__errf(err, errlen, OUTBOX_EID, "message id is %zu bytes, the limit is %d", n, OUTBOX_ID_MAX);
+    /* First a pass without an early exit, which the compiler turns into
+     * vector code: the relay checks every row it claims, and the loop
+     * below, byte by byte, was 2 % of its work per message. */
+    if (!id_bad_bytes((const unsigned char *)id, n))
+        return 0;
     for (i = 0; i < n; i++) {
         unsigned char c = (unsigned char)id[i];
         if (c < '!' || c > '~')

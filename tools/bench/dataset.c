@@ -105,6 +105,27 @@ int bench_db_fresh(const char *path, int flags, sqlite3 **db, char *err, size_t 
     return 0;
 }
 
+/*
+ * Writes a file's pages to disk before a scenario uses it. The backlogs are
+ * built with synchronous=OFF and copied with plain writes, so without this
+ * the kernel wrote them back while the relay drained, and the relay's first
+ * checkpoint (an fsync of its database) waited for the whole copy, which
+ * made a big backlog's drain slower per message than a small one's
+ * (docs/BENCHMARKS.md, "Relay CPU per message"). A backlog written by an
+ * application's commits is on disk already.
+ */
+static int sync_file(const char *path, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC), rc = -1;
+    if (fd >= 0) {
+        rc = fsync(fd);
+        close(fd);
+    }
+    if (rc != 0)
+        snprintf(err, errlen, "cannot sync %.200s: %s", path, strerror(errno));
+    return rc;
+}
+
 int bench_dataset_build(const char *path, uint64_t n, const bench_shape *sh, uint64_t rows_per_txn, char *err,
                         size_t errlen)
 {
@@ -150,7 +171,7 @@ int bench_dataset_build(const char *path, uint64_t n, const bench_shape *sh, uin
     if (bench_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", err, errlen) != 0)
         goto fail;
     sqlite3_close_v2(db);
-    return 0;
+    return sync_file(path, err, errlen);
 fail:
     outbox_writer_destroy(w);
     sqlite3_close_v2(db);
@@ -208,7 +229,7 @@ int bench_dataset_build_fast(const char *path, uint64_t n, const bench_shape *sh
     if (bench_exec(db, "PRAGMA wal_checkpoint(TRUNCATE)", err, errlen) != 0)
         goto fail;
     sqlite3_close_v2(db);
-    return 0;
+    return sync_file(path, err, errlen);
 fail:
     sqlite3_finalize(ins);
     sqlite3_close_v2(db);
@@ -247,7 +268,7 @@ int bench_copy_db(const char *from, const char *to, char *err, size_t errlen)
                 n = -1;
                 break;
             }
-        rc = n == 0 ? 0 : -1;
+        rc = n == 0 && fsync(out) == 0 ? 0 : -1;
     }
     if (rc != 0)
         snprintf(err, errlen, "cannot copy the backlog to %.200s: %s", to, strerror(errno));
