@@ -15,20 +15,6 @@
 #include "relay_int.h"
 #include "util/array.h"
 
-/*
- * A message whose XADD was accepted and whose WAIT was lost with the
- * connection goes back to its row (sent again later). Its key's next
- * message was sent when the XADD was accepted, behind the WAIT: parked, it
- * would be sent again before this one and land first on a promoted replica
- * that never got this one. So nothing more is parked until Redis is back
- * (the replies failing after this one are those later messages).
- */
-static void release_unacked(outbox_relay *r, msg *m, const char *why)
-{
-    r->park.off = 1;
-    outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
-}
-
 static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     wait_group *g = data;
@@ -64,7 +50,7 @@ static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, vo
         if (acked >= (long long)r->cfg.s.wait_replicas)
             outbox__win_queue_mark(r, m, OUT_PUBLISHED, m->result, strlen(m->result));
         else if (status != 0)
-            release_unacked(r, m, why);
+            outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
         else
             outbox__win_queue_mark(r, m, OUT_RETRY, why, strlen(why));
     }
@@ -173,7 +159,13 @@ static void park_arm(outbox_relay *r)
 
 int outbox__pub_park(outbox_relay *r, msg *m)
 {
-    if (r->state != R_RUNNING || r->park.off || m->resends >= PARK_MAX_RESENDS)
+    /* With --wait-replicas a message whose XADD was accepted goes back to
+     * its row when its WAIT fails (retried) or is lost, and its key's next
+     * message was already sent behind it: parked and sent again at once, that
+     * one would land before it on a promoted replica that never got it (3
+     * order violations in a cluster minority). There every message lost
+     * with a connection goes back to its row, in order, as before. */
+    if (r->state != R_RUNNING || r->cfg.s.wait_replicas || m->resends >= PARK_MAX_RESENDS)
         return 0;
     m->resends++;
     m->state = MSG_HELD;
@@ -202,7 +194,6 @@ void outbox__pub_park_flush(outbox_relay *r)
     wait_set ws = {0};
     msg *m = park_take(r), *next;
     uv_timer_stop(&r->park.timer);
-    r->park.off = 0;
     for (; m; m = next) {
         next = m->park_next;
         m->park_next = NULL;

@@ -427,13 +427,12 @@ struct relay_stop {
  * (outbox__win_seq_has, outbox__batch_ours), another relay that does
  * publishes them first (ours is a duplicate, its mark fenced), and the
  * window bounds their memory. A message is handed back after
- * PARK_MAX_RESENDS sends again, when publishing is held, and when the relay
- * stops. Loop thread.
+ * PARK_MAX_RESENDS sends again, when publishing is held, when the relay
+ * stops, and always with --wait-replicas (publish.c says why). Loop thread.
  */
 struct relay_park {
     msg *head, *tail;
     size_t n;
-    int off; /* a WAIT lost: park nothing until Redis is back (publish.c, release_unacked) */
     uv_timer_t timer; /* the send again after a loss while up (a cluster node) */
 };
 
