@@ -59,14 +59,14 @@ static void on_idem_reply(outbox__redis *conn, int status, redisReply *reply, vo
             void *node = outbox__link_node_of(r, conn);
             if (node)
                 outbox__pub_idem_load(r, node);
-        } else if (noscript && r->redis.idem_sha[0] && outbox__link_up(r)) {
+        } else if (noscript && outbox__link_idem_sha(r)[0] && outbox__link_up(r)) {
             /* Only the first NOSCRIPT reloads: the calls sent before it
              * fail too, but their replies all come before the reload's,
              * while the sha is empty (calls sent meanwhile carry the whole
              * script). */
             outbox__pub_idem_load(r, NULL);
         } else if (noscript) {
-            r->redis.idem_sha[0] = '\0';
+            outbox__link_idem_sha(r)[0] = '\0';
         }
         for (i = 0; i < call->n; i++)
             settle(r, call->msgs[i], noscript ? OUT_RELEASE : OUT_RETRY, reply->str, reply->len, next, &nnext);
@@ -148,7 +148,7 @@ void outbox__pub_idem_send(outbox_relay *r, msg **ms, size_t n)
         call->n = cnt;
         call->next = call->msgs + cnt;
         snprintf(stream, sizeof stream, "%s%s", r->cfg.stream_prefix, ms[i]->topic);
-        len = outbox__idem_format(&cmd, r->redis.idem_sha[0] ? r->redis.idem_sha : NULL, r->cfg.stream_prefix, stream,
+        len = outbox__idem_format(&cmd, outbox__link_idem_sha(r)[0] ? outbox__link_idem_sha(r) : NULL, r->cfg.stream_prefix, stream,
                                   r->cfg.s.idempotent_retention_ms, r->cfg.s.maxlen, im, cnt);
         e = len < 0 ? OUTBOX_ENOMEM : outbox__link_send(r, ms[i]->topic, cmd, (size_t)len, on_idem_reply, call, NULL);
         free(cmd);
@@ -169,12 +169,14 @@ void outbox__pub_idem_send(outbox_relay *r, msg **ms, size_t n)
     free(im);
 }
 
+/* data is the link, not the relay: the relays of a group share the sha,
+ * and the one that asked may be gone when the reply comes. */
 static void on_idem_loaded(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
-    outbox_relay *r = data;
+    struct relay_link *l = data;
     (void)conn;
     if (status == 0 && reply && reply->type == REDIS_REPLY_STRING && reply->len == 40)
-        memcpy(r->redis.idem_sha, reply->str, 41);
+        memcpy(l->idem_sha, reply->str, 41);
 }
 
 void outbox__pub_idem_load(outbox_relay *r, void *node)
@@ -182,6 +184,6 @@ void outbox__pub_idem_load(outbox_relay *r, void *node)
     const char *argv[3] = {"SCRIPT", "LOAD", outbox__idem_lua};
     size_t lens[3] = {6, 4, strlen(outbox__idem_lua)};
     if (!outbox__link_routes(r))
-        r->redis.idem_sha[0] = '\0'; /* until it is loaded, calls carry the script */
-    outbox__link_node_argv(r, node, 3, argv, lens, 0, on_idem_loaded, r);
+        outbox__link_idem_sha(r)[0] = '\0'; /* until it is loaded, calls carry the script */
+    outbox__link_node_argv(r, node, 3, argv, lens, 0, on_idem_loaded, r->redis.l);
 }

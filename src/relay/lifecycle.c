@@ -41,8 +41,10 @@ static void on_redis_down(outbox_relay *r, int status)
 {
     r->stats.reconnects++;
     r->redis.down_since = uv_now(r->loop);
-    LOG(r, OUTBOX_LOG_WARN, "msg=\"in-flight messages kept to send again\" count=%zu err=%s", r->park.n,
-        outbox_err_name(status));
+    /* A group's relays share the connection: the group says it once. */
+    if (!r->redis.shared || r->park.n)
+        LOG(r, OUTBOX_LOG_WARN, "msg=\"in-flight messages kept to send again\" count=%zu err=%s", r->park.n,
+            outbox_err_name(status));
     stop_check(r); /* lost while stopping: nothing more to wait for */
 }
 

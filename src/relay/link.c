@@ -34,52 +34,114 @@
 
 #define RECHECK_MS 10000
 
-/* Publishing is held: kind, and why (Redis's words included). */
-static void hold(outbox_relay *r, enum link_problem_kind kind, const char *why)
+#define LLOG(l, lvl, ...) outbox__log((l)->log, (lvl), __VA_ARGS__)
+
+/* ---- the relays that hear the link's events --------------------------- */
+
+static int subscribe(struct relay_link *l, outbox_relay *r)
 {
-    uint64_t now = uv_now(r->loop);
-    r->redis.problem = kind;
-    r->redis.acl_probe = 0;
-    outbox__strlcpy(r->redis.misconfig, why, sizeof r->redis.misconfig);
+    if (l->nsubs == l->subs_cap) {
+        size_t cap = l->subs_cap ? l->subs_cap * 2 : 8;
+        outbox_relay **n = realloc(l->subs, cap * sizeof *n);
+        if (!n)
+            return OUTBOX_ENOMEM;
+        l->subs = n;
+        l->subs_cap = cap;
+    }
+    l->subs[l->nsubs++] = r;
+    return 0;
+}
+
+static void compact(struct relay_link *l)
+{
+    size_t i, j = 0;
+    for (i = 0; i < l->nsubs; i++)
+        if (l->subs[i])
+            l->subs[j++] = l->subs[i];
+    l->nsubs = j;
+}
+
+static void unsubscribe(struct relay_link *l, outbox_relay *r)
+{
+    size_t i;
+    for (i = 0; i < l->nsubs; i++)
+        if (l->subs[i] == r) {
+            l->subs[i] = NULL;
+            break;
+        }
+    if (!l->telling)
+        compact(l);
+}
+
+/* Each relay on the link hears of an event (kind, status). A relay may
+ * leave meanwhile (a drain that ends stops it): it leaves a NULL, and the
+ * ones that join are not told. */
+enum tell { T_UP, T_DOWN, T_PROBLEM };
+
+static void tell(struct relay_link *l, enum tell what, int status)
+{
+    size_t i, n = l->nsubs;
+    l->telling++;
+    for (i = 0; i < n; i++) {
+        outbox_relay *r = l->subs[i];
+        if (!r || (r->redis.state != RC_STARTED && r->redis.state != RC_CLOSING))
+            continue;
+        if (what == T_UP && r->redis.hooks.up)
+            r->redis.hooks.up(r);
+        else if (what == T_DOWN && r->redis.hooks.down)
+            r->redis.hooks.down(r, status);
+        else if (what == T_PROBLEM && r->redis.hooks.problem)
+            r->redis.hooks.problem(r);
+    }
+    if (--l->telling == 0)
+        compact(l);
+}
+
+/* Publishing is held: kind, and why (Redis's words included). */
+static void hold(struct relay_link *l, enum link_problem_kind kind, const char *why)
+{
+    uint64_t now = uv_now(l->loop);
+    l->problem = kind;
+    l->acl_probe = 0;
+    outbox__strlcpy(l->misconfig, why, sizeof l->misconfig);
     /* It goes into log lines and /healthz between double quotes. */
-    for (char *p = r->redis.misconfig; *p; p++)
+    for (char *p = l->misconfig; *p; p++)
         if (*p == '"' || *p == '\n' || *p == '\r')
             *p = '\'';
-    r->redis.misconfig_at = now;
+    l->misconfig_at = now;
     /* Once, and again at most once a minute while it lasts (a node that
      * answers INFO as a plain node but MOVED to commands flips back and
      * forth at every check). */
-    if (!r->redis.misconfig_logged || now - r->redis.misconfig_logged >= 60000) {
-        r->redis.misconfig_logged = now ? now : 1;
-        LOG(r, OUTBOX_LOG_ERROR, "msg=\"publishing held: %s\" redis=%s", r->redis.misconfig, r->cfg.url_desc);
+    if (!l->misconfig_logged || now - l->misconfig_logged >= 60000) {
+        l->misconfig_logged = now ? now : 1;
+        LLOG(l, OUTBOX_LOG_ERROR, "msg=\"publishing held: %s\" redis=%s", l->misconfig, l->url_desc);
     }
-    if (r->redis.hooks.problem)
-        r->redis.hooks.problem(r);
+    tell(l, T_PROBLEM, 0);
 }
 
 /* The problem of that kind is over (what: the log's words). */
-static void resume(outbox_relay *r, enum link_problem_kind kind, const char *what)
+static void resume(struct relay_link *l, enum link_problem_kind kind, const char *what)
 {
-    if (r->redis.problem != kind)
+    if (l->problem != kind)
         return;
-    LOG(r, OUTBOX_LOG_INFO, "msg=\"publishing resumed: %s\"", what);
-    r->redis.problem = LP_NONE;
-    r->redis.misconfig[0] = '\0';
+    LLOG(l, OUTBOX_LOG_INFO, "msg=\"publishing resumed: %s\"", what);
+    l->problem = LP_NONE;
+    l->misconfig[0] = '\0';
 }
 
-static void cluster_problem(outbox_relay *r, const char *how)
+static void cluster_problem(struct relay_link *l, const char *how)
 {
     char url[200], why[400];
-    const outbox__redis_url *node = outbox__target_node_url(r->redis.target);
+    const outbox__redis_url *node = outbox__target_node_url(l->target);
     const char *host = node ? node->host : NULL;
     int port = node ? node->port : 0;
     if (host)
-        snprintf(url, sizeof url, "%s://%s%s%s:%d", r->cfg.url.tls ? "rediss-cluster" : "redis-cluster",
+        snprintf(url, sizeof url, "%s://%s%s%s:%d", l->tls ? "rediss-cluster" : "redis-cluster",
                  strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "", port);
     else
         snprintf(url, sizeof url, "redis-cluster://host:port");
     snprintf(why, sizeof why, "the Redis URL names a Redis Cluster node (%s): use a cluster URL, %s", how, url);
-    hold(r, LP_CLUSTER_NODE, why);
+    hold(l, LP_CLUSTER_NODE, why);
 }
 
 /* An error reply saying that the user may not run the command at all
@@ -98,35 +160,34 @@ static int acl_refusal(const redisReply *reply)
 
 static void on_info(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
-    outbox_relay *r = data;
+    struct relay_link *l = data;
     int cluster;
     (void)conn;
-    r->redis.info_pending = 0;
-    if (r->redis.state != RC_STARTED)
+    l->info_pending = 0;
+    if (l->state != RC_STARTED)
         return;
     cluster = status == 0 && reply && reply->type == REDIS_REPLY_STRING && strstr(reply->str, "cluster_enabled:1");
     if (cluster) {
-        cluster_problem(r, "cluster_enabled:1");
+        cluster_problem(l, "cluster_enabled:1");
         return;
     }
     if (status != 0)
         return; /* the connection is gone: the next one checks again */
-    resume(r, LP_CLUSTER_NODE, "the node is not a cluster node any more");
-    if (r->redis.hooks.up)
-        r->redis.hooks.up(r);
+    resume(l, LP_CLUSTER_NODE, "the node is not a cluster node any more");
+    tell(l, T_UP, 0);
 }
 
 /* Asks whether the node is a cluster node; the relay is up once it is not
  * (an INFO refused by an ACL counts as not). */
-static void check_node(outbox_relay *r)
+static void check_node(struct relay_link *l)
 {
     const char *argv[2] = {"INFO", "cluster"};
     size_t lens[2] = {4, 7};
-    if (!outbox__target_ready(r->redis.target) || r->redis.info_pending)
+    if (!outbox__target_ready(l->target) || l->info_pending)
         return;
-    r->redis.misconfig_at = uv_now(r->loop);
-    if (outbox__target_command_node(r->redis.target, NULL, 2, argv, lens, 0, on_info, r) == 0)
-        r->redis.info_pending = 1;
+    l->misconfig_at = uv_now(l->loop);
+    if (outbox__target_command_node(l->target, NULL, 2, argv, lens, 0, on_info, l) == 0)
+        l->info_pending = 1;
 }
 
 /* ---- the target's events ---------------------------------------------- */
@@ -135,30 +196,37 @@ static void check_node(outbox_relay *r)
  * is up for the relay once INFO says its node is not a cluster node. */
 static void on_target_up(outbox__target *t, void *data)
 {
-    outbox_relay *r = data;
-    resume(r, LP_REFUSED, outbox__target_routes(t) ? "a cluster node accepted the connection"
+    struct relay_link *l = data;
+    resume(l, LP_REFUSED, outbox__target_routes(t) ? "a cluster node accepted the connection"
                                                     : "redis accepted the connection");
     if (!outbox__target_routes(t))
-        check_node(r);
-    else if (r->redis.hooks.up)
-        r->redis.hooks.up(r);
+        check_node(l);
+    else
+        tell(l, T_UP, 0);
 }
 
 static void on_target_down(outbox__target *t, int status, void *data)
 {
-    outbox_relay *r = data;
+    struct relay_link *l = data;
     (void)t;
-    r->redis.info_pending = 0;
-    if (r->redis.hooks.down)
-        r->redis.hooks.down(r, status);
+    l->info_pending = 0;
+    tell(l, T_DOWN, status);
 }
 
+/* A node's connection is up: one relay loads the idempotent script there
+ * (the sha is the link's, for all of them). */
 static void on_target_node_up(outbox__target *t, void *node, void *data)
 {
-    outbox_relay *r = data;
+    struct relay_link *l = data;
+    size_t i;
     (void)t;
-    if (r->redis.hooks.node_up)
-        r->redis.hooks.node_up(r, node);
+    for (i = 0; i < l->nsubs; i++) {
+        outbox_relay *r = l->subs[i];
+        if (r && r->redis.state == RC_STARTED && r->redis.hooks.node_up) {
+            r->redis.hooks.node_up(r, node);
+            return;
+        }
+    }
 }
 
 static void on_target_refused(outbox__target *t, int status, const char *why, void *data)
@@ -167,73 +235,171 @@ static void on_target_refused(outbox__target *t, int status, const char *why, vo
     hold(data, LP_REFUSED, why);
 }
 
-/* ---- the interface ---------------------------------------------------- */
+/* ---- the link itself -------------------------------------------------- */
+
+int outbox__link_create(struct relay_link *l, uv_loop_t *loop, const struct relay_config *cfg)
+{
+    outbox__target_options o;
+    outbox__target_hooks th = {on_target_up, on_target_down, on_target_node_up, on_target_refused, l};
+    memset(l, 0, sizeof *l);
+    l->loop = loop;
+    l->log = &cfg->log;
+    l->url_desc = cfg->url_desc;
+    l->tls = cfg->url.tls;
+    outbox__target_options_defaults(&o);
+    o.redis.connect_timeout_ms = cfg->s.connect_timeout_ms;
+    o.redis.reply_timeout_ms = cfg->s.reply_timeout_ms;
+    o.redis.client_name = "outbox-relay";
+    o.redis.tls = cfg->tls; /* the target takes its own reference */
+    o.log = &cfg->log;
+    o.what = "relay";
+    if (outbox__target_create(&l->target, loop, &cfg->url, &o, &th) != 0)
+        return OUTBOX_ENOMEM;
+    l->routes = outbox__target_routes(l->target);
+    l->state = RC_INITIALISED;
+    return 0;
+}
+
+void outbox__link_open(struct relay_link *l)
+{
+    if (l->state != RC_INITIALISED)
+        return;
+    l->state = RC_STARTED;
+    outbox__target_start(l->target);
+}
+
+/* Usable: connected, not held by a problem, not waiting for INFO. */
+static int usable(const struct relay_link *l)
+{
+    if (l->state != RC_STARTED || !l->target || l->problem != LP_NONE)
+        return 0;
+    return outbox__target_reachable(l->target) && !l->info_pending;
+}
+
+int outbox__link_usable(const struct relay_link *l)
+{
+    return usable(l);
+}
+
+static void on_target_closed(void *data)
+{
+    struct relay_link *l = data;
+    l->target = NULL;
+    free(l->subs);
+    l->subs = NULL;
+    l->nsubs = l->subs_cap = 0;
+    if (l->close_cb)
+        l->close_cb(l->close_data);
+}
+
+void outbox__link_shut(struct relay_link *l, void (*cb)(void *data), void *data)
+{
+    if (l->state == RC_INITIALISED) {
+        outbox__target_close(l->target, NULL, NULL); /* never started: freed at once */
+        l->target = NULL;
+        l->state = RC_NONE;
+        free(l->subs);
+        l->subs = NULL;
+        l->nsubs = l->subs_cap = 0;
+        if (cb)
+            cb(data);
+        return;
+    }
+    if (l->state != RC_STARTED) {
+        if (cb)
+            cb(data);
+        return;
+    }
+    l->state = RC_CLOSING;
+    l->closing = 1;
+    l->close_cb = cb;
+    l->close_data = data;
+    outbox__target_close(l->target, on_target_closed, l);
+}
+
+void outbox__link_hold_all(struct relay_link *l)
+{
+    if (l->target && !l->closing)
+        outbox__target_hold(l->target);
+}
+
+/* ---- a relay on the link ---------------------------------------------- */
 
 int outbox__link_init(outbox_relay *r, const struct link_hooks *hooks)
 {
-    outbox__target_options o;
-    outbox__target_hooks th = {on_target_up, on_target_down, on_target_node_up, on_target_refused, r};
-    outbox__target_options_defaults(&o);
-    o.redis.connect_timeout_ms = r->cfg.s.connect_timeout_ms;
-    o.redis.reply_timeout_ms = r->cfg.s.reply_timeout_ms;
-    o.redis.client_name = "outbox-relay";
-    o.redis.tls = r->cfg.tls; /* the target takes its own reference */
-    o.log = &r->cfg.log;
-    o.what = "relay";
     r->redis.hooks = *hooks;
-    if (outbox__target_create(&r->redis.target, r->loop, &r->cfg.url, &o, &th) != 0)
+    if (r->redis.shared) {
+        r->redis.state = RC_INITIALISED;
+        return 0;
+    }
+    if (outbox__link_create(&r->redis.own, r->loop, &r->cfg) != 0)
         return OUTBOX_ENOMEM;
-    r->redis.routes = outbox__target_routes(r->redis.target);
+    r->redis.l = &r->redis.own;
     r->redis.state = RC_INITIALISED;
     return 0;
 }
 
 void outbox__link_start(outbox_relay *r)
 {
+    struct relay_link *l = r->redis.l;
+    if (subscribe(l, r) != 0) {
+        /* Without a place among the link's relays it would never hear that
+         * Redis is up: its scans still run, and a unit finding the link up
+         * sends (link_up asks the link itself). */
+        LOG(r, OUTBOX_LOG_WARN, "msg=\"out of memory: the relay does not hear the connection's events\"");
+    }
     r->redis.state = RC_STARTED;
-    outbox__target_start(r->redis.target);
+    if (!r->redis.shared)
+        outbox__link_open(l);
+    else if (usable(l) && r->redis.hooks.up)
+        r->redis.hooks.up(r); /* the group's link is up already */
 }
 
 void outbox__link_discard(outbox_relay *r)
 {
     if (r->redis.state != RC_INITIALISED)
         return;
-    outbox__target_close(r->redis.target, NULL, NULL); /* never started: freed at once */
-    r->redis.target = NULL;
+    if (!r->redis.shared)
+        outbox__link_shut(&r->redis.own, NULL, NULL);
     r->redis.state = RC_NONE;
 }
 
 int outbox__link_up(const outbox_relay *r)
 {
-    if (r->redis.state != RC_STARTED || !r->redis.target)
+    if (r->redis.state != RC_STARTED)
         return 0;
-    if (r->redis.problem != LP_NONE)
-        return 0;
-    return outbox__target_reachable(r->redis.target) && !r->redis.info_pending;
+    return usable(r->redis.l);
 }
 
 int outbox__link_routes(const outbox_relay *r)
 {
-    return r->redis.routes;
+    return r->redis.l ? r->redis.l->routes : 0;
 }
 
 const char *outbox__link_problem(const outbox_relay *r)
 {
-    return r->redis.problem != LP_NONE ? r->redis.misconfig : NULL;
+    const struct relay_link *l = r->redis.l;
+    return l && l->problem != LP_NONE ? l->misconfig : NULL;
+}
+
+char *outbox__link_idem_sha(outbox_relay *r)
+{
+    return r->redis.l->idem_sha;
 }
 
 void outbox__link_check(outbox_relay *r)
 {
-    if (r->redis.state != RC_STARTED || uv_now(r->loop) - r->redis.misconfig_at < RECHECK_MS)
+    struct relay_link *l = r->redis.l;
+    if (r->redis.state != RC_STARTED || l->state != RC_STARTED || uv_now(l->loop) - l->misconfig_at < RECHECK_MS)
         return;
-    if (r->redis.problem == LP_CLUSTER_NODE) {
-        check_node(r);
-    } else if (r->redis.problem == LP_ACL) {
+    if (l->problem == LP_CLUSTER_NODE) {
+        check_node(l);
+    } else if (l->problem == LP_ACL) {
         /* The next batch tries: refused again, it is held again (and
          * logged at most once a minute); accepted, it is over. */
-        r->redis.problem = LP_NONE;
-        r->redis.misconfig[0] = '\0';
-        r->redis.acl_probe = 1;
+        l->problem = LP_NONE;
+        l->misconfig[0] = '\0';
+        l->acl_probe = 1;
     }
 }
 
@@ -256,82 +422,86 @@ int outbox__link_send(outbox_relay *r, const char *topic, const char *cmd, size_
         return OUTBOX_EINVAL;
     memcpy(stream, r->cfg.stream_prefix, pl);
     memcpy(stream + pl, topic, tl + 1);
-    return outbox__target_command_key(r->redis.target, stream, pl + tl, cmd, len, 0, cb, data, node);
+    return outbox__target_command_key(r->redis.l->target, stream, pl + tl, cmd, len, 0, cb, data, node);
 }
 
 int outbox__link_node_argv(outbox_relay *r, void *node, int argc, const char **argv, const size_t *lens,
                            uint64_t timeout_ms, outbox__redis_reply_cb cb, void *data)
 {
-    if (r->redis.state != RC_STARTED || !r->redis.target)
+    struct relay_link *l = r->redis.l;
+    if (r->redis.state != RC_STARTED || l->state != RC_STARTED || !l->target)
         return OUTBOX_ECLOSED;
-    return outbox__target_command_node(r->redis.target, node, argc, argv, lens, timeout_ms, cb, data);
+    return outbox__target_command_node(l->target, node, argc, argv, lens, timeout_ms, cb, data);
 }
 
 void *outbox__link_node_of(const outbox_relay *r, const outbox__redis *conn)
 {
-    return r->redis.target && !r->redis.closing ? outbox__target_node_of(r->redis.target, conn) : NULL;
+    const struct relay_link *l = r->redis.l;
+    return l && l->target && !l->closing ? outbox__target_node_of(l->target, conn) : NULL;
 }
 
 int outbox__link_lost(outbox_relay *r, const outbox__redis *conn, const redisReply *reply)
 {
-    if (!reply || !r->redis.target)
+    struct relay_link *l = r->redis.l;
+    if (!reply || !l || !l->target)
         return 0;
     if (reply->type != REDIS_REPLY_ERROR) {
-        if (r->redis.acl_probe) {
-            r->redis.acl_probe = 0;
-            LOG(r, OUTBOX_LOG_INFO, "msg=\"publishing resumed: redis accepted a command the ACL refused before\"");
+        if (l->acl_probe) {
+            l->acl_probe = 0;
+            LLOG(l, OUTBOX_LOG_INFO, "msg=\"publishing resumed: redis accepted a command the ACL refused before\"");
         }
         return 0;
     }
     if (acl_refusal(reply)) {
         char why[400];
         snprintf(why, sizeof why, "the ACL forbids a command the relay sends (%.300s)", reply->str);
-        hold(r, LP_ACL, why);
+        hold(l, LP_ACL, why);
         return 1; /* not executed: the message is released, not failed */
     }
-    if (outbox__target_misrouted(r->redis.target, reply)) {
+    if (outbox__target_misrouted(l->target, reply)) {
         char how[40];
         snprintf(how, sizeof how, "a %.*s reply", (int)(strchr(reply->str, ' ') - reply->str < 20 ? strchr(reply->str, ' ') - reply->str : 20), reply->str);
-        cluster_problem(r, how);
+        cluster_problem(l, how);
         return 1; /* not executed: the message is released, not failed */
     }
-    return outbox__target_lost(r->redis.target, conn, reply);
+    return outbox__target_lost(l->target, conn, reply);
 }
 
 void outbox__link_hold(outbox_relay *r)
 {
-    if (r->redis.target && !r->redis.closing)
-        outbox__target_hold(r->redis.target);
+    /* A group's link goes on for the other relays: the group holds it. */
+    if (!r->redis.shared)
+        outbox__link_hold_all(r->redis.l);
 }
 
 void outbox__link_reset(outbox_relay *r, const char *why)
 {
-    if (r->redis.target && !r->redis.closing)
-        outbox__target_reset(r->redis.target, why);
-}
-
-static void on_target_closed(void *data)
-{
-    outbox_relay *r = data;
-    r->redis.target = NULL;
-    if (r->redis.close_cb)
-        r->redis.close_cb(r->redis.close_data);
+    struct relay_link *l = r->redis.l;
+    /* On a group's link this drops the other relays' commands too: they
+     * are sent again, as after any lost connection. */
+    if (l->target && !l->closing)
+        outbox__target_reset(l->target, why);
 }
 
 void outbox__link_close(outbox_relay *r, void (*cb)(void *data), void *data)
 {
-    r->redis.closing = 1;
-    r->redis.close_cb = cb;
-    r->redis.close_data = data;
-    outbox__target_close(r->redis.target, on_target_closed, r);
+    /* A relay on its own link hears of it to the end (the loss of its
+     * replies); one on a group's leaves it now, and may be freed. */
+    if (r->redis.shared) {
+        unsubscribe(r->redis.l, r);
+        cb(data);
+        return;
+    }
+    outbox__link_shut(r->redis.l, cb, data);
 }
 
 size_t outbox__link_nodes(const outbox_relay *r, outbox__target_node_stats *st, size_t n, uint64_t *refreshes,
                           uint64_t *refresh_failed)
 {
-    if (!r->redis.target || r->redis.closing) {
+    const struct relay_link *l = r->redis.l;
+    if (!l || !l->target || l->closing) {
         *refreshes = *refresh_failed = 0;
         return 0;
     }
-    return outbox__target_nodes(r->redis.target, st, n, refreshes, refresh_failed);
+    return outbox__target_nodes(l->target, st, n, refreshes, refresh_failed);
 }

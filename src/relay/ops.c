@@ -287,7 +287,7 @@ static void answer(outbox_relay *r, outbox__http_req *req, const char *path)
     {
         /* Room for the longest URL description and database error, and a
          * database path of a few hundred bytes (a longer one is cut). */
-        char body[sizeof r->cfg.url_desc + sizeof r->dbwait.why + sizeof r->redis.misconfig + 512];
+        char body[sizeof r->cfg.url_desc + sizeof r->dbwait.why + OUTBOX__LINK_WHY_MAX + 512];
         uint64_t now = uv_now(r->loop), down = r->redis.down_since ? now - r->redis.down_since : 0;
         int n;
         if (!r->stop.began)

@@ -209,24 +209,44 @@ enum link_problem_kind {
     LP_ACL,          /* an ACL forbids a command the relay sends: publishing is tried again every 10 s */
 };
 
-/* The Redis connection (loop thread): a target (redis/target.h), behind
- * link.c. */
-struct relay_redis {
+#define OUTBOX__LINK_WHY_MAX 700
+
+/* The Redis connection layer (loop thread): a target (redis/target.h),
+ * behind link.c. A relay creates its own at start; the relays of a group
+ * (group.c) share the group's, each one subscribed to its events while it
+ * runs. What the target's answers teach (a problem holding publishing, the
+ * idempotent script's sha) is the link's, for every relay on it. */
+struct relay_link {
+    uv_loop_t *loop;
+    const outbox__logger *log; /* its owner's: the relay's or the group's */
+    const char *url_desc;
+    int tls;                /* the URL is a rediss one (for the messages) */
     outbox__target *target; /* a single node, Sentinel or a cluster; NULL once closed */
     int routes;             /* the target routes by slot (OUTBOX__TARGET_ROUTES): a cluster */
     int closing;            /* target is being closed: no longer to be touched */
     void (*close_cb)(void *data);
     void *close_data;
-    struct link_hooks hooks;
     enum rc_state state;
     char idem_sha[41];   /* the idempotent publish script's sha, "" until loaded */
-    uint64_t down_since; /* loop ms when Redis became unreachable, 0 while up */
     int info_pending;    /* a single node's INFO cluster check awaits its reply */
     enum link_problem_kind problem; /* Redis cannot be used as configured, LP_NONE otherwise */
-    char misconfig[700]; /* why publishing is held, "" while problem is LP_NONE */
+    char misconfig[OUTBOX__LINK_WHY_MAX]; /* why publishing is held, "" while problem is LP_NONE */
     uint64_t misconfig_at; /* loop ms of the last check */
     uint64_t misconfig_logged; /* loop ms of its last error line, 0 if none */
     int acl_probe; /* LP_ACL was lifted to try again: the next accepted command says it is over */
+    outbox_relay **subs; /* the relays that hear its events (NULL: one that left while they were told) */
+    size_t nsubs, subs_cap;
+    int telling; /* events are being handed to subs: a relay leaving leaves a NULL */
+};
+
+/* A relay's use of a link: its own, or its group's. */
+struct relay_redis {
+    struct relay_link *l;
+    struct relay_link own; /* l when the relay has a link of its own */
+    int shared;            /* l is a group's */
+    struct link_hooks hooks;
+    enum rc_state state;   /* this relay's use of l */
+    uint64_t down_since;   /* loop ms when Redis became unreachable, 0 while up */
 };
 
 /* The window (loop thread; read by the unit's worker while it runs, never
@@ -596,9 +616,22 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
 
 /* ---- link.c ---- */
 
-/* Creates the target for r->cfg.url (outbox__target_create: a single node,
- * Sentinel or a cluster); hooks are copied. 0 or OUTBOX_ENOMEM. */
+/* A link (the group's, or a relay's own): creates its target for cfg's URL
+ * (outbox__target_create: a single node, Sentinel or a cluster); cfg must
+ * outlive it. Opens it (connects, and keeps reconnecting). usable: 1 while
+ * commands can be sent. Shut: closes it (cb once the target is freed, at
+ * once when it never opened). hold_all: no more reconnects. */
+int outbox__link_create(struct relay_link *l, uv_loop_t *loop, const struct relay_config *cfg);
+void outbox__link_open(struct relay_link *l);
+int outbox__link_usable(const struct relay_link *l);
+void outbox__link_shut(struct relay_link *l, void (*cb)(void *data), void *data);
+void outbox__link_hold_all(struct relay_link *l);
+/* A relay's use of its link: with r->redis.shared (a group's relay,
+ * r->redis.l set at create) it only takes the hooks; otherwise it creates
+ * the relay's own link. Hooks are copied. 0 or OUTBOX_ENOMEM. */
 int outbox__link_init(outbox_relay *r, const struct link_hooks *hooks);
+/* The idempotent script's sha on the link ("" until loaded). */
+char *outbox__link_idem_sha(outbox_relay *r);
 /* Starts connecting (and keeps reconnecting). */
 void outbox__link_start(outbox_relay *r);
 /* Frees what an init of a start that failed created. */
