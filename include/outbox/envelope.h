@@ -6,6 +6,9 @@
  *   envelope  a msgpack map: {"v": 1, "id": str, "topic": str,
  *             "key": str|nil, "payload": bin, "headers": map|nil,
  *             "created_at": int (unix ms)}.
+ * A relay over many databases (outbox_relay_group, outbox-relay --db-dir)
+ * names the message's database too: a field "db" between the two, and a
+ * key "db" (str) last in the envelope.
  * Decoders ignore keys they do not know; "v" changes only on a breaking
  * change.
  */
@@ -31,6 +34,7 @@ typedef struct outbox_envelope {
     const void *headers;    /* a msgpack map, headers_len bytes, or NULL */
     size_t headers_len;
     int64_t created_at;     /* unix ms */
+    const char *db;         /* the database's name (NUL-terminated), or NULL: not encoded */
 } outbox_envelope;
 
 /* An upper bound of the encoded size of e. */

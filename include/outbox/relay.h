@@ -70,6 +70,13 @@ typedef struct outbox_relay_settings {
     /* Database file with the outbox schema (required; copied). The relay
      * opens its own connection. Default NULL. */
     const char *db_path;
+    /* The database's name, or NULL for none; default NULL. When set (a
+     * group names each of its databases so: outbox_relay_group_add), every
+     * stream entry carries it as a field "db" and its envelope as a key
+     * "db" (proto/envelope.md), and idempotent markers include it (message
+     * ids are unique per database). At most 200 bytes, no control bytes.
+     * Copied. */
+    const char *db_name;
     /* redis://[[user]:password@]host[:port][/db], the same with rediss://
      * for TLS, unix:///path[?db=N], or
      * redis-sentinel://[[user]:password@]host[:port][,host[:port]...][/db]#master

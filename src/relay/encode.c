@@ -162,7 +162,7 @@ static size_t bulk_size(size_t len)
     return 1 + dec_len(len) + 2 + len + 2;
 }
 
-static void envelope_of(const rowview *c, outbox_envelope *e)
+static void envelope_of(const outbox_relay *r, const rowview *c, outbox_envelope *e)
 {
     memset(e, 0, sizeof *e);
     e->version = OUTBOX_ENVELOPE_VERSION;
@@ -175,17 +175,19 @@ static void envelope_of(const rowview *c, outbox_envelope *e)
     e->headers = c->headers;
     e->headers_len = c->hlen;
     e->created_at = c->created_at;
+    e->db = r->cfg.s.db_name;
 }
 
 /* The size of the command's RESP bytes:
- * XADD <prefix><topic> [MAXLEN ~ N] * id <id> envelope <envelope>. */
+ * XADD <prefix><topic> [MAXLEN ~ N] * id <id> [db <name>] envelope <envelope>. */
 static size_t command_size(const outbox_relay *r, size_t idl, size_t tl, size_t envlen, const char *maxlen,
                            size_t mlen)
 {
-    size_t argc = maxlen ? 10 : 7;
+    const char *db = r->cfg.s.db_name;
+    size_t argc = (maxlen ? 10 : 7) + (db ? 2 : 0);
     return 1 + dec_len(argc) + 2 + bulk_size(4) + bulk_size(strlen(r->cfg.stream_prefix) + tl) +
            (maxlen ? bulk_size(6) + bulk_size(1) + bulk_size(mlen) : 0) + bulk_size(1) + bulk_size(2) +
-           bulk_size(idl) + bulk_size(8) + bulk_size(envlen);
+           bulk_size(idl) + (db ? bulk_size(2) + bulk_size(strlen(db)) : 0) + bulk_size(8) + bulk_size(envlen);
 }
 
 /* Writes the command at p, the envelope straight into its last argument;
@@ -194,8 +196,9 @@ static char *put_command(const outbox_relay *r, const rowview *c, const outbox_e
                          size_t tl, size_t envlen, const char *maxlen, size_t mlen)
 {
     size_t pl = strlen(r->cfg.stream_prefix);
+    const char *db = r->cfg.s.db_name;
     *p++ = '*';
-    p = put_dec(p, maxlen ? 10 : 7);
+    p = put_dec(p, (maxlen ? 10 : 7) + (db ? 2 : 0));
     *p++ = '\r';
     *p++ = '\n';
     p = put_bulk(p, "XADD", 4);
@@ -213,6 +216,10 @@ static char *put_command(const outbox_relay *r, const rowview *c, const outbox_e
     p = put_bulk(p, "*", 1);
     p = put_bulk(p, "id", 2);
     p = put_bulk(p, c->id, idl);
+    if (db) {
+        p = put_bulk(p, "db", 2);
+        p = put_bulk(p, db, strlen(db));
+    }
     p = put_bulk(p, "envelope", 8);
     p = put_bulk_header(p, envlen);
     p = outbox__envelope_put(e, p); /* envlen bytes: outbox__envelope_size said so */
@@ -274,7 +281,7 @@ int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, const outbox__row_cols
     /* Never publishable: dead in this same transaction (no command). */
     problem = row_problem(r, &v, why, sizeof why);
     if (!problem) {
-        envelope_of(&v, &e);
+        envelope_of(r, &v, &e);
         envlen = outbox__envelope_size(&e);
         if (r->cfg.s.maxlen) {
             mlen = (size_t)snprintf(maxlen, sizeof maxlen, "%llu", (unsigned long long)r->cfg.s.maxlen);

@@ -14,8 +14,9 @@
 #include "redis/cluster/slot.h"
 
 /* KEYS[1] the stream, KEYS[2..] the markers; ARGV[1] marker retention in
- * ms, ARGV[2] MAXLEN (0: none), then id and envelope per message. A
- * duplicate answers "=<original entry id>". */
+ * ms, ARGV[2] MAXLEN (0: none), ARGV[3] the database's name ("": none, no
+ * db field), then id and envelope per message. A duplicate answers
+ * "=<original entry id>". */
 const char outbox__idem_lua[] =
     "local out = {}\n"
     "local failed = nil\n"
@@ -28,11 +29,16 @@ const char outbox__idem_lua[] =
     "      out[#out + 1] = '=' .. prev\n"
     "    else\n"
     "      local r\n"
+    "      local a = {KEYS[1]}\n"
     "      if ARGV[2] ~= '0' then\n"
-    "        r = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'id', ARGV[2 * i - 1], 'envelope', ARGV[2 * i])\n"
-    "      else\n"
-    "        r = redis.pcall('XADD', KEYS[1], '*', 'id', ARGV[2 * i - 1], 'envelope', ARGV[2 * i])\n"
+    "        a[#a + 1] = 'MAXLEN'; a[#a + 1] = '~'; a[#a + 1] = ARGV[2]\n"
     "      end\n"
+    "      a[#a + 1] = '*'; a[#a + 1] = 'id'; a[#a + 1] = ARGV[2 * i]\n"
+    "      if ARGV[3] ~= '' then\n"
+    "        a[#a + 1] = 'db'; a[#a + 1] = ARGV[3]\n"
+    "      end\n"
+    "      a[#a + 1] = 'envelope'; a[#a + 1] = ARGV[2 * i + 1]\n"
+    "      r = redis.pcall('XADD', unpack(a))\n"
     "      if type(r) == 'table' and r.err then\n"
     "        failed = r.err\n"
     "        out[#out + 1] = r\n"
@@ -98,10 +104,10 @@ char *outbox__idem_marker(const char *prefix, const char *stream, const char *id
     return m;
 }
 
-long outbox__idem_format(char **cmd, const char *sha, const char *prefix, const char *stream, uint64_t retention_ms,
-                         uint64_t maxlen, const outbox__idem_msg *msgs, size_t n)
+long outbox__idem_format(char **cmd, const char *sha, const char *prefix, const char *stream, const char *db,
+                         uint64_t retention_ms, uint64_t maxlen, const outbox__idem_msg *msgs, size_t n)
 {
-    size_t argc = 3 + 1 + n + 2 + 2 * n, k = 0, i;
+    size_t argc = 3 + 1 + n + 3 + 2 * n, k = 0, i;
     const char **argv = malloc(argc * sizeof *argv);
     size_t *lens = malloc(argc * sizeof *lens);
     char **owned = calloc(n, sizeof *owned);
@@ -124,12 +130,20 @@ long outbox__idem_format(char **cmd, const char *sha, const char *prefix, const 
     ARG(nkeys, strlen(nkeys));
     ARG(stream, strlen(stream));
     for (i = 0; i < n; i++) {
-        if (!(owned[i] = outbox__idem_marker(prefix, stream, msgs[i].id, msgs[i].replay_count)))
+        /* Message ids are unique per database: a group's markers name it. */
+        char dbid[600];
+        const char *mid = msgs[i].id;
+        if (db && *db) {
+            snprintf(dbid, sizeof dbid, "%s:%s", db, msgs[i].id);
+            mid = dbid;
+        }
+        if (!(owned[i] = outbox__idem_marker(prefix, stream, mid, msgs[i].replay_count)))
             goto done;
         ARG(owned[i], strlen(owned[i]));
     }
     ARG(ret, strlen(ret));
     ARG(ml, strlen(ml));
+    ARG(db ? db : "", db ? strlen(db) : 0);
     for (i = 0; i < n; i++) {
         ARG(msgs[i].id, strlen(msgs[i].id));
         ARG(msgs[i].env, msgs[i].envlen);

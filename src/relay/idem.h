@@ -46,8 +46,8 @@ char *outbox__idem_marker(const char *prefix, const char *stream, const char *id
 
 /* Formats one EVALSHA (sha non-NULL) or EVAL call for n messages of one
  * stream into *cmd (malloc'd, free()). Returns its length or -1. */
-long outbox__idem_format(char **cmd, const char *sha, const char *prefix, const char *stream, uint64_t retention_ms,
-                         uint64_t maxlen, const outbox__idem_msg *msgs, size_t n);
+long outbox__idem_format(char **cmd, const char *sha, const char *prefix, const char *stream, const char *db,
+                         uint64_t retention_ms, uint64_t maxlen, const outbox__idem_msg *msgs, size_t n);
 
 /* One message's result from the script's reply array. */
 typedef enum outbox__idem_result {

@@ -149,7 +149,7 @@ void outbox__pub_idem_send(outbox_relay *r, msg **ms, size_t n)
         call->next = call->msgs + cnt;
         snprintf(stream, sizeof stream, "%s%s", r->cfg.stream_prefix, ms[i]->topic);
         len = outbox__idem_format(&cmd, outbox__link_idem_sha(r)[0] ? outbox__link_idem_sha(r) : NULL, r->cfg.stream_prefix, stream,
-                                  r->cfg.s.idempotent_retention_ms, r->cfg.s.maxlen, im, cnt);
+                                  r->cfg.s.db_name, r->cfg.s.idempotent_retention_ms, r->cfg.s.maxlen, im, cnt);
         e = len < 0 ? OUTBOX_ENOMEM : outbox__link_send(r, ms[i]->topic, cmd, (size_t)len, on_idem_reply, call, NULL);
         free(cmd);
         if (e != 0) {

@@ -118,6 +118,7 @@ static void free_fields(outbox_relay *r)
     outbox__redis_url_free(&r->cfg.url);
     outbox__tls_config_unref(r->cfg.tls);
     free(r->cfg.db_path);
+    free(r->cfg.db_name);
     free(r->wake.wal_path);
     free(r->cfg.redis_url_text);
     free(r->cfg.worker_id);
@@ -186,14 +187,16 @@ static int copy_settings(outbox_relay *r, const outbox_relay_settings *s, char *
         outbox__strlcpy(wid, s->worker_id, sizeof wid);
     }
     r->cfg.db_path = dupstr(s->db_path);
+    r->cfg.db_name = dupstr(s->db_name);
     r->cfg.redis_url_text = dupstr(s->redis_url);
     r->cfg.worker_id = dupstr(wid);
     r->cfg.stream_prefix = dupstr(s->stream_prefix);
     r->cfg.metrics_listen = dupstr(s->metrics_listen);
-    if (!r->cfg.db_path || !r->cfg.redis_url_text || !r->cfg.worker_id || !r->cfg.stream_prefix ||
+    if (!r->cfg.db_path || (s->db_name && !r->cfg.db_name) || !r->cfg.redis_url_text || !r->cfg.worker_id || !r->cfg.stream_prefix ||
         (s->metrics_listen && !r->cfg.metrics_listen))
         return OUTBOX_ENOMEM;
     r->cfg.s.db_path = r->cfg.db_path;
+    r->cfg.s.db_name = r->cfg.db_name;
     r->cfg.s.redis_url = r->cfg.redis_url_text;
     r->cfg.s.worker_id = r->cfg.worker_id;
     r->cfg.s.stream_prefix = r->cfg.stream_prefix;

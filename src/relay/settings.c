@@ -119,6 +119,14 @@ int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size
     }
     if (s->worker_id && (!*s->worker_id || strlen(s->worker_id) > 200))
         return outbox__errf(err, errlen, OUTBOX_EINVAL, "worker-id: must be 1..200 bytes");
+    if (s->db_name) {
+        const unsigned char *c = (const unsigned char *)s->db_name;
+        if (!*c || strlen(s->db_name) > 200)
+            return outbox__errf(err, errlen, OUTBOX_EINVAL, "db_name: must be 1..200 bytes");
+        for (; *c; c++)
+            if (*c < 0x20 || *c == 0x7f)
+                return outbox__errf(err, errlen, OUTBOX_EINVAL, "db_name: control bytes are not allowed");
+    }
     if (s->idempotent && s->wait_replicas)
         return outbox__errf(err, errlen, OUTBOX_EINVAL,
                             "idempotent and wait-replicas cannot be combined in this version");

@@ -20,10 +20,10 @@ static size_t key_length(const outbox_envelope *e)
 
 size_t outbox_envelope_max_size(const outbox_envelope *e)
 {
-    /* map header + 7 short keys (<= 11 bytes each) + 5 string/bin headers
+    /* map header + 8 short keys (<= 11 bytes each) + 6 string/bin headers
      * (<= 5 bytes each) + int64 + the bodies. */
-    return 1 + 7 * 11 + 5 * 5 + 9 + 1 + (e->id ? strlen(e->id) : 0) + (e->topic ? strlen(e->topic) : 0) +
-           key_length(e) + e->payload_len + (e->headers ? e->headers_len : 1);
+    return 1 + 8 * 11 + 6 * 5 + 9 + 1 + (e->id ? strlen(e->id) : 0) + (e->topic ? strlen(e->topic) : 0) +
+           key_length(e) + e->payload_len + (e->headers ? e->headers_len : 1) + (e->db ? strlen(e->db) : 0);
 }
 
 /*
@@ -41,6 +41,7 @@ size_t outbox_envelope_max_size(const outbox_envelope *e)
 #define K_PAYLOAD "\xa7payload"
 #define K_HEADERS "\xa7headers"
 #define K_CREATED "\xaa" "created_at"
+#define K_DB "\xa2" "db"
 #define KEYS_LEN (sizeof K_V + sizeof K_ID + sizeof K_TOPIC + sizeof K_KEY + sizeof K_PAYLOAD + sizeof K_HEADERS + \
                   sizeof K_CREATED - 7)
 
@@ -125,7 +126,7 @@ static unsigned char *put_int(unsigned char *p, int64_t d)
 
 /* The parts of e the size and the writer share. */
 typedef struct env_parts {
-    size_t idl, tl, kl;
+    size_t idl, tl, kl, dbl;
     int64_t version;
 } env_parts;
 
@@ -134,6 +135,7 @@ static void parts_of(const outbox_envelope *e, env_parts *x)
     x->idl = strlen(e->id);
     x->tl = strlen(e->topic);
     x->kl = key_length(e);
+    x->dbl = e->db ? strlen(e->db) : 0;
     x->version = e->version ? e->version : OUTBOX_ENVELOPE_VERSION;
 }
 
@@ -141,7 +143,8 @@ static size_t parts_size(const outbox_envelope *e, const env_parts *x)
 {
     return 1 + KEYS_LEN + int_size(x->version) + str_header_size(x->idl) + x->idl + str_header_size(x->tl) + x->tl +
            (x->kl ? str_header_size(x->kl) + x->kl : 1) + bin_header_size(e->payload_len) + e->payload_len +
-           (e->headers ? e->headers_len : 1) + int_size(e->created_at);
+           (e->headers ? e->headers_len : 1) + int_size(e->created_at) +
+           (e->db ? sizeof K_DB - 1 + str_header_size(x->dbl) + x->dbl : 0);
 }
 
 size_t outbox__envelope_size(const outbox_envelope *e)
@@ -153,7 +156,7 @@ size_t outbox__envelope_size(const outbox_envelope *e)
 
 static unsigned char *parts_put(const outbox_envelope *e, const env_parts *x, unsigned char *p)
 {
-    *p++ = 0x87; /* fixmap of 7 */
+    *p++ = e->db ? 0x88 : 0x87; /* fixmap of 7, or 8 with db */
     p = put_raw(p, K_V, sizeof K_V - 1);
     p = put_int(p, x->version);
     p = put_raw(p, K_ID, sizeof K_ID - 1);
@@ -178,7 +181,13 @@ static unsigned char *parts_put(const outbox_envelope *e, const env_parts *x, un
     else
         *p++ = 0xc0;
     p = put_raw(p, K_CREATED, sizeof K_CREATED - 1);
-    return put_int(p, e->created_at);
+    p = put_int(p, e->created_at);
+    if (e->db) {
+        p = put_raw(p, K_DB, sizeof K_DB - 1);
+        p = put_str_header(p, x->dbl);
+        p = put_raw(p, e->db, x->dbl);
+    }
+    return p;
 }
 
 char *outbox__envelope_put(const outbox_envelope *e, char *out)
@@ -226,7 +235,7 @@ static int get_int(const msgpack_object *o, int64_t *v)
 int outbox_envelope_decode(const void *data, size_t len, outbox_envelope **out, char *err, size_t errlen)
 {
     const msgpack_object *ov = NULL, *oid = NULL, *otopic = NULL, *okey = NULL, *opay = NULL, *ohdr = NULL,
-                         *ocreated = NULL;
+                         *ocreated = NULL, *odb = NULL;
     msgpack_unpacked u;
     msgpack_sbuffer hbuf;
     outbox_envelope *e = NULL;
@@ -283,6 +292,8 @@ int outbox_envelope_decode(const void *data, size_t len, outbox_envelope **out, 
             ohdr = v;
         else if (key_is(k, "created_at"))
             ocreated = v;
+        else if (key_is(k, "db"))
+            odb = v;
         /* Unknown keys are ignored: later minor versions may add fields. */
     }
     if (!ov || !get_int(ov, &version)) {
@@ -312,6 +323,12 @@ int outbox_envelope_decode(const void *data, size_t len, outbox_envelope **out, 
     }
     if (okey && okey->type == MSGPACK_OBJECT_NIL)
         okey = NULL;
+    if (odb && odb->type != MSGPACK_OBJECT_NIL && odb->type != MSGPACK_OBJECT_STR) {
+        rc = outbox__errf(err, errlen, OUTBOX_EMALFORMED, "field 'db' is not a string or nil");
+        goto done;
+    }
+    if (odb && odb->type == MSGPACK_OBJECT_NIL)
+        odb = NULL;
     if (ohdr && ohdr->type != MSGPACK_OBJECT_NIL && ohdr->type != MSGPACK_OBJECT_MAP) {
         rc = outbox__errf(err, errlen, OUTBOX_EMALFORMED, "field 'headers' is not a map or nil");
         goto done;
@@ -328,7 +345,8 @@ int outbox_envelope_decode(const void *data, size_t len, outbox_envelope **out, 
     /* One block: the struct, then id, topic, key (each NUL-terminated),
      * payload, headers. */
     need = sizeof *e + oid->via.str.size + 1 + otopic->via.str.size + 1 + (okey ? okey->via.str.size + 1 : 0) +
-           (opay->type == MSGPACK_OBJECT_BIN ? opay->via.bin.size : opay->via.str.size) + hbuf.size + 1;
+           (opay->type == MSGPACK_OBJECT_BIN ? opay->via.bin.size : opay->via.str.size) + hbuf.size + 1 +
+           (odb ? odb->via.str.size + 1 : 0);
     e = calloc(1, need);
     if (!e) {
         rc = OUTBOX_ENOMEM;
@@ -348,6 +366,11 @@ int outbox_envelope_decode(const void *data, size_t len, outbox_envelope **out, 
         e->key = p;
         e->key_len = okey->via.str.size;
         p += okey->via.str.size + 1;
+    }
+    if (odb) {
+        memcpy(p, odb->via.str.ptr, odb->via.str.size);
+        e->db = p;
+        p += odb->via.str.size + 1;
     }
     if (opay->type == MSGPACK_OBJECT_BIN) {
         e->payload_len = opay->via.bin.size;

@@ -208,7 +208,7 @@ static void check_consume(const th_redis *srv)
 {
     char *consume = th_bin("tools/consume/outbox-consume"), *log = th_path(dir, "consume.log"), url[400];
     redisContext *c = th_redis_client(srv);
-    outbox_envelope e = {OUTBOX_ENVELOPE_VERSION, "m\"1", "orders", NULL, 0, "{}", 2, NULL, 0, 1};
+    outbox_envelope e = {OUTBOX_ENVELOPE_VERSION, "m\"1", "orders", NULL, 0, "{}", 2, NULL, 0, 1, NULL};
     char env[256];
     size_t len;
     if (outbox_envelope_encode(&e, env, sizeof env, &len) != 0)
