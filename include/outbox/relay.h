@@ -70,6 +70,20 @@ typedef struct outbox_relay_settings {
     /* Database file with the outbox schema (required; copied). The relay
      * opens its own connection. Default NULL. */
     const char *db_path;
+    /* A directory of databases, one outbox each (SQLite file per tenant),
+     * published by one group (outbox_relay_group_create; outbox-relay
+     * --db-dir), or NULL; default NULL. outbox_relay_create refuses it.
+     * Copied. */
+    const char *db_dir;
+    /* Which files of db_dir are databases: fnmatch patterns separated by
+     * commas, matched against the file name (no recursion); default
+     * "*.db". Copied. */
+    const char *db_glob;
+    /* A group's databases open at once (a relay with its SQLite
+     * connections each), at most; default 1024. The least recently used
+     * one that has nothing left to do is closed first when another needs
+     * to open. */
+    unsigned max_open_dbs;
     /* The database's name, or NULL for none; default NULL. When set (a
      * group names each of its databases so: outbox_relay_group_add), every
      * stream entry carries it as a field "db" and its envelope as a key
@@ -393,6 +407,117 @@ typedef struct outbox_relay_node_stats {
  * OUTBOX_EINVAL for a NULL r, or a NULL out with cap > 0. */
 OUTBOX_API int outbox_relay_nodes_get(outbox_relay *r, outbox_relay_node_stats *out, size_t cap, size_t *n,
                                       uint64_t *refreshes);
+
+
+/*
+ * A group: one relay process for many databases, e.g. a directory of
+ * SQLite files, one per tenant (outbox-relay --db-dir). Each database is
+ * published exactly as by a relay of its own (leases, fencing, retries,
+ * dead letters, retention, checkpoints, idempotent, wait_replicas: the
+ * settings given to create apply to each), over one Redis connection layer
+ * for all (TLS, Sentinel, Cluster); its stream entries and their envelopes
+ * name it (field and key "db": db_name, the file name without its
+ * directory and without ".db"), per-key order holds per (database, topic,
+ * key), and idempotent markers are per database. Streams stay
+ * <stream_prefix><topic>, one per topic for every database.
+ *
+ * A database has a relay of its own (its SQLite connections, its timers)
+ * only while it has work: one with nothing due, leased, in flight or
+ * waiting for a retry for 5 s is closed, and costs nothing but its entry.
+ * Commits to a closed database are seen through a watch on its directory
+ * (inotify: one watch per directory, whatever the number of databases),
+ * within milliseconds; a row delayed by the application or waiting for its
+ * retry reopens it when it becomes due. At most max_open_dbs databases are
+ * open at once (the least recently used idle one is closed first; when none
+ * is idle, one that ran for a second or more hands its rows back and waits
+ * for its turn again), and each open database's in-flight window is
+ * inflight divided among the open ones (at least batch): one database's
+ * backlog does not hold back the others beyond its share.
+ *
+ * A database that cannot be opened (corrupt, foreign schema, locked,
+ * unreadable) affects only itself: logged once per reason, tried again
+ * after 1 s doubling to 60 s; a SQLite file without an outbox table yet is
+ * looked at again when it changes. Files that appear in db_dir and match
+ * db_glob join the group, files removed leave it (their relay stopped
+ * first). A database may also be added and removed by name on a running
+ * group (an application that opens its tenants itself). There is no
+ * outbox_relay_attach for a group's databases: their commits are seen
+ * through the directory watch, which also sees the application's own.
+ *
+ * Drain mode (drain): every database found at start, and each that appears
+ * meanwhile, is drained as outbox_relay_settings.drain describes, then the
+ * group's on_drained (outbox_relay_group_on_drained) is called, or the
+ * group stops; outbox_relay_group_drain_result names each database that
+ * could not be drained. drain_timeout_ms counts for the whole group.
+ * Not in this version: metrics_listen (refused by create), per-database
+ * stream names.
+ * Each database's create opens it on the loop thread (see
+ * outbox_relay_create: a lock that outlasts its wait makes the database
+ * fail, to be tried again). Loop thread, all of it.
+ */
+typedef struct outbox_relay_group outbox_relay_group;
+
+/* s: the settings of every database (db_path and db_name must be NULL;
+ * db_dir, db_glob, max_open_dbs say which and how many; metrics_listen must
+ * be NULL). db_dir must be a directory. Returns 0, OUTBOX_EINVAL (err
+ * names the setting), OUTBOX_EURL, OUTBOX_ENOMEM. */
+OUTBOX_API int outbox_relay_group_create(outbox_relay_group **out, uv_loop_t *loop, const outbox_relay_settings *s,
+                                         char *err, size_t errlen);
+/* Called once when a drain ends (see drain mode above); it may stop the
+ * group. Without it the group stops itself. */
+OUTBOX_API void outbox_relay_group_on_drained(outbox_relay_group *g,
+                                              void (*cb)(outbox_relay_group *g, void *data), void *data);
+/* Adds the database at path under name (unique in the group: it goes into
+ * its stream entries), before or after start; its directory is watched.
+ * Returns 0, OUTBOX_EINVAL, OUTBOX_EDUPLICATE (that name or that file is in
+ * the group), OUTBOX_ESTATE (stopping), OUTBOX_ENOMEM. A file that cannot
+ * be opened is not an error here: it fails, and is tried again, as above. */
+OUTBOX_API int outbox_relay_group_add(outbox_relay_group *g, const char *name, const char *path, char *err,
+                                      size_t errlen);
+/* Removes a database: its relay stops (rows in flight awaited up to
+ * shutdown_timeout_ms, the rest handed back), then it leaves the group.
+ * 0, or OUTBOX_ESTATE when no database has that name. */
+OUTBOX_API int outbox_relay_group_remove(outbox_relay_group *g, const char *name);
+/* Connects to Redis, watches the directories, and opens the databases that
+ * have work. 0, OUTBOX_ESTATE, OUTBOX_EIO (db_dir cannot be watched). */
+OUTBOX_API int outbox_relay_group_start(outbox_relay_group *g);
+/* Stops every database's relay as outbox_relay_stop does, then the
+ * connection; cb (may be NULL) once all is closed. 0 or OUTBOX_ESTATE. */
+OUTBOX_API int outbox_relay_group_stop(outbox_relay_group *g, void (*cb)(outbox_relay_group *g, void *data),
+                                       void *data);
+/* Frees the group (stopping it first if it runs; the loop must run for
+ * that). NULL is a no-op. */
+OUTBOX_API void outbox_relay_group_destroy(outbox_relay_group *g);
+/* How a drain ended: 0 every database drained; OUTBOX_EIO some could not be
+ * (corrupt, unreadable, ...: named in failed, "name (reason), ...", cut to
+ * len); OUTBOX_ETIMEDOUT drain_timeout_ms expired; OUTBOX_ECONFIG Redis
+ * cannot be used as configured; OUTBOX_ESTATE before the end. */
+OUTBOX_API int outbox_relay_group_drain_result(const outbox_relay_group *g, char *failed, size_t len);
+
+typedef struct outbox_relay_group_stats {
+    size_t databases;  /* in the group */
+    size_t open;       /* with a relay running now */
+    size_t closed;     /* idle (or about to open) */
+    size_t failed;     /* could not be opened: retried */
+    size_t not_outbox; /* SQLite files without an outbox table (yet) */
+    uint64_t published_total, failed_total, dead_total; /* since start, every database */
+    uint64_t inflight;  /* claimed and not yet marked, now */
+    int redis_connected;
+} outbox_relay_group_stats;
+
+/* Fills st (loop thread). 0 or OUTBOX_EINVAL. */
+OUTBOX_API int outbox_relay_group_stats_get(const outbox_relay_group *g, outbox_relay_group_stats *st);
+
+enum {
+    OUTBOX_GROUP_DB_UNKNOWN = 0, /* no database of that name */
+    OUTBOX_GROUP_DB_CLOSED = 1,
+    OUTBOX_GROUP_DB_OPEN = 2,
+    OUTBOX_GROUP_DB_FAILED = 3,
+    OUTBOX_GROUP_DB_NOT_OUTBOX = 4,
+};
+/* The state of the database called name (OUTBOX_GROUP_DB_*), with the
+ * reason of a failure in why (may be NULL); OUTBOX_EINVAL. */
+OUTBOX_API int outbox_relay_group_db_state(const outbox_relay_group *g, const char *name, char *why, size_t len);
 
 #ifdef __cplusplus
 }

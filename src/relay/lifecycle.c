@@ -100,6 +100,20 @@ static char *dupstr(const char *s)
     return s ? strdup(s) : NULL;
 }
 
+void outbox__relay_config_free(struct relay_config *cfg)
+{
+    free(cfg->metrics_listen);
+    outbox__web_config_free(cfg->web);
+    outbox__redis_url_free(&cfg->url);
+    outbox__tls_config_unref(cfg->tls);
+    free(cfg->db_path);
+    free(cfg->db_name);
+    free(cfg->redis_url_text);
+    free(cfg->worker_id);
+    free(cfg->stream_prefix);
+    memset(cfg, 0, sizeof *cfg);
+}
+
 static void free_fields(outbox_relay *r)
 {
     outbox__link_discard(r); /* initialised by a start that failed */
@@ -113,16 +127,8 @@ static void free_fields(outbox_relay *r)
         uv_cond_destroy(&r->lock.cond);
         uv_mutex_destroy(&r->lock.mutex);
     }
-    free(r->cfg.metrics_listen);
-    outbox__web_config_free(r->cfg.web);
-    outbox__redis_url_free(&r->cfg.url);
-    outbox__tls_config_unref(r->cfg.tls);
-    free(r->cfg.db_path);
-    free(r->cfg.db_name);
+    outbox__relay_config_free(&r->cfg);
     free(r->wake.wal_path);
-    free(r->cfg.redis_url_text);
-    free(r->cfg.worker_id);
-    free(r->cfg.stream_prefix);
     free(r->win.seqset);
     free(r->win.keymap);
     outbox__claim_free(r);
@@ -133,51 +139,54 @@ static void free_fields(outbox_relay *r)
  * fails create, not every connection attempt, and reconnects do not read the
  * files again. TLS settings with a URL that is not rediss:// would not apply:
  * refused, naming the option. */
-static int tls_config(outbox_relay *r, const outbox_relay_settings *s, char *err, size_t errlen)
+static int tls_config(struct relay_config *cfg, const outbox_relay_settings *s, char *err, size_t errlen)
 {
     char why[512];
     const char *given = outbox__relay_tls_option_given(s);
     int e;
-    /* The caller's strings are not kept: r->cfg.tls holds what they said. */
-    outbox_tls_defaults(&r->cfg.s.tls);
-    if (!r->cfg.url.tls) {
+    /* The caller's strings are not kept: cfg->tls holds what they said. */
+    outbox_tls_defaults(&cfg->s.tls);
+    if (!cfg->url.tls) {
         if (given)
             return outbox__errf(err, errlen, OUTBOX_EINVAL,
                                 "%s: given but the Redis URL is not rediss://, rediss-sentinel:// or rediss-cluster:// (TLS is only used with those)",
                                 given);
         return 0;
     }
-    if ((e = outbox__tls_config_create(&r->cfg.tls, &s->tls, why, sizeof why)) != 0)
+    if ((e = outbox__tls_config_create(&cfg->tls, &s->tls, why, sizeof why)) != 0)
         return outbox__errf(err, errlen, e, "tls: %s", why[0] ? why : outbox_strerror(e));
     return 0;
 }
 
 /* The settings' strings are copied; the copy's pointers point at them. */
-static int copy_settings(outbox_relay *r, const outbox_relay_settings *s, char *err, size_t errlen)
+int outbox__relay_config_init(struct relay_config *cfg, const outbox_relay_settings *s, int with_tls, char *err,
+                              size_t errlen)
 {
     char host[256], wid[300], msgbuf[512];
     int e;
 
-    r->cfg.s = *s;
-    outbox__relay_settings_resolve(&r->cfg.s);
-    r->cfg.log.fn = s->log;
-    r->cfg.log.data = s->log_data;
-    r->cfg.log.min_level = s->log_level;
-    e = outbox__sentinel_url_parse(s->redis_url, s->sentinel_user, s->sentinel_password, &r->cfg.url, msgbuf,
+    cfg->s = *s;
+    outbox__relay_settings_resolve(&cfg->s);
+    cfg->log.fn = s->log;
+    cfg->log.data = s->log_data;
+    cfg->log.min_level = s->log_level;
+    e = outbox__sentinel_url_parse(s->redis_url, s->sentinel_user, s->sentinel_password, &cfg->url, msgbuf,
                                    sizeof msgbuf);
     if (e != 0)
         return outbox__errf(err, errlen, e, "redis: %s", msgbuf);
     /* They live on in the URL's copy only. */
-    r->cfg.s.sentinel_user = r->cfg.s.sentinel_password = NULL;
-    outbox__redis_url_describe(&r->cfg.url, r->cfg.url_desc, sizeof r->cfg.url_desc);
-    if ((e = tls_config(r, s, err, errlen)) != 0)
+    cfg->s.sentinel_user = cfg->s.sentinel_password = NULL;
+    outbox__redis_url_describe(&cfg->url, cfg->url_desc, sizeof cfg->url_desc);
+    if (!with_tls)
+        outbox_tls_defaults(&cfg->s.tls); /* a group's relay: the group's link has the TLS configuration */
+    else if ((e = tls_config(cfg, s, err, errlen)) != 0)
         return e;
     /* Read once, here: a file that cannot be used fails create, and the
      * endpoint never reads it again. */
-    if (s->metrics_web_config && (e = outbox__web_config_load(&r->cfg.web, s->metrics_web_config, msgbuf,
+    if (s->metrics_web_config && (e = outbox__web_config_load(&cfg->web, s->metrics_web_config, msgbuf,
                                                                sizeof msgbuf)) != 0)
         return outbox__errf(err, errlen, e, "metrics-web-config: %s", msgbuf[0] ? msgbuf : outbox_strerror(e));
-    r->cfg.s.metrics_web_config = NULL;
+    cfg->s.metrics_web_config = NULL;
     if (!s->worker_id) {
         if (gethostname(host, sizeof host) != 0)
             strcpy(host, "localhost");
@@ -186,24 +195,24 @@ static int copy_settings(outbox_relay *r, const outbox_relay_settings *s, char *
     } else {
         outbox__strlcpy(wid, s->worker_id, sizeof wid);
     }
-    r->cfg.db_path = dupstr(s->db_path);
-    r->cfg.db_name = dupstr(s->db_name);
-    r->cfg.redis_url_text = dupstr(s->redis_url);
-    r->cfg.worker_id = dupstr(wid);
-    r->cfg.stream_prefix = dupstr(s->stream_prefix);
-    r->cfg.metrics_listen = dupstr(s->metrics_listen);
-    if (!r->cfg.db_path || (s->db_name && !r->cfg.db_name) || !r->cfg.redis_url_text || !r->cfg.worker_id || !r->cfg.stream_prefix ||
-        (s->metrics_listen && !r->cfg.metrics_listen))
+    cfg->db_path = dupstr(s->db_path);
+    cfg->db_name = dupstr(s->db_name);
+    cfg->redis_url_text = dupstr(s->redis_url);
+    cfg->worker_id = dupstr(wid);
+    cfg->stream_prefix = dupstr(s->stream_prefix);
+    cfg->metrics_listen = dupstr(s->metrics_listen);
+    if (!cfg->db_path || (s->db_name && !cfg->db_name) || !cfg->redis_url_text || !cfg->worker_id || !cfg->stream_prefix ||
+        (s->metrics_listen && !cfg->metrics_listen))
         return OUTBOX_ENOMEM;
-    r->cfg.s.db_path = r->cfg.db_path;
-    r->cfg.s.db_name = r->cfg.db_name;
-    r->cfg.s.redis_url = r->cfg.redis_url_text;
-    r->cfg.s.worker_id = r->cfg.worker_id;
-    r->cfg.s.stream_prefix = r->cfg.stream_prefix;
-    r->cfg.s.metrics_listen = r->cfg.metrics_listen;
-    if (!r->cfg.s.on_drained) {
-        r->cfg.s.on_drained = stop_when_drained;
-        r->cfg.s.on_drained_data = NULL;
+    cfg->s.db_path = cfg->db_path;
+    cfg->s.db_name = cfg->db_name;
+    cfg->s.redis_url = cfg->redis_url_text;
+    cfg->s.worker_id = cfg->worker_id;
+    cfg->s.stream_prefix = cfg->stream_prefix;
+    cfg->s.metrics_listen = cfg->metrics_listen;
+    if (!cfg->s.on_drained) {
+        cfg->s.on_drained = stop_when_drained;
+        cfg->s.on_drained_data = NULL;
     }
     return 0;
 }
@@ -241,6 +250,20 @@ static int open_db(outbox_relay *r, char *err, size_t errlen)
 int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_settings *s, char *err,
                         size_t errlen)
 {
+    if (s && s->db_dir) {
+        if (err && errlen)
+            err[0] = '\0';
+        if (out)
+            *out = NULL;
+        return outbox__errf(err, errlen, OUTBOX_EINVAL,
+                            "db-dir: a directory of databases needs a group (outbox_relay_group_create)");
+    }
+    return outbox__relay_create_on(out, loop, s, NULL, err, errlen);
+}
+
+int outbox__relay_create_on(outbox_relay **out, uv_loop_t *loop, const outbox_relay_settings *s,
+                            struct relay_link *link, char *err, size_t errlen)
+{
     outbox_relay *r;
     int e;
 
@@ -255,6 +278,10 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
     if (!r)
         return OUTBOX_ENOMEM;
     r->loop = loop;
+    if (link) {
+        r->redis.l = link;
+        r->redis.shared = 1;
+    }
     r->hooks.schedule = outbox__sched_schedule;
     r->hooks.stop_check = stop_check;
     r->hooks.closed = handle_closed;
@@ -265,7 +292,7 @@ int outbox_relay_create(outbox_relay **out, uv_loop_t *loop, const outbox_relay_
         else
             uv_mutex_destroy(&r->lock.mutex);
     }
-    e = copy_settings(r, s, err, errlen);
+    e = outbox__relay_config_init(&r->cfg, s, !link, err, errlen);
     if (e == 0) {
         outbox__ops_init(r);
         e = open_db(r, err, errlen);
@@ -320,7 +347,7 @@ static void begin(outbox_relay *r)
     r->stop.handles_open += outbox__retention_start(r);
     r->redis.down_since = uv_now(r->loop);
     r->state = R_RUNNING;
-    LOG(r, OUTBOX_LOG_INFO, "msg=started worker=%s db=%s redis=%s batch=%u inflight=%u", r->cfg.worker_id,
+    LOG(r, LOG_LIFE(r), "msg=started worker=%s db=%s redis=%s batch=%u inflight=%u", r->cfg.worker_id,
         r->cfg.db_path, r->cfg.url_desc, r->cfg.s.batch, r->cfg.s.inflight);
     outbox__link_start(r);
     outbox__sched_arm_scan(r, 0);
@@ -338,7 +365,7 @@ static void finish_stop(outbox_relay *r)
     void (*cb)(outbox_relay *, void *) = r->stop.cb;
     void *data = r->stop.data;
     r->state = R_STOPPED;
-    LOG(r, OUTBOX_LOG_INFO, "msg=stopped published=%llu failed=%llu dead=%llu fenced=%llu",
+    LOG(r, LOG_LIFE(r), "msg=stopped published=%llu failed=%llu dead=%llu fenced=%llu",
         (unsigned long long)r->stats.published_total, (unsigned long long)r->stats.failed_total,
         (unsigned long long)r->stats.dead_total, (unsigned long long)r->stats.fenced_total);
     r->stop.in_finish = 1;
@@ -419,7 +446,7 @@ int outbox_relay_stop(outbox_relay *r, void (*cb)(outbox_relay *r, void *data), 
     r->state = R_STOPPING;
     r->stop.cb = cb;
     r->stop.data = data;
-    LOG(r, OUTBOX_LOG_INFO, "msg=stopping inflight=%llu awaiting_replies=%llu", (unsigned long long)r->win.inflight,
+    LOG(r, LOG_LIFE(r), "msg=stopping inflight=%llu awaiting_replies=%llu", (unsigned long long)r->win.inflight,
         (unsigned long long)r->win.awaiting);
     uv_timer_stop(&r->sched.scan_timer);
     /* Stopped while waiting for the database: a try on a worker thread

@@ -475,10 +475,32 @@ struct outbox_relay {
     struct relay_stats stats;
     struct relay_ops ops;
     struct relay_stop stop;
+    const unsigned *share; /* a group's relay: its share of the group's window (group.c), else NULL */
 };
 
-#define LOG(r, lvl, ...) outbox__log(&(r)->cfg.log, (lvl), __VA_ARGS__)
+/* The window's size: inflight, or a group's relay's share of it. */
+static inline unsigned outbox__win_cap(const outbox_relay *r)
+{
+    return r->share && *r->share < r->cfg.s.inflight ? *r->share : r->cfg.s.inflight;
+}
 
+#define LOG(r, lvl, ...) outbox__log(&(r)->cfg.log, (lvl), __VA_ARGS__)
+/* The level of a relay's start, stop and drain lines: a group's relays
+ * open and close as their databases have work, the group says the rest. */
+#define LOG_LIFE(r) ((r)->redis.shared ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO)
+
+
+/* ---- lifecycle.c (for group.c) ---- */
+
+/* Fills cfg from s (checked): the strings copied, the URL parsed, the TLS
+ * configuration built when with_tls (a group's relays use the group's).
+ * 0 or OUTBOX_E* with err. free: what init made (also after a failure). */
+int outbox__relay_config_init(struct relay_config *cfg, const outbox_relay_settings *s, int with_tls, char *err,
+                              size_t errlen);
+void outbox__relay_config_free(struct relay_config *cfg);
+/* outbox_relay_create, on a group's link (NULL: the relay's own). */
+int outbox__relay_create_on(outbox_relay **out, uv_loop_t *loop, const outbox_relay_settings *s,
+                            struct relay_link *link, char *err, size_t errlen);
 
 /* ---- settings.c ---- */
 
@@ -736,6 +758,10 @@ void outbox__sched_arm_scan(outbox_relay *r, uint64_t delay);
  * outbox_relay_drain_result() returning code. A no-op without drain mode or
  * once the drain ended. */
 void outbox__sched_drain_fail(outbox_relay *r, int code);
+/* Drain mode: a drain that ended (on_drained called) is armed again, and a
+ * unit runs soon to see whether it is over again (a group's relay that
+ * kept working while it lingered). */
+void outbox__sched_drain_rearm(outbox_relay *r);
 /* The relay connection's busy handler: waits only inside a unit. */
 int outbox__sched_busy_handler(void *arg, int count);
 

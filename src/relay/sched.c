@@ -96,7 +96,7 @@ static void check_drained(outbox_relay *r, int64_t now)
     if (drain_left(r, now, 1, left) != 0 || left[0] + left[1] + left[2] > 0)
         return;
     r->sched.drained = 1;
-    LOG(r, OUTBOX_LOG_INFO, "msg=drained published=%llu dead=%llu", (unsigned long long)r->stats.published_total,
+    LOG(r, LOG_LIFE(r), "msg=drained published=%llu dead=%llu", (unsigned long long)r->stats.published_total,
         (unsigned long long)r->stats.dead_total);
     r->cfg.s.on_drained(r, r->cfg.s.on_drained_data); /* lifecycle.c sets a stop if the user gave none */
 }
@@ -164,6 +164,16 @@ void outbox__sched_drain_fail(outbox_relay *r, int code)
      * on_drained may stop or destroy the relay. The drain timeout, if any,
      * has nothing left to do. */
     uv_timer_start(&r->sched.drain_timer, on_drain_failed, 0, 0);
+}
+
+void outbox__sched_drain_rearm(outbox_relay *r)
+{
+    if (!r->cfg.s.drain || r->state != R_RUNNING)
+        return;
+    r->sched.drained = 0;
+    r->sched.drain_error = 0;
+    r->sched.drain_timed_out = 0;
+    outbox__sched_schedule(r);
 }
 
 int outbox_relay_drain_result(const outbox_relay *r)
@@ -326,7 +336,7 @@ static void unit_txn(outbox_relay *r)
     if (u->want_claim && u->nwritten) {
         /* The marks not written stay in the window. */
         uint64_t occupied = u->held + u->rest + (u->nmarks - u->nwritten);
-        unsigned room = occupied < r->cfg.s.inflight ? (unsigned)(r->cfg.s.inflight - occupied) : 0;
+        unsigned room = occupied < outbox__win_cap(r) ? (unsigned)(outbox__win_cap(r) - occupied) : 0;
         if (u->want > room)
             u->want = room;
         u->want_claim = u->want > 0;
@@ -604,9 +614,9 @@ static void do_work(outbox_relay *r)
      * batch of marks would wait for the scan timer. */
     held = r->win.inflight - r->win.marks_len;
     outbox__link_check(r);
-    want_claim = r->state == R_RUNNING && outbox__link_up(r) && held < r->cfg.s.inflight;
+    want_claim = r->state == R_RUNNING && outbox__link_up(r) && held < outbox__win_cap(r);
     if (want_claim) {
-        want = r->cfg.s.inflight - (unsigned)held;
+        want = outbox__win_cap(r) - (unsigned)held;
         if (want > r->cfg.s.batch)
             want = r->cfg.s.batch;
     }
@@ -653,7 +663,7 @@ static void do_work(outbox_relay *r)
     u->held = held;
     if (want_claim) {
         uint64_t occupied = held + u->rest;
-        want = occupied < r->cfg.s.inflight ? (unsigned)(r->cfg.s.inflight - occupied) : 0;
+        want = occupied < outbox__win_cap(r) ? (unsigned)(outbox__win_cap(r) - occupied) : 0;
         if (want > r->cfg.s.batch)
             want = r->cfg.s.batch;
         want_claim = want > 0;

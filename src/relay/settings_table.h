@@ -63,7 +63,15 @@
 
 #define OUTBOX__RELAY_SETTINGS(X)                                                                                     \
     X("db", STR, db_path, OUTBOX__OPT_REQUIRED, NULL, 0, 0, "PATH", NULL,                                             \
-      "SQLite database holding the outbox table")                                                                    \
+      "SQLite database holding the outbox table (or --db-dir)")                                                                    \
+    X("db-dir", STR, db_dir, 0, NULL, 0, 0, "DIR", "none",                                                            \
+      "instead of --db: publish every database in DIR matching --db-glob, one process for all, found as they "      \
+      "appear (a directory watch)")                                                                                  \
+    X("db-glob", STR, db_glob, 0, "*.db", 0, 0, "PATTERN", NULL,                                                      \
+      "with --db-dir: which file names are databases, fnmatch patterns separated by commas (the option may be "     \
+      "given more than once)")                                                                                       \
+    X("max-open-dbs", UINT, max_open_dbs, 0, 1024, 1, 1000000, "N", NULL,                                             \
+      "with --db-dir: databases open at once at most, the least recently used idle one closed first")               \
     X("redis", STR, redis_url, OUTBOX__OPT_REQUIRED, NULL, 0, 0, "URL", NULL,                                         \
       "redis:// or rediss:// (TLS) [[user]:password@]host[:port][/db], unix:///path/to/sock[?db=N], "               \
       "redis-sentinel:// or rediss-sentinel:// [[user]:password@]host[:port][,host[:port]...][/db]#master, or "     \

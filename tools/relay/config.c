@@ -135,7 +135,13 @@ static int set_opt(relay_config *c, const opt *o, const char *value, const char 
             return fail(c, "%s: unknown log format '%s' (logfmt, json)", source, value);
         if (c->nowned == RELAY_CONFIG_OWNED_MAX)
             return fail(c, "%s: too many options", source);
-        c->owned[c->nowned] = strdup(value);
+        if (o->off == offsetof(outbox_relay_settings, db_glob) && source[0] == '-' && c->db_glob_flags++ > 0) {
+            /* --db-glob given again: one more pattern, not another value. */
+            if (asprintf(&c->owned[c->nowned], "%s,%s", c->s.db_glob, value) < 0)
+                c->owned[c->nowned] = NULL;
+        } else {
+            c->owned[c->nowned] = strdup(value);
+        }
         if (!c->owned[c->nowned])
             return fail(c, "%s: out of memory", source);
         *(const char **)((char *)&c->s + o->off) = c->owned[c->nowned++];
@@ -317,11 +323,15 @@ int relay_config_flags(relay_config *c, int argc, char **argv, int first, int ap
 int relay_config_require(relay_config *c)
 {
     size_t i;
+    if (c->s.db_path && c->s.db_dir)
+        return fail(c, "--db and --db-dir cannot be combined (one database, or a directory of them)");
     for (i = 0; i < outbox__relay_noptions; i++) {
         const opt *o = &outbox__relay_options[i];
         char env[64];
         if (!(o->flags & OUTBOX__OPT_REQUIRED) || *(const char *const *)((const char *)&c->s + o->off))
             continue;
+        if (o->off == offsetof(outbox_relay_settings, db_path) && c->s.db_dir)
+            continue; /* --db-dir instead */
         env_name(o, env, sizeof env);
         return fail(c, "--%s %s is required (or %s, or %s in the config file)", o->name, o->arg, env, o->name);
     }

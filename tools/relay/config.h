@@ -26,6 +26,8 @@ typedef struct relay_config {
      * owned here so that the settings can point at them. */
     char *owned[RELAY_CONFIG_OWNED_MAX];
     int nowned;
+    /* --db-glob flags applied so far: the second and later add patterns. */
+    int db_glob_flags;
     /* After RELAY_CONFIG_ERROR: what was wrong, without the program name
      * (e.g. "--batch: 0 is out of range 1..100000"); owned here. NULL when
      * even the message could not be allocated. */

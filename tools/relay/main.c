@@ -82,6 +82,7 @@ typedef struct daemon_state {
     uv_loop_t loop;
     uv_signal_t sigterm, sigint;
     outbox_relay *relay;
+    outbox_relay_group *group; /* --db-dir */
     outbox__logger log; /* the relay's sink, for the daemon's own lines */
     int signals;
     int exit_code;
@@ -95,6 +96,64 @@ static void on_stopped(outbox_relay *r, void *data)
     uv_close((uv_handle_t *)&d->sigint, NULL);
 }
 
+static void on_group_stopped(outbox_relay_group *g, void *data)
+{
+    daemon_state *d = data;
+    (void)g;
+    uv_close((uv_handle_t *)&d->sigterm, NULL);
+    uv_close((uv_handle_t *)&d->sigint, NULL);
+}
+
+static void on_group_drained(outbox_relay_group *g, void *data)
+{
+    daemon_state *d = data;
+    char failed[1024];
+    int e = outbox_relay_group_drain_result(g, failed, sizeof failed);
+    /* The group logged each database it could not drain. */
+    if (e == OUTBOX_ECONFIG)
+        d->exit_code = EXIT_USAGE;
+    else if (e != 0)
+        d->exit_code = EXIT_FATAL;
+    outbox_relay_group_stop(g, on_group_stopped, d);
+}
+
+static void on_signal(uv_signal_t *h, int signum);
+
+/* outbox-relay run --db-dir: every database of a directory, one group. */
+static int run_group(relay_config *c, daemon_state *d)
+{
+    char err[512];
+    int e = outbox_relay_group_create(&d->group, &d->loop, &c->s, err, sizeof err);
+    if (e != 0) {
+        char q[600];
+        outbox__logfmt_quote(q, sizeof q, err[0] ? err : outbox_strerror(e));
+        outbox__log(&d->log, OUTBOX_LOG_ERROR, "msg=\"cannot create the relay\" error=%s err=%s", q,
+                    outbox_err_name(e));
+        return e == OUTBOX_ENOMEM ? EXIT_FATAL : EXIT_USAGE;
+    }
+    if (c->s.drain)
+        outbox_relay_group_on_drained(d->group, on_group_drained, d);
+    uv_signal_init(&d->loop, &d->sigterm);
+    uv_signal_init(&d->loop, &d->sigint);
+    d->sigterm.data = d->sigint.data = d;
+    uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&d->sigint, on_signal, SIGINT);
+    signal(SIGPIPE, SIG_IGN);
+    if ((e = outbox_relay_group_start(d->group)) != 0) {
+        outbox__log(&d->log, OUTBOX_LOG_ERROR, "msg=\"cannot start\" db_dir=%s err=%s", c->s.db_dir,
+                    outbox_err_name(e));
+        uv_close((uv_handle_t *)&d->sigterm, NULL);
+        uv_close((uv_handle_t *)&d->sigint, NULL);
+        outbox_relay_group_destroy(d->group);
+        uv_run(&d->loop, UV_RUN_DEFAULT);
+        return EXIT_FATAL;
+    }
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    outbox_relay_group_destroy(d->group);
+    uv_run(&d->loop, UV_RUN_DEFAULT);
+    return d->exit_code;
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
     daemon_state *d = h->data;
@@ -105,7 +164,10 @@ static void on_signal(uv_signal_t *h, int signum)
                     signum);
         _exit(EXIT_FATAL);
     }
-    outbox_relay_stop(d->relay, on_stopped, d);
+    if (d->group)
+        outbox_relay_group_stop(d->group, on_group_stopped, d);
+    else
+        outbox_relay_stop(d->relay, on_stopped, d);
 }
 
 static void on_drained(outbox_relay *r, void *data)
@@ -156,6 +218,13 @@ static int cmd_run(int argc, char **argv, int first)
         outbox__log(&d.log, OUTBOX_LOG_ERROR, "msg=\"cannot create the event loop\"");
         relay_config_finish(&c);
         return EXIT_FATAL;
+    }
+    if (c.s.db_dir) {
+        rc = run_group(&c, &d);
+        if (uv_loop_close(&d.loop) != 0)
+            outbox__log(&d.log, OUTBOX_LOG_WARN, "msg=\"event loop closed with handles still open\"");
+        relay_config_finish(&c);
+        return rc;
     }
     e = outbox_relay_create(&d.relay, &d.loop, &c.s, err, sizeof err);
     if (e != 0) {

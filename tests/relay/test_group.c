@@ -1,0 +1,450 @@
+/*
+ * test_group.c: one relay for a directory of databases (outbox_relay_group,
+ * outbox-relay --db-dir). On the test's own loop: every database of the
+ * directory is published, each entry naming its database (field and
+ * envelope key "db"), per (database, key) order kept, the same message id
+ * in two databases published for each; a corrupt file and a SQLite file
+ * without an outbox table affect only themselves (failed, not an outbox);
+ * a database that appears is found, one that is deleted leaves; an idle
+ * database is closed and a commit to it still wakes the group; a file that
+ * becomes an outbox is published; outbox_relay_group_add and _remove on a
+ * running group. A drain with max_open_dbs 2 over seven databases, a
+ * corrupt one among them: every healthy one drained, the corrupt one named.
+ * The daemon: --db-dir --drain exits 1 naming the corrupt file, 0 without
+ * it; --db with --db-dir is a usage error. Idempotent mode: markers per
+ * database, so the same id in two databases is appended for each.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "outbox.h"
+#include "rt.h"
+#include "tap.h"
+
+static th_redis srv;
+static char *root;
+static redisContext *c;
+static uv_loop_t loop;
+
+static void quiet_log(void *data, outbox_log_level level, const char *msg)
+{
+    (void)data;
+    if (level >= OUTBOX_LOG_WARN || (getenv("GDEBUG") && (strstr(msg, "changed") || strstr(msg, "has work") || strstr(msg, "msg=st"))))
+        fprintf(stderr, "# %s\n", msg);
+}
+
+/* Runs the loop until fn(arg) holds, or timeout_ms passed; 1 if it held. */
+static void on_tick(uv_timer_t *t)
+{
+    (void)t;
+}
+
+static int run_until(int timeout_ms, int (*fn)(void *), void *arg)
+{
+    uv_timer_t tick;
+    int64_t end = th_now_ms() + (int64_t)timeout_ms * th_slow();
+    int held = 0;
+    uv_timer_init(&loop, &tick);
+    uv_timer_start(&tick, on_tick, 5, 5);
+    while (!(held = fn(arg)) && th_now_ms() < end)
+        uv_run(&loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&tick, NULL);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    return held;
+}
+
+static long long want_len;
+static int stream_has(void *arg)
+{
+    (void)arg;
+    return th_xlen(c, "outbox:orders") >= want_len;
+}
+
+static void wait_len(long long n, const char *what)
+{
+    want_len = n;
+    ok(run_until(20000, stream_has, NULL), "%s: %lld entries (have %lld)", what, n, th_xlen(c, "outbox:orders"));
+}
+
+/* What the stream holds, per database: entries, those whose envelope's db
+ * and field db disagree, and per-key order violations. */
+typedef struct tally {
+    long entries, bad_db, order_violations;
+    long by_db[8];
+} tally;
+
+static const char *const names[8] = {"a", "b", "c", "plain", "extra", "same1", "same2", "other"};
+
+static int db_index(const char *db)
+{
+    for (int i = 0; i < 8; i++)
+        if (db && !strcmp(db, names[i]))
+            return i;
+    return 7;
+}
+
+static tally audit(void)
+{
+    tally t;
+    rt_stream s = rt_stream_read(c, "outbox:orders");
+    rt_map *last = rt_map_new();
+    redisReply *rr = th_cmd(c, "XRANGE outbox:orders - +");
+    memset(&t, 0, sizeof t);
+    for (size_t i = 0; i < s.n; i++) {
+        outbox_envelope *e = NULL;
+        const char *field_db = NULL;
+        char key[300];
+        int64_t prev;
+        if (rr && i < rr->elements && rr->element[i]->elements == 2) {
+            redisReply *f = rr->element[i]->element[1];
+            for (size_t k = 0; k + 1 < f->elements; k += 2)
+                if (!strcmp(f->element[k]->str, "db"))
+                    field_db = f->element[k + 1]->str;
+        }
+        t.entries++;
+        if (outbox_envelope_decode(s.e[i].env, s.e[i].envlen, &e, NULL, 0) != 0) {
+            t.bad_db++;
+            continue;
+        }
+        if (!e->db || !field_db || strcmp(e->db, field_db) != 0)
+            t.bad_db++;
+        t.by_db[db_index(e->db)]++;
+        if (e->key) {
+            /* ids are <prefix>-<6 digits>: their order is their commit order */
+            long n = strtol(strrchr(e->id, '-') + 1, NULL, 10);
+            snprintf(key, sizeof key, "%s/%s", e->db ? e->db : "", e->key);
+            if (rt_map_get(last, key, &prev) && prev > n)
+                t.order_violations++;
+            rt_map_set(last, key, n);
+        }
+        outbox_envelope_free(e);
+    }
+    freeReplyObject(rr);
+    rt_map_free(last);
+    rt_stream_free(&s);
+    return t;
+}
+
+static outbox_relay_settings settings(const char *dir)
+{
+    outbox_relay_settings s;
+    outbox_relay_defaults(&s);
+    s.db_dir = dir;
+    s.redis_url = srv.url;
+    s.log = quiet_log;
+    s.retention_ms = 0;
+    s.log_level = getenv("GDEBUG") ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO;
+    return s;
+}
+
+static outbox_relay_group_stats stats(outbox_relay_group *g)
+{
+    outbox_relay_group_stats st;
+    outbox_relay_group_stats_get(g, &st);
+    return st;
+}
+
+static int a_marked(void *arg)
+{
+    return th_sql_int(arg, "SELECT count(*) FROM outbox_messages WHERE state <> 2") == 0;
+}
+
+static outbox_relay_group *cur;
+static int none_open(void *arg)
+{
+    (void)arg;
+    return stats(cur).open == 0;
+}
+
+static size_t want_dbs;
+static int dbs_are(void *arg)
+{
+    (void)arg;
+    return stats(cur).databases == want_dbs;
+}
+
+static int stopped;
+static void on_stopped(outbox_relay_group *g, void *data)
+{
+    (void)g, (void)data;
+    stopped = 1;
+}
+static int is_stopped(void *arg)
+{
+    (void)arg;
+    return stopped;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        bail("cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The running group: found, published, isolated, woken, added, removed. */
+static void running_group(void)
+{
+    char *dir = th_path(root, "tenants"), *pa, *pb, *pc, *pplain, *pbad, *other = th_path(root, "elsewhere"), *pextra;
+    sqlite3 *a, *b, *cdb, *plain, *extra;
+    outbox_relay_group *g;
+    outbox_relay_settings s;
+    char err[512], why[300];
+    tally t;
+    int e;
+
+    mkdir(dir, 0755);
+    mkdir(other, 0755);
+    pa = rt_make_db(dir, "a.db");
+    pb = rt_make_db(dir, "b.db");
+    a = rt_open(pa);
+    b = rt_open(pb);
+    rt_insert_rows(a, "a", 0, 300, "orders", 5);
+    rt_insert_rows(b, "b", 0, 200, "orders", 5);
+    pbad = th_path(dir, "bad.db");
+    write_file(pbad, "this is not a database, not even a little\n");
+    pplain = th_path(dir, "plain.db");
+    if (sqlite3_open(pplain, &plain) != SQLITE_OK)
+        bail("cannot create %s", pplain);
+    th_sql_exec(plain, "CREATE TABLE notes(x)");
+    write_file(th_path(dir, "readme.txt"), "not matched by the glob\n");
+
+    s = settings(dir);
+    s.metrics_listen = "127.0.0.1:1";
+    e = outbox_relay_group_create(&g, &loop, &s, err, sizeof err);
+    ok(e == OUTBOX_EINVAL && strstr(err, "metrics-listen"), "metrics-listen is refused for a group: %s", err);
+    s = settings(th_path(root, "nope"));
+    e = outbox_relay_group_create(&g, &loop, &s, err, sizeof err);
+    ok(e == OUTBOX_EINVAL && strstr(err, "db-dir"), "a missing db-dir is refused: %s", err);
+    s = settings(dir);
+    s.db_path = pa;
+    e = outbox_relay_group_create(&g, &loop, &s, err, sizeof err);
+    ok(e == OUTBOX_EINVAL && strstr(err, "db"), "db with a group is refused: %s", err);
+    {
+        outbox_relay *r;
+        outbox_relay_settings rs = settings(dir);
+        rs.db_path = pa;
+        e = outbox_relay_create(&r, &loop, &rs, err, sizeof err);
+        ok(e == OUTBOX_EINVAL && strstr(err, "db-dir"), "outbox_relay_create refuses db-dir: %s", err);
+    }
+
+    s = settings(dir);
+    s.lease_ms = 5000;
+    is_int(outbox_relay_group_create(&g, &loop, &s, err, sizeof err), 0, "group created: %s", err);
+    cur = g;
+    is_int(outbox_relay_group_start(g), 0, "group started");
+    wait_len(500, "both databases published");
+    t = audit();
+    is_int(t.by_db[0], 300, "300 entries name a");
+    is_int(t.by_db[1], 200, "200 entries name b");
+    is_int(t.bad_db, 0, "every entry's field db and envelope db agree");
+    is_int(t.order_violations, 0, "per (database, key) order kept");
+    is_int(outbox_relay_group_db_state(g, "bad", why, sizeof why), OUTBOX_GROUP_DB_FAILED,
+           "the corrupt file failed: %s", why);
+    is_int(outbox_relay_group_db_state(g, "plain", why, sizeof why), OUTBOX_GROUP_DB_NOT_OUTBOX,
+           "the SQLite file without an outbox is watched");
+    is_int(outbox_relay_group_db_state(g, "readme", NULL, 0), OUTBOX_GROUP_DB_UNKNOWN,
+           "a file the glob does not match is not in the group");
+    is_int(stats(g).databases, 4, "four files in the group");
+    ok(run_until(10000, a_marked, a), "a's rows all marked published");
+
+    /* A new database appears. */
+    pc = rt_make_db(dir, "c.db");
+    cdb = rt_open(pc);
+    rt_insert_rows(cdb, "c", 0, 50, "orders", 0);
+    wait_len(550, "a new database's rows published");
+
+    /* Idle databases are closed; a commit still wakes the group. */
+    ok(run_until(30000, none_open, NULL), "idle databases closed");
+    rt_insert_rows(a, "a", 300, 10, "orders", 5);
+    wait_len(560, "a commit to a closed database published");
+
+    /* The file without an outbox becomes one. */
+    {
+        char serr[256];
+        is_int(outbox_schema_apply(plain, serr, sizeof serr), 0, "plain.db gets the outbox schema");
+        rt_insert_rows(plain, "plain", 0, 20, "orders", 0);
+    }
+    wait_len(580, "a database that became an outbox published");
+
+    /* Added and removed through the API. */
+    pextra = rt_make_db(other, "x.db");
+    extra = rt_open(pextra);
+    rt_insert_rows(extra, "extra", 0, 30, "orders", 2);
+    is_int(outbox_relay_group_add(g, "extra", pextra, err, sizeof err), 0, "a database added by name");
+    is_int(outbox_relay_group_add(g, "a", pextra, err, sizeof err), OUTBOX_EDUPLICATE, "a name taken: %s", err);
+    wait_len(610, "the added database published");
+    is_int(outbox_relay_group_remove(g, "extra"), 0, "removed");
+    is_int(outbox_relay_group_remove(g, "extra"), OUTBOX_ESTATE, "removed twice: ESTATE");
+
+    /* A database deleted leaves the group. */
+    sqlite3_close_v2(b);
+    unlink(pb);
+    want_dbs = 4; /* a, c, plain, bad */
+    ok(run_until(10000, dbs_are, NULL), "the deleted database left the group");
+    is_int(outbox_relay_group_db_state(g, "b", NULL, 0), OUTBOX_GROUP_DB_UNKNOWN, "b is gone");
+
+    t = audit();
+    is_int(t.by_db[0], 310, "a: 310 entries");
+    is_int(t.by_db[2], 50, "c: 50 entries");
+    is_int(t.by_db[3], 20, "plain: 20 entries");
+    is_int(t.by_db[4], 30, "extra: 30 entries");
+    is_int(t.order_violations, 0, "order kept");
+    is_int(t.bad_db, 0, "db named in every entry");
+
+    stopped = 0;
+    is_int(outbox_relay_group_stop(g, on_stopped, NULL), 0, "stop");
+    ok(run_until(15000, is_stopped, NULL), "stopped");
+    outbox_relay_group_destroy(g);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    sqlite3_close_v2(a);
+    sqlite3_close_v2(cdb);
+    sqlite3_close_v2(plain);
+    sqlite3_close_v2(extra);
+}
+
+static int drained;
+static void on_drained(outbox_relay_group *g, void *data)
+{
+    (void)data;
+    drained = 1;
+    outbox_relay_group_stop(g, on_stopped, NULL);
+}
+
+/* A drain over more databases than may be open at once. */
+static void drain_many(void)
+{
+    char *dir = th_path(root, "many"), names7[7][16], err[512], failed[1024];
+    outbox_relay_group *g;
+    outbox_relay_settings s;
+    long before = (long)th_xlen(c, "outbox:orders");
+    mkdir(dir, 0755);
+    for (int i = 0; i < 6; i++) {
+        char *p;
+        sqlite3 *db;
+        snprintf(names7[i], sizeof names7[i], "t%d.db", i);
+        p = rt_make_db(dir, names7[i]);
+        db = rt_open(p);
+        rt_insert_rows(db, "many", i * 1000, 100, "orders", 3);
+        sqlite3_close_v2(db);
+        free(p);
+    }
+    write_file(th_path(dir, "broken.db"), "SQLite format 3\nbut nothing after it that SQLite could read at all\n");
+    s = settings(dir);
+    s.drain = 1;
+    s.max_open_dbs = 2;
+    is_int(outbox_relay_group_create(&g, &loop, &s, err, sizeof err), 0, "drain group created: %s", err);
+    outbox_relay_group_on_drained(g, on_drained, NULL);
+    drained = stopped = 0;
+    is_int(outbox_relay_group_start(g), 0, "drain started");
+    ok(run_until(60000, is_stopped, NULL), "the drain ended and the group stopped");
+    ok(drained, "on_drained called");
+    is_int(outbox_relay_group_drain_result(g, failed, sizeof failed), OUTBOX_EIO, "drain result EIO: %s", failed);
+    ok(strstr(failed, "broken") != NULL, "the corrupt database is named");
+    is_int((long)th_xlen(c, "outbox:orders") - before, 600, "every healthy database drained with 2 open at most");
+    outbox_relay_group_destroy(g);
+    uv_run(&loop, UV_RUN_NOWAIT);
+}
+
+/* The same message id in two databases; idempotent markers per database. */
+static void same_ids(int idempotent)
+{
+    char *dir = th_path(root, idempotent ? "same_idem" : "same"), err[512];
+    outbox_relay_group *g;
+    outbox_relay_settings s;
+    long before = (long)th_xlen(c, "outbox:orders");
+    mkdir(dir, 0755);
+    for (int i = 1; i <= 2; i++) {
+        char file[16];
+        char *p;
+        sqlite3 *db;
+        snprintf(file, sizeof file, "same%d.db", i);
+        p = rt_make_db(dir, file);
+        db = rt_open(p);
+        rt_insert_rows(db, "dup", 0, 40, "orders", 2);
+        sqlite3_close_v2(db);
+        free(p);
+    }
+    s = settings(dir);
+    s.drain = 1;
+    s.idempotent = idempotent;
+    is_int(outbox_relay_group_create(&g, &loop, &s, err, sizeof err), 0, "group created: %s", err);
+    outbox_relay_group_on_drained(g, on_drained, NULL);
+    drained = stopped = 0;
+    outbox_relay_group_start(g);
+    ok(run_until(30000, is_stopped, NULL), "%s: drained", idempotent ? "idempotent" : "plain");
+    is_int(outbox_relay_group_drain_result(g, NULL, 0), 0, "drain result 0");
+    is_int((long)th_xlen(c, "outbox:orders") - before, 80,
+           "%s: the same 40 ids of two databases appended for each", idempotent ? "idempotent" : "plain");
+    outbox_relay_group_destroy(g);
+    uv_run(&loop, UV_RUN_NOWAIT);
+}
+
+static void daemon_cli(void)
+{
+    char *dir = th_path(root, "cli"), *p, *relay = th_bin("tools/relay/outbox-relay"), *out = NULL, *errs = NULL;
+    sqlite3 *db;
+    int st;
+    long before = (long)th_xlen(c, "outbox:orders");
+    mkdir(dir, 0755);
+    p = rt_make_db(dir, "one.db");
+    db = rt_open(p);
+    rt_insert_rows(db, "cli", 0, 25, "orders", 0);
+    sqlite3_close_v2(db);
+    write_file(th_path(dir, "zz.db"), "garbage\n");
+    {
+        char *argv[] = {relay, "run", "--db-dir", dir, "--redis", srv.url, "--drain", NULL};
+        st = th_run(argv, NULL, &out, &errs, 30000 * th_slow());
+        is_int(st, 1, "--db-dir --drain with a corrupt database exits 1");
+        ok(errs && strstr(errs, "drain incomplete") && strstr(errs, "zz"), "the corrupt database is named");
+        if (!errs || !strstr(errs, "zz"))
+            th_diag_tail("stderr", errs, 10);
+        is_int((long)th_xlen(c, "outbox:orders") - before, 25, "the healthy database drained");
+        free(out);
+        free(errs);
+    }
+    unlink(th_path(dir, "zz.db"));
+    {
+        char *argv[] = {relay, "run", "--db-dir", dir, "--redis", srv.url, "--drain", "--db-glob", "*.sqlite",
+                        "--db-glob", "one.*", NULL};
+        st = th_run(argv, NULL, &out, &errs, 30000 * th_slow());
+        is_int(st, 0, "--db-dir --drain exits 0 once every database drained (two --db-glob)");
+        ok(errs && strstr(errs, "database found") && strstr(errs, "database=one"), "one.db found by the second glob");
+        free(out);
+        free(errs);
+    }
+    {
+        char *argv[] = {relay, "run", "--db-dir", dir, "--db", p, "--redis", srv.url, NULL};
+        st = th_run(argv, NULL, &out, &errs, 30000 * th_slow());
+        is_int(st, 2, "--db with --db-dir: usage error");
+        ok(errs && strstr(errs, "cannot be combined"), "and says so");
+        free(out);
+        free(errs);
+    }
+}
+
+int main(void)
+{
+    if (th_redis_start(&srv, 0, NULL) != 0) {
+        skip("no redis-server");
+        return tap_done();
+    }
+    root = th_tmpdir();
+    c = th_redis_client(&srv);
+    uv_loop_init(&loop);
+    running_group();
+    drain_many();
+    same_ids(0);
+    same_ids(1);
+    daemon_cli();
+    uv_loop_close(&loop);
+    redisFree(c);
+    th_redis_destroy(&srv);
+    th_rmtree(root);
+    return tap_done();
+}
