@@ -88,8 +88,8 @@ typedef struct outbox_relay_settings {
      * group names each of its databases so: outbox_relay_group_add), every
      * stream entry carries it as a field "db" and its envelope as a key
      * "db" (proto/envelope.md), and idempotent markers include it (message
-     * ids are unique per database). At most 200 bytes, no control bytes.
-     * Copied. */
+     * ids are unique per database). At most 200 bytes, no control bytes,
+     * no ':' (it ends the name in dedup keys and markers). Copied. */
     const char *db_name;
     /* redis://[[user]:password@]host[:port][/db], the same with rediss://
      * for TLS, unix:///path[?db=N], or

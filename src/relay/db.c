@@ -63,6 +63,15 @@ static sqlite3_stmt **stmt_at(outbox_relay *r, size_t i)
     return (sqlite3_stmt **)(void *)((char *)r + statements[i].off);
 }
 
+void outbox__relay_db_no_close_ckpt(const outbox_relay *r, sqlite3 *conn)
+{
+    /* A group's databases open and close as they have work: a checkpoint
+     * (and its fsync) at every close would cost more than the work. The
+     * WAL keeps what it holds; the next checkpoint folds it in. */
+    if (r->redis.shared && conn)
+        sqlite3_db_config(conn, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)NULL);
+}
+
 int outbox__relay_sqlerr(outbox_relay *r, int rc)
 {
     int e = outbox__sqlite_code(rc);
@@ -138,6 +147,7 @@ int outbox__relay_db_open(outbox_relay *r, int wait_lock, outbox__sqlfail *f, ch
     /* A drain touches more pages than the default cache holds (the due and
      * key indexes, the rows being claimed and those being marked). */
     sqlite3_exec(r->db.conn, "PRAGMA cache_size=-16384", NULL, NULL, NULL);
+    outbox__relay_db_no_close_ckpt(r, r->db.conn);
     return 0;
 }
 

@@ -56,6 +56,7 @@
 #define NOSCHEMA_MS 100       /* a file that is no outbox yet is looked at again at most this often */
 #define PROBES_MAX 2          /* probes on worker threads at once */
 #define HELD_RETRY_MS 10000   /* Redis cannot be used as configured: databases tried again */
+#define BUSY_MAX 32           /* databases opened and not drained yet, at most: the rest wait their turn */
 
 enum gstate {
     G_IDLE,     /* closed; wake_at may say when it has work */
@@ -391,6 +392,7 @@ static void on_relay_drained(outbox_relay *r, void *data)
         return;
     }
     arm(g, LINGER_MS);
+    pump(g);
 }
 
 static void on_settle(uv_timer_t *t);
@@ -557,13 +559,20 @@ static gdb *victim(outbox_relay_group *g, uint64_t now, uint64_t *retry)
 static void pump(outbox_relay_group *g)
 {
     uint64_t now = uv_now(g->loop), retry;
-    size_t closing = 0;
+    size_t closing = 0, busy = 0;
     if (g->state != R_RUNNING)
         return;
-    for (size_t i = 0; i < g->ndbs; i++)
+    for (size_t i = 0; i < g->ndbs; i++) {
         closing += g->dbs[i]->state == G_CLOSING;
+        busy += g->dbs[i]->state == G_OPEN && !g->dbs[i]->idle_since;
+    }
     while (g->want_head) {
         gdb *d = g->want_head;
+        /* Opening more than that at once only makes every one of them
+         * slower (their claims queue on the same worker threads); one that
+         * drains makes room (on_relay_drained pumps). */
+        if (busy >= BUSY_MAX)
+            return;
         if (g->nopen >= g->tmpl.max_open_dbs) {
             gdb *v;
             if (closing >= 1)
@@ -589,6 +598,7 @@ static void pump(outbox_relay_group *g)
             continue;
         }
         open_db(d);
+        busy += d->state == G_OPEN;
     }
 }
 
@@ -836,6 +846,13 @@ static void on_file(outbox_relay_group *g, gdir *dr, const char *file)
         char *name = name_of(base);
         if (!name)
             return;
+        if (strchr(name, ':') || strlen(name) > 200) {
+            /* db_name's rules (settings.c): said once, when it appears. */
+            GLOG(g, OUTBOX_LOG_WARN, "msg=\"file ignored: its name cannot name a database (':' or over 200 "
+                                     "bytes)\" path=%s", path);
+            free(name);
+            return;
+        }
         d = add_entry(g, name, path, &e);
         if (!d) {
             if (e == OUTBOX_EDUPLICATE)
@@ -845,8 +862,16 @@ static void on_file(outbox_relay_group *g, gdir *dr, const char *file)
             return;
         }
         free(name);
-        GLOG(g, OUTBOX_LOG_INFO, "msg=\"database found\" database=%s path=%s", d->name, d->path);
-        probe(d);
+        /* At start one line says how many; later each one found. */
+        GLOG(g, g->starting ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO, "msg=\"database found\" database=%s path=%s",
+             d->name, d->path);
+        /* A drain opens every database anyway: no probe first. */
+        if (g->tmpl.drain) {
+            remember(d);
+            want(d);
+        } else {
+            probe(d);
+        }
         return;
     }
     switch (d->state) {
@@ -876,6 +901,7 @@ static void on_file(outbox_relay_group *g, gdir *dr, const char *file)
         break; /* a probe follows the close */
     case G_OPEN:
         d->last_used = uv_now(g->loop);
+        outbox__wake_look(d->r); /* its own watch (wake.c) is the group's */
         break;
     default:
         break; /* queued, or failed: its retry comes */
@@ -1226,6 +1252,7 @@ int outbox_relay_group_start(outbox_relay_group *g)
         if (g->dirs[i]->watched)
             scan_dir(g, g->dirs[i]);
     g->starting = 0;
+    GLOG(g, OUTBOX_LOG_INFO, "msg=\"databases found\" count=%zu", g->ndbs);
     drain_check(g);
     return 0;
 }

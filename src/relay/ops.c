@@ -380,6 +380,11 @@ int outbox__ops_listen(outbox_relay *r, char *err, size_t errlen)
 
 int outbox__ops_start(outbox_relay *r)
 {
+    /* A group's relays share the loop: a probe pair each would run at
+     * every loop turn for every open database. */
+    if (r->redis.shared)
+        return r->ops.http ? 1 : 0;
+    r->ops.stall_on = 1;
     /* Idle-time accounting for the stall measure; harmless if refused. */
     uv_loop_configure(r->loop, UV_METRICS_IDLE_TIME);
     uv_prepare_init(r->loop, &r->ops.stall_prepare);
@@ -395,8 +400,10 @@ int outbox__ops_start(outbox_relay *r)
 
 void outbox__ops_close(outbox_relay *r, uv_close_cb cb)
 {
-    uv_close((uv_handle_t *)&r->ops.stall_prepare, cb);
-    uv_close((uv_handle_t *)&r->ops.stall_check, cb);
+    if (r->ops.stall_on) {
+        uv_close((uv_handle_t *)&r->ops.stall_prepare, cb);
+        uv_close((uv_handle_t *)&r->ops.stall_check, cb);
+    }
     if (r->ops.http) {
         outbox__http *h = r->ops.http;
         outbox__http_close(h, on_http_closed, r);

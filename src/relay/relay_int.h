@@ -412,6 +412,7 @@ struct relay_ops {
     uint64_t stall_max_ns, loop_mark_ns, loop_idle_ns;
     uv_prepare_t stall_prepare;
     uv_check_t stall_check;
+    int stall_on; /* the probes run (not for a group's relay) */
     outbox__http *http;
     uv_work_t dbstat_work;
     int dbstat_running;
@@ -527,6 +528,8 @@ int outbox__relay_db_open(outbox_relay *r, int wait_lock, outbox__sqlfail *f, ch
 int outbox__relay_db_heals(int e, const outbox__sqlfail *f);
 /* Prepares the statements on r->db.conn (a database with the schema). */
 int outbox__relay_db_prepare(outbox_relay *r, char *err, size_t errlen);
+/* A group's relay: conn does not checkpoint when it closes (db.c says why). */
+void outbox__relay_db_no_close_ckpt(const outbox_relay *r, sqlite3 *conn);
 /* Finalizes the statements and closes the connection; safe on a partial open. */
 void outbox__relay_db_close(outbox_relay *r);
 /* Maps a SQLite result code to OUTBOX_E* (0 for OK, ROW, DONE), keeping a

@@ -90,6 +90,7 @@ static int ret_open(outbox_relay *r, struct relay_retention *rt)
     int e = outbox_db_open(r->cfg.db_path, OUTBOX_OPEN_RELAY, &rt->db, rt->err, sizeof rt->err);
     if (e != 0)
         return e;
+    outbox__relay_db_no_close_ckpt(r, rt->db);
     sqlite3_wal_hook(rt->db, ret_wal_hook, rt);
     for (i = 0; i < OUTBOX_ARRAY_LEN(ret_stmts); i++)
         if (sqlite3_prepare_v3(rt->db, ret_stmts[i].sql, -1, SQLITE_PREPARE_PERSISTENT, ret_stmt_at(rt, i), NULL) !=

@@ -126,6 +126,9 @@ int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size
         for (; *c; c++)
             if (*c < 0x20 || *c == 0x7f)
                 return outbox__errf(err, errlen, OUTBOX_EINVAL, "db_name: control bytes are not allowed");
+        if (strchr(s->db_name, ':'))
+            return outbox__errf(err, errlen, OUTBOX_EINVAL,
+                                "db_name: ':' is not allowed (it ends the name in dedup keys and markers)");
     }
     if (s->idempotent && s->wait_replicas)
         return outbox__errf(err, errlen, OUTBOX_EINVAL,

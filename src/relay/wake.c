@@ -25,6 +25,7 @@ static void ckpt_run(uv_work_t *w)
             return;
         }
         sqlite3_busy_timeout(r->ckpt.db, 0);
+        outbox__relay_db_no_close_ckpt(r, r->ckpt.db);
     }
     /* A connection that has not read anything has not opened the WAL yet,
      * and a checkpoint through it silently does nothing (SQLite 3.40
@@ -195,7 +196,11 @@ int outbox__wake_init(outbox_relay *r)
     uv_fs_event_init(r->loop, &r->wake.wal_watch);
     r->wake.wal_watch.data = r;
     snprintf(walpath, sizeof walpath, "%s-wal", r->cfg.db_path);
-    if (uv_fs_event_start(&r->wake.wal_watch, on_wal_change, walpath, 0) == 0) {
+    if (r->redis.shared) {
+        /* A group's relay: the group's watch on the directory hands the
+         * changes on (outbox__wake_look); a watch each would cost an
+         * inotify watch per open database, added and removed per unit. */
+    } else if (uv_fs_event_start(&r->wake.wal_watch, on_wal_change, walpath, 0) == 0) {
         r->wake.wal_watch_active = 1;
         r->wake.wal_path = strdup(walpath);
     } else {
