@@ -170,12 +170,24 @@ static void add_with_headers(const char *stream, char *eid)
     freeReplyObject(r);
 }
 
+/* Writes out to path and runs the Python script on it (argv[1]); returns
+ * its exit status, its stdout and stderr in *pyout and *pyerr. */
+static int python_over(const char *out, const char *path, const char *script, char **pyout, char **pyerr)
+{
+    FILE *f = fopen(path, "w");
+    char *py[] = {"python3", "-c", (char *)script, (char *)path, NULL};
+    if (!f)
+        bail("write %s", path);
+    fputs(out, f);
+    fclose(f);
+    return th_run(py, NULL, pyout, pyerr, 20000);
+}
+
 static void test_print(void)
 {
     const char *stream = "outbox:cli";
     char eid_bin[48], eid_hdr[48], *jsonf = th_path(dir, "out.jsonl"), *pyout = NULL, *pyerr = NULL;
     res r;
-    FILE *f;
     int st;
 
     ct_xadd_msg(rc, stream, "m-text", "cli", text, strlen(text), NULL);
@@ -187,24 +199,16 @@ static void test_print(void)
     r = RUN("--redis", srv.url, "--stream", stream, "--group", "p", "--print", "--drain");
     is_int(r.code, 0, "--print --drain exits 0");
     is_int(th_count_lines(r.out), 6, "six JSON lines");
-    f = fopen(jsonf, "w");
-    if (!f)
-        bail("write %s", jsonf);
-    fputs(r.out, f);
-    fclose(f);
-    {
-        /* One line of facts per message, decoded by python's json module. */
-        char *py[] = {"python3", "-c",
-                      "import json,sys,base64\n"
-                      "for l in open(sys.argv[1]):\n"
-                      "    d=json.loads(l)\n"
-                      "    p=d['payload']\n"
-                      "    b=base64.b64decode(p) if d['payload_encoding']=='base64' else p.encode('utf-8')\n"
-                      "    print(d['id'],d['topic'],d['key'],d['payload_encoding'],b.hex(),json.dumps(d['headers']),"
-                      "d['created_at'],d['stream'],d['entry_id'],d['deliveries'])\n",
-                      jsonf, NULL};
-        st = th_run(py, NULL, &pyout, &pyerr, 20000);
-    }
+    /* One line of facts per message, decoded by python's json module. */
+    st = python_over(r.out, jsonf,
+                     "import json,sys,base64\n"
+                     "for l in open(sys.argv[1]):\n"
+                     "    d=json.loads(l)\n"
+                     "    p=d['payload']\n"
+                     "    b=base64.b64decode(p) if d['payload_encoding']=='base64' else p.encode('utf-8')\n"
+                     "    print(d['id'],d['topic'],d['key'],d['payload_encoding'],b.hex(),json.dumps(d['headers']),"
+                     "d['created_at'],d['stream'],d['entry_id'],d['deliveries'])\n",
+                     &pyout, &pyerr);
     is_int(st, 0, "every line parses as JSON (python3 json.loads)");
     if (st != 0)
         th_diag_tail("python", pyerr, INT_MAX);
@@ -314,27 +318,18 @@ static void test_db(void)
                           "env | grep '^OUTBOX_' | sort > \"$CT_DIR/db-${OUTBOX_DB:-none}-$OUTBOX_ID.env\"",
                           "--drain", NULL};
     res r;
-    FILE *f;
     int st;
 
     add_db_entries(stream);
     r = RUN("--redis", srv.url, "--stream", stream, "--group", "p", "--print", "--drain");
     is_int(r.code, 0, "db: --print --drain exits 0");
     is_int(th_count_lines(r.out), 3, "db: three JSON lines for four entries: m-1 of each database once");
-    f = fopen(jsonf, "w");
-    if (!f)
-        bail("write %s", jsonf);
-    fputs(r.out, f);
-    fclose(f);
-    {
-        char *py[] = {"python3", "-c",
-                      "import json,sys\n"
-                      "for l in sorted(open(sys.argv[1]), key=lambda l: str(json.loads(l)['db'])):\n"
-                      "    d=json.loads(l)\n"
-                      "    print(d['db'],d['id'],d['payload'],list(d)[:3])\n",
-                      jsonf, NULL};
-        st = th_run(py, NULL, &pyout, &pyerr, 20000);
-    }
+    st = python_over(r.out, jsonf,
+                     "import json,sys\n"
+                     "for l in sorted(open(sys.argv[1]), key=lambda l: str(json.loads(l)['db'])):\n"
+                     "    d=json.loads(l)\n"
+                     "    print(d['db'],d['id'],d['payload'],list(d)[:3])\n",
+                     &pyout, &pyerr);
     is_int(st, 0, "db: every line parses as JSON");
     if (st != 0)
         th_diag_tail("python", pyerr, INT_MAX);

@@ -210,21 +210,6 @@ static void test_redis_dedup(void)
     check_dead(stream, (long long)st.dead_lettered);
 }
 
-static long long sql_int(const char *path, const char *sql)
-{
-    sqlite3 *db;
-    sqlite3_stmt *st;
-    long long v = -1;
-    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
-        bail("%s: %s", sql, sqlite3_errmsg(db));
-    if (sqlite3_step(st) == SQLITE_ROW)
-        v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    sqlite3_close_v2(db);
-    return v;
-}
-
 static void test_inbox(void)
 {
     const char *stream = "outbox:tenants-inbox";
@@ -254,13 +239,16 @@ static void test_inbox(void)
     is_int(count_of(&s, "tenant-a/m-0"), 1, "inbox: tenant-a's m-0 applied: the old inbox row is another message's");
     is_int(count_of(&s, "-/m-0"), 0, "inbox: m-0 without a database skipped: the old inbox row still counts");
     is_int(st.duplicates, 4, "inbox: the three redeliveries and the old m-0 skipped as duplicates");
-    is_int(sql_int(path, "SELECT count(*) FROM effects"), 4, "inbox: four effect rows");
-    is_int(sql_int(path, "SELECT count(*) FROM effects WHERE db IS NULL AND id = 'm-1'"), 1,
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK)
+        bail("open %s", path);
+    is_int(th_sql_int(db, "SELECT count(*) FROM effects"), 4, "inbox: four effect rows");
+    is_int(th_sql_int(db, "SELECT count(*) FROM effects WHERE db IS NULL AND id = 'm-1'"), 1,
            "inbox: the effect without a database has a NULL db");
-    is_int(sql_int(path, "SELECT count(*) FROM outbox_inbox WHERE stream = 'outbox:tenants-inbox' AND message_id IN "
-                         "('tenant-a:m-1', 'tenant-b:m-1', 'm-1', 'tenant-a:m-0', 'm-0')"),
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_inbox WHERE stream = 'outbox:tenants-inbox' AND message_id IN "
+                          "('tenant-a:m-1', 'tenant-b:m-1', 'm-1', 'tenant-a:m-0', 'm-0')"),
            5, "inbox: rows keyed '<db>:<id>' for a message that names its database, '<id>' for one that does not");
-    is_int(sql_int(path, "SELECT count(*) FROM outbox_inbox"), 5, "inbox: no other row");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_inbox"), 5, "inbox: no other row");
+    sqlite3_close_v2(db);
     check_dead(stream, (long long)st.dead_lettered);
     free(path);
 }

@@ -290,49 +290,44 @@ static void test_unreadable(void)
     free(p);
 }
 
+/* Each usage error exits 2 and says what is wrong. In the arguments, @DIR
+ * stands for the test's directory, @FILE for a database in it, @MISSING
+ * for a path that does not exist. */
 static void test_usage(void)
 {
+    static const struct {
+        const char *args[7], *needle, *what;
+    } cases[] = {
+        {{"stats", "--db-dir", "@MISSING"}, "No such file or directory", "a missing directory"},
+        {{"stats", "--db-dir", "@FILE"}, "Not a directory", "--db-dir naming a file"},
+        {{"stats", "--db-dir", "@DIR", "--db", "@FILE"}, "--db cannot be combined with --db-dir", "--db-dir with --db"},
+        {{"stats", "--db-dir", "@DIR", "--top", "0"}, "--top: 0 is out of range", "--top 0"},
+        {{"stats", "--db-dir", "@DIR", "--top", "ten"}, "--top: 'ten' is not a whole number", "--top ten"},
+        {{"stats", "--db-dir", "@DIR", "--top", "1", "--top", "2"}, "--top given twice", "--top twice"},
+        {{"stats", "--db", "@FILE", "--top", "3"}, "--top needs --db-dir", "--top without --db-dir"},
+        {{"stats", "--db", "@FILE", "--db-glob", "*.db"}, "--db-glob needs --db-dir", "--db-glob without --db-dir"},
+        {{"stats", "--db-dir", "@DIR", "--db-glob", "a/b"}, "--db-glob: 'a/b' is not a pattern of file names",
+         "--db-glob with a '/'"},
+        {{"stats", "--db-dir", "@DIR", "--state", "dead"}, "--state cannot be combined with --db-dir",
+         "--db-dir with a filter"},
+        {{"stats", "--db-dir", "@DIR", "--by-topic"}, "--by-topic cannot be combined with --db-dir",
+         "--db-dir with --by-topic"},
+        {{"list", "--db-dir", "@DIR"}, "--db-dir does not apply to list", "list --db-dir"},
+        {{"stats"}, "--db PATH is required (or --db-dir DIR)", "stats without --db or --db-dir"},
+    };
     char *file = th_path(tdir, "alpha.db"), *missing = th_path(rp_dir, "no-such-dir");
-    rp_res r;
-    r = RUN("stats", "--db-dir", missing);
-    rp_expect(r, 2, "No such file or directory", "a missing directory");
-    rp_res_free(&r);
-    r = RUN("stats", "--db-dir", file);
-    rp_expect(r, 2, "Not a directory", "--db-dir naming a file");
-    rp_res_free(&r);
-    r = RUN("stats", "--db-dir", tdir, "--db", file);
-    rp_expect(r, 2, "--db cannot be combined with --db-dir", "--db-dir with --db");
-    rp_res_free(&r);
-    r = RUN("stats", "--db-dir", tdir, "--top", "0");
-    rp_expect(r, 2, "--top: 0 is out of range", "--top 0");
-    rp_res_free(&r);
-    r = RUN("stats", "--db-dir", tdir, "--top", "ten");
-    rp_expect(r, 2, "--top: 'ten' is not a whole number", "--top ten");
-    rp_res_free(&r);
-    r = RUN("stats", "--db-dir", tdir, "--top", "1", "--top", "2");
-    rp_expect(r, 2, "--top given twice", "--top twice");
-    rp_res_free(&r);
-    r = RUN("stats", "--db", file, "--top", "3");
-    rp_expect(r, 2, "--top needs --db-dir", "--top without --db-dir");
-    rp_res_free(&r);
-    r = RUN("stats", "--db", file, "--db-glob", "*.db");
-    rp_expect(r, 2, "--db-glob needs --db-dir", "--db-glob without --db-dir");
-    rp_res_free(&r);
-    r = RUN("stats", "--db-dir", tdir, "--db-glob", "a/b");
-    rp_expect(r, 2, "--db-glob: 'a/b' is not a pattern of file names", "--db-glob with a '/'");
-    rp_res_free(&r);
-    r = RUN("stats", "--db-dir", tdir, "--state", "dead");
-    rp_expect(r, 2, "--state cannot be combined with --db-dir", "--db-dir with a filter");
-    rp_res_free(&r);
-    r = RUN("stats", "--db-dir", tdir, "--by-topic");
-    rp_expect(r, 2, "--by-topic cannot be combined with --db-dir", "--db-dir with --by-topic");
-    rp_res_free(&r);
-    r = RUN("list", "--db-dir", tdir);
-    rp_expect(r, 2, "--db-dir does not apply to list", "list --db-dir");
-    rp_res_free(&r);
-    r = RUN("stats");
-    rp_expect(r, 2, "--db PATH is required (or --db-dir DIR)", "stats without --db or --db-dir");
-    rp_res_free(&r);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *argv[9] = {rp_tool};
+        rp_res r;
+        for (size_t k = 0; k < 7 && cases[i].args[k]; k++) {
+            const char *a = cases[i].args[k];
+            argv[k + 1] = (char *)(!strcmp(a, "@DIR") ? tdir : !strcmp(a, "@FILE") ? file
+                                                     : !strcmp(a, "@MISSING") ? missing : a);
+        }
+        r = rp_run(argv);
+        rp_expect(r, 2, cases[i].needle, cases[i].what);
+        rp_res_free(&r);
+    }
     free(file);
     free(missing);
 }

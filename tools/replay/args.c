@@ -225,11 +225,12 @@ static int set_option(replay_options *o, enum optid id, const char *v)
 
     switch (id) {
     case O_DB:
+    case O_DB_DIR:
         if (!*v) {
-            fail(o, "--db: empty path");
+            fail(o, "--%s: empty path", name);
             return -1;
         }
-        o->db = v;
+        *(id == O_DB ? &o->db : &o->db_dir) = v;
         return 0;
     case O_STATE:
         for (s = 0; s < OUTBOX_STATE_COUNT; s++)
@@ -335,13 +336,6 @@ static int set_option(replay_options *o, enum optid id, const char *v)
         return 0;
     case O_BY_TOPIC:
         o->by_topic = 1;
-        return 0;
-    case O_DB_DIR:
-        if (!*v) {
-            fail(o, "--db-dir: empty path");
-            return -1;
-        }
-        o->db_dir = v;
         return 0;
     case O_DB_GLOB:
         if (!*v || strchr(v, '/')) {
