@@ -8,8 +8,14 @@
 -- Rows older than the inbox retention (default 7 days) are deleted in small
 -- batches; a message redelivered after that would be applied again.
 
+-- Message ids are unique per database: a message that names its database
+-- (the entry's `db` field, proto/envelope.md) is recorded as
+-- '<db>:<message id>', one that does not as its plain id, so that the same
+-- id from two databases is two messages. The table is the same either way:
+-- one created before databases were named keeps working unchanged.
+
 CREATE TABLE IF NOT EXISTS outbox_inbox (
-    message_id  TEXT    NOT NULL,   -- the stream entry's `id` field
+    message_id  TEXT    NOT NULL,   -- the entry's `id` field, or '<db>:<id>' with its `db` field
     stream      TEXT    NOT NULL,   -- the stream it was read from
     entry_id    TEXT    NOT NULL,   -- the Redis stream entry id, for tracing
     received_at INTEGER NOT NULL,   -- unix ms when it was applied

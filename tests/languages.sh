@@ -5,7 +5,9 @@
 # redis-server, the Node.js consumer reads them with a consumer group and the
 # dedup contract of proto/dedup.md, and it shares that group (and its dedup
 # state) with the C outbox-consume. Every committed message must arrive exactly
-# once with its exact payload; no rolled-back one ever appears.
+# once with its exact payload; no rolled-back one ever appears. Messages that
+# name their database (entries with a db field, as a relay over many databases
+# writes them) are applied once per database and id, by Node and C alike.
 #
 # TAP output. A missing runtime (python3, php with pdo_sqlite, node/npm, or an
 # `npm ci` that fails, e.g. offline) turns its checks into "# SKIP". When no
@@ -183,6 +185,11 @@ elif mode == "output":       # DB OUT EXPECTED ROLLED [PHP_IDS]: each expected m
         diff = {k: (m.get(k), v) for k, v in want.items() if m.get(k) != v}
         if diff:
             problems.append("%s differs (got, want): %r" % (m["id"], diff))
+elif mode == "tenants":      # OUT EXPECTED: each "<db> <id>" of EXPECTED applied once, with its db
+    got = collections.Counter((m["db"], m["id"]) for m in (json.loads(l) for l in lines(args[0])))
+    expected = [tuple(l.split(" ", 1)) for l in lines(args[1])]
+    problems += ["%s of %s applied %d times" % (i, d, got[(d, i)]) for d, i in expected if got[(d, i)] != 1]
+    problems += ["%s of %s applied, not expected" % (i, d) for d, i in set(got) - set(expected)]
 else:
     problems.append("unknown mode " + mode)
 fail(problems)
@@ -222,6 +229,31 @@ duplicate() {
         end
         return n" 1 "$stream" $(cat "$1"))
     [ "$copied" = "$want" ] || { echo "copied $copied of $want entries"; return 1; }
+}
+
+# db_entry DB ID: an entry as a relay that names its database writes it
+# (fields id, db, envelope, the envelope's db the same), the envelope's
+# msgpack packed by hand (proto/envelope.md: a map of 8, db last).
+db_entry() {
+    python3 - "$2" "$1" >"$tmp/env.bin" <<'PY' || return 1
+import struct, sys, time
+def s(x):
+    b = x.encode()
+    assert len(b) < 32
+    return bytes([0xa0 | len(b)]) + b
+mid, db = sys.argv[1], sys.argv[2]
+payload = ('{"tenant":"%s"}' % db).encode()
+out = b"\x88" + s("v") + b"\x01" + s("id") + s(mid) + s("topic") + s("tenants") + s("key") + b"\xc0"
+out += s("payload") + bytes([0xc4, len(payload)]) + payload + s("headers") + b"\xc0"
+out += s("created_at") + b"\xcf" + struct.pack(">Q", int(time.time() * 1000)) + s("db") + s(db)
+sys.stdout.buffer.write(out)
+PY
+    rcli -x XADD "$stream" '*' id "$2" db "$1" envelope <"$tmp/env.bin" >/dev/null
+}
+tenants_t1() { db_entry tenant-a t-1 && db_entry tenant-b t-1; }
+tenants_t1_twice() { tenants_t1 && tenants_t1; }
+audit_tenants() {
+    c_consume audit-2 "$tmp/t.audit" audit && check tenants "$tmp/t.audit" "$tmp/tenants.expected"
 }
 
 nothing_pending() { # nothing_pending GROUP
@@ -393,6 +425,29 @@ cat "$tmp/php1.ids" "$tmp/b-php.ids" >"$tmp/from_php.list" 2>/dev/null
 [ "$first" = php ] && cat "$tmp/a.ids" >>"$tmp/from_php.list"
 run "verify" "group audit (outbox-consume) applies every committed message once, headers included" \
     audit_group
+
+# ---------------------------------------------------------------- messages that name their database
+# Two databases of one relay both write message id t-1 to one stream: two
+# messages, each applied once per group, deduplicated as <db>:<id>.
+stream=outbox:tenants
+printf '%s\n' "tenant-a t-1" "tenant-b t-1" >"$tmp/tenants.expected"
+printf '%s\n' "tenant-a:t-1" "tenant-b:t-1" >"$tmp/tenants.keys"
+run "verify" "entries of message t-1 from databases tenant-a and tenant-b, each twice" \
+    tenants_t1_twice
+run "node" "Node drains group billing over them" node_consume node-4 "$tmp/t1.node"
+run "node verify" "... applying t-1 of tenant-a and of tenant-b once each, db in its line" \
+    check tenants "$tmp/t1.node" "$tmp/tenants.expected"
+run "node verify" "Node left dedup:billing:{$stream}:<db>:t-1 = D for each database" \
+    dedup_markers "dedup:billing" "$tmp/tenants.keys"
+run "node verify" "both appended again" tenants_t1
+run "node verify" "outbox-consume in group billing skips them (Node's per-database dedup state)" \
+    c_consume c-4 "$tmp/t2.c"
+run "node verify" "... and applies nothing" applies_nothing "$tmp/t2.c"
+run "verify" "group audit (outbox-consume) applies t-1 of each database once, db in its JSON line" \
+    audit_tenants
+run "verify" "outbox-consume left dedup:audit:{$stream}:<db>:t-1 = D for each database" \
+    dedup_markers "dedup:audit" "$tmp/tenants.keys"
+run "verify" "nothing pending in group audit" nothing_pending audit
 
 echo "1..$n"
 exit $fail

@@ -19,7 +19,9 @@
 // option: without --tls-ca-file its own CA list is used.
 //
 // The "effect" here prints each newly applied message as one JSON line on
-// stdout: {id, topic, key, payload (UTF-8 text), created_at}. Replace
+// stdout: {id, db, topic, key, payload (UTF-8 text), created_at}; db is the
+// message's database when the relay names it (one relay over many
+// databases, whose message ids are unique per database only), else null. Replace
 // handle() with your own; throw from it to leave the message for a retry.
 'use strict';
 
@@ -39,6 +41,7 @@ const utf8 = new TextDecoder('utf-8');
 function handle(msg) {
   const line = JSON.stringify({
     id: msg.id,
+    db: msg.db,
     topic: msg.topic,
     key: msg.key,
     payload: utf8.decode(msg.payload),
@@ -50,16 +53,18 @@ function handle(msg) {
 
 // ---------------------------------------------------------------------------
 // Envelope (proto/envelope.md): a msgpack map v/id/topic/key/payload/headers/
-// created_at. Unknown keys are ignored; an unknown version is refused.
+// created_at, and db when the relay names the message's database (then the
+// entry has a db field too, the same). Unknown keys are ignored; an unknown
+// version is refused.
 
-function decodeEnvelope(idField, raw) {
+function decodeEnvelope(idField, dbField, raw) {
   if (!idField || !raw) throw new Error('entry lacks the id or envelope field');
   const env = decode(raw); // throws on malformed msgpack and on trailing bytes
   if (env === null || typeof env !== 'object' || Array.isArray(env) || env instanceof Uint8Array) {
     throw new Error('envelope is not a msgpack map');
   }
   if (env.v !== 1) throw new Error(`envelope version ${env.v}, this consumer reads 1`);
-  const { id, topic, key, payload, headers, created_at: createdAt } = env;
+  const { id, topic, key, payload, headers, created_at: createdAt, db } = env;
   if (typeof id !== 'string' || id === '') throw new Error("field 'id' is not a non-empty string");
   if (id !== idField) throw new Error("entry id field differs from the envelope's id");
   if (typeof topic !== 'string' || topic === '') throw new Error("field 'topic' is not a non-empty string");
@@ -73,8 +78,11 @@ function decodeEnvelope(idField, raw) {
   if (headers != null && (typeof headers !== 'object' || Array.isArray(headers) || headers instanceof Uint8Array)) {
     throw new Error("field 'headers' is not a map or nil");
   }
+  if (db != null && typeof db !== 'string') throw new Error("field 'db' is not a string or nil");
+  if ((db ?? null) !== dbField) throw new Error("entry db field differs from the envelope's db");
   return {
     id,
+    db: db ?? null,
     topic,
     key: key ?? null,
     payload: typeof payload === 'string' ? Buffer.from(payload, 'utf8') : payload,
@@ -84,7 +92,9 @@ function decodeEnvelope(idField, raw) {
 }
 
 // ---------------------------------------------------------------------------
-// Dedup (proto/dedup.md). Key <namespace>:{<stream>}:<message id>; value
+// Dedup (proto/dedup.md). Key <namespace>:{<stream>}:<message id>, or
+// <namespace>:{<stream>}:<db>:<message id> for a message that names its
+// database (dedupId below); value
 // P:<owner> while applying (expires after the lease), D once applied (expires
 // after the retention). The script bodies are byte for byte those of the C
 // module, so they have the same SHA1 and share Redis's script cache.
@@ -154,6 +164,11 @@ function log(level, msg, fields = {}) {
   process.stderr.write(`level=${level} msg=${JSON.stringify(msg)}${kv}\n`);
 }
 
+// Message ids are unique per database: a message that names its database
+// is deduplicated as <db>:<id>, one that does not (or an empty name, which
+// no relay writes) as its id, the keys of messages published before.
+const dedupId = (msg) => (msg.db ? `${msg.db}:${msg.id}` : msg.id);
+
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // [f1, v1, f2, v2, ...] (Buffers) -> first value of each field.
@@ -204,8 +219,8 @@ class Consumer {
     log('error', 'dead-lettered', { entry: entryId, deliveries, reason });
     try {
       await this.redis.xadd(`${this.stream}:dead`, '*',
-        'id', f.id ?? '', 'envelope', f.envelope ?? '', 'source_entry', entryId,
-        'group', this.group, 'deliveries', String(deliveries), 'reason', reason);
+        'id', f.id ?? '', ...(f.db !== undefined ? ['db', f.db] : []), 'envelope', f.envelope ?? '',
+        'source_entry', entryId, 'group', this.group, 'deliveries', String(deliveries), 'reason', reason);
     } catch (err) {
       this.recheckLater(entryId, fields, deliveries);
       throw err;
@@ -220,7 +235,7 @@ class Consumer {
     const f = fieldMap(fields);
     let msg;
     try {
-      msg = decodeEnvelope(f.id && f.id.toString(), f.envelope);
+      msg = decodeEnvelope(f.id && f.id.toString(), f.db === undefined ? null : f.db.toString(), f.envelope);
     } catch (err) {
       return this.deadLetter(entryId, fields, deliveries, `malformed entry: ${err.message}`);
     }
@@ -230,7 +245,7 @@ class Consumer {
     }
     let state;
     try {
-      state = await this.dedup.begin(this.stream, msg.id);
+      state = await this.dedup.begin(this.stream, dedupId(msg));
     } catch (err) {
       // An error answer about this message's key (WRONGTYPE) counts towards
       // max deliveries; Redis being unreachable does not.
@@ -251,14 +266,14 @@ class Consumer {
     } catch (err) {
       this.stats.failed++;
       log('warn', 'handler failed; entry left pending for retry', { id: msg.id, entry: entryId, error: err.message });
-      await this.dedup.abandon(this.stream, msg.id);
+      await this.dedup.abandon(this.stream, dedupId(msg));
       return undefined;
     }
     this.stats.applied++;
     // The effect happened: acknowledge it whatever complete() says, as the C
     // consumer does (a redelivery of this entry would only apply it again).
     try {
-      if (!(await this.dedup.complete(this.stream, msg.id))) {
+      if (!(await this.dedup.complete(this.stream, dedupId(msg)))) {
         log('warn', 'dedup lease expired before complete: the effect may be applied twice; raise the lease',
           { id: msg.id });
       }

@@ -11,6 +11,10 @@
  *    database: the message id is inserted into an inbox table in the same
  *    transaction as the effect, so there is no window at all
  *    (proto/inbox.sql). OUTBOX_DEDUP_SQLITE in the consumer-group helper.
+ * Message ids are unique per database: a relay over many databases names
+ * each message's database (proto/envelope.md), and both modes then key the
+ * message on "<db>:<id>", so the same id from two databases is two
+ * messages.
  *
  * All calls run on the loop thread. A function that returns an error calls
  * no callback; every accepted call gets its callback exactly once.
@@ -40,9 +44,11 @@ extern "C" {
 /* ------------------------------------------------------------------ */
 /* Dedup on Redis
  *
- * Key layout: <namespace>:{<stream>}:<message id>. The stream name is the
- * hash tag, so a stream and all its dedup keys live in one Redis Cluster
- * slot. Values: "P:<owner>" while an owner applies the effect (expires after
+ * Key layout: <namespace>:{<stream>}:<message id>, and for a message that
+ * names its database (outbox_envelope.db) <namespace>:{<stream>}:<db>:<message
+ * id>, since message ids are unique per database only (proto/dedup.md). The
+ * stream name is the hash tag, so a stream and all its dedup keys live in
+ * one Redis Cluster slot. Values: "P:<owner>" while an owner applies the effect (expires after
  * `lease_ms`), "D" once done (expires after `retention_ms`).
  */
 
@@ -100,8 +106,11 @@ OUTBOX_API int outbox_dedup_connected(const outbox_dedup *d);
  */
 typedef void (*outbox_dedup_cb)(outbox_dedup *d, int status, outbox_dedup_result result, void *data);
 
-/* stream and id are copied. Returns 0, OUTBOX_EINVAL (empty or too long
- * stream or id), OUTBOX_ECONNECT (not connected right now), OUTBOX_ENOMEM. */
+/* stream and id are copied. id is the message id, or "<db>:<message id>"
+ * for a message that names its database (msg->db not NULL nor empty), as
+ * the consumer-group helper passes it. Returns 0, OUTBOX_EINVAL (empty or
+ * too long stream or id), OUTBOX_ECONNECT (not connected right now),
+ * OUTBOX_ENOMEM. */
 OUTBOX_API int outbox_dedup_begin(outbox_dedup *d, const char *stream, const char *id, outbox_dedup_cb cb,
                                   void *data);
 /* Atomically turns this owner's processing key into a DONE marker kept for
@@ -132,11 +141,19 @@ OUTBOX_API const char *outbox_dedup_errstr(const outbox_dedup *d);
 
 typedef struct outbox_consumer outbox_consumer;
 
-/* One delivered message; valid until outbox_consumer_done() for it. */
+/* One delivered message; valid until outbox_consumer_done() for it.
+ *
+ * msg->db is the name of the database the message comes from when the
+ * relay names it (a relay over a directory of databases, one per tenant),
+ * else NULL. Ids are unique per database, so (msg->db, msg->id) names a
+ * message; the dedup keys and inbox rows are keyed on both. The entry's db
+ * field and the envelope's db agree: an entry whose two differ (or that has
+ * only one of them) is malformed, as is one whose id field differs from its
+ * envelope's id, and goes to <stream>:dead without reaching the handler. */
 typedef struct outbox_delivery {
     const char *stream;
     const char *entry_id;          /* the stream entry id, e.g. "1700000000000-0" */
-    const outbox_envelope *msg;    /* the decoded envelope */
+    const outbox_envelope *msg;    /* the decoded envelope; msg->db: the message's database, or NULL */
     uint64_t deliveries;           /* how often the group delivered it (1 = first time) */
     sqlite3 *db;                   /* SQLite inbox mode: the open transaction's connection */
 } outbox_delivery;

@@ -55,7 +55,8 @@ OUTBOX_API int outbox_envelope_encode(const outbox_envelope *e, void *buf, size_
  *   OUTBOX_ETRUNCATED  the data ends inside the map;
  *   OUTBOX_EMALFORMED  not a msgpack map, trailing bytes, a required field
  *                      (v, id, topic, payload, created_at) missing or of the
- *                      wrong type, or headers not a map;
+ *                      wrong type, key or db not a string or nil, or headers
+ *                      not a map or nil;
  *   OUTBOX_EVERSION    v is not a version this library reads;
  *   OUTBOX_ENOMEM.
  * err (may be NULL) gets the detail, e.g. "field 'payload' missing".

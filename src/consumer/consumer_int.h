@@ -44,6 +44,8 @@ typedef struct entry {
     int recheck;               /* retry without counting a delivery (see outbox__consumer_schedule_recheck) */
     int handler_running;
     char *entry_id, *msg_id;
+    char *db_field;            /* the entry's db field, or NULL */
+    char *db_id;               /* "<db>:<id>" when the message names its database, else NULL */
     char *raw_env;
     size_t raw_len;
     outbox_envelope *env;
@@ -96,6 +98,14 @@ struct outbox_consumer {
 };
 
 #define LOG(c, lvl, ...) outbox__log(&(c)->log, (lvl), __VA_ARGS__)
+
+/* The id that the dedup keys and the inbox rows are keyed on: message ids
+ * are unique per database, so a message that names its database is
+ * "<db>:<id>" there, one that does not its plain id (proto/dedup.md). */
+static inline const char *outbox__consumer_dedup_id(const entry *e)
+{
+    return e->db_id ? e->db_id : e->msg_id;
+}
 
 /* The command target can take commands (not once its close began). */
 static inline int outbox__consumer_cmd_ready(const outbox_consumer *c)

@@ -4,7 +4,8 @@
  * EVAL when the server does not know the script yet).
  *
  * Every command goes through a target (redis/target.h) by its key,
- * <ns>:{<stream>}:<id>: on a cluster the stream's slot, so the markers are
+ * <ns>:{<stream>}:<id> (the id being "<db>:<message id>" for a message that
+ * names its database: consumer.h): on a cluster the stream's slot, so the markers are
  * on the node that has the stream, and move with it in a reshard (MOVED and
  * ASK are followed there). Each command waits for the previous one's reply
  * (a redirected command's reply can overtake a later one's), and the

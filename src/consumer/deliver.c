@@ -18,6 +18,15 @@ static void on_retry_timer(uv_timer_t *t);
 /* ------------------------------------------------------------------ */
 /* entries */
 
+/* Whether an entry's db field and its envelope's db name the same
+ * database, or both none. */
+static int same_db(const char *field, const char *env)
+{
+    if (!field || !env)
+        return field == env;
+    return strcmp(field, env) == 0;
+}
+
 /* Builds an entry from [id, [field, value, ...]]; NULL if the reply has
  * another shape. */
 entry *outbox__consumer_entry_from_reply(outbox_consumer *c, const redisReply *r, uint64_t deliveries)
@@ -43,6 +52,8 @@ entry *outbox__consumer_entry_from_reply(outbox_consumer *c, const redisReply *r
                 continue;
             if (k->len == 2 && memcmp(k->str, "id", 2) == 0 && !e->msg_id)
                 e->msg_id = strndup(v->str, v->len);
+            else if (k->len == 2 && memcmp(k->str, "db", 2) == 0 && !e->db_field)
+                e->db_field = strndup(v->str, v->len);
             else if (k->len == 8 && memcmp(k->str, "envelope", 8) == 0 && !e->raw_env) {
                 e->raw_env = malloc(v->len ? v->len : 1);
                 if (e->raw_env) {
@@ -59,6 +70,16 @@ entry *outbox__consumer_entry_from_reply(outbox_consumer *c, const redisReply *r
                 outbox_err_name(rc), err);
         else if (strcmp(e->env->id, e->msg_id) != 0) {
             LOG(c, OUTBOX_LOG_WARN, "msg=\"entry id field differs from the envelope's id\" entry=%s", e->entry_id);
+            outbox_envelope_free(e->env);
+            e->env = NULL;
+        } else if (!same_db(e->db_field, e->env->db)) {
+            /* The relay writes both or neither: a field without its key (or
+             * the other way round) is as wrong as two names. */
+            LOG(c, OUTBOX_LOG_WARN, "msg=\"entry db field differs from the envelope's db\" entry=%s", e->entry_id);
+            outbox_envelope_free(e->env);
+            e->env = NULL;
+        } else if (e->env->db && *e->env->db && asprintf(&e->db_id, "%s:%s", e->env->db, e->msg_id) < 0) {
+            e->db_id = NULL;
             outbox_envelope_free(e->env);
             e->env = NULL;
         }
@@ -86,6 +107,8 @@ void outbox__consumer_entry_free(entry *e)
     outbox_envelope_free(e->env);
     free(e->entry_id);
     free(e->msg_id);
+    free(e->db_field);
+    free(e->db_id);
     free(e->raw_env);
     free(e);
     c->hooks.entry_gone(c);
@@ -180,8 +203,8 @@ void outbox__consumer_dead_letter(entry *e, const char *reason)
 {
     outbox_consumer *c = e->c;
     char deliveries[24];
-    const char *argv[16];
-    size_t lens[16];
+    const char *argv[18];
+    size_t lens[18];
     int n = 0;
 
     LOG(c, OUTBOX_LOG_ERROR, "msg=\"dead-lettered\" id=%s entry=%s deliveries=%llu reason=\"%s\"",
@@ -193,6 +216,10 @@ void outbox__consumer_dead_letter(entry *e, const char *reason)
     ARG("*", 1);
     ARG("id", 2);
     ARG(e->msg_id ? e->msg_id : "", e->msg_id ? strlen(e->msg_id) : 0);
+    if (e->db_field) {
+        ARG("db", 2);
+        ARG(e->db_field, strlen(e->db_field));
+    }
     ARG("envelope", 8);
     ARG(e->raw_env ? e->raw_env : "", e->raw_len);
     ARG("source_entry", 12);

@@ -56,10 +56,11 @@ static void on_begun(outbox_dedup *d, int status, outbox_dedup_result r, void *d
     if (status != 0) {
         LOG(c, OUTBOX_LOG_WARN, "msg=\"dedup begin failed; not processing\" id=%s err=%s detail=\"%s\"", e->msg_id,
             outbox_err_name(status), outbox_dedup_errstr(c->dedup));
-        /* An error answer about this message's key (WRONGTYPE) is the
-         * message's problem and counts towards max_deliveries; Redis being
-         * unreachable is not. */
-        if (status == OUTBOX_EREDIS)
+        /* An error answer about this message's key (WRONGTYPE), or a key
+         * too long to make (an id or a database's name longer than any
+         * relay writes), is the message's problem and counts towards
+         * max_deliveries; Redis being unreachable is not. */
+        if (status == OUTBOX_EREDIS || status == OUTBOX_EINVAL)
             outbox__consumer_schedule_retry(e, "dedup error");
         else
             outbox__consumer_schedule_recheck(e, "dedup unavailable");
@@ -94,7 +95,9 @@ static void run_inbox(entry *e)
         outbox__consumer_schedule_recheck(e, sqlite3_errmsg(c->db));
         return;
     }
-    sqlite3_bind_text(c->q_insert, 1, e->msg_id, -1, SQLITE_STATIC);
+    /* Keyed as the Redis markers are: "<db>:<id>" for a message that names
+     * its database, so the same id from two databases is two messages. */
+    sqlite3_bind_text(c->q_insert, 1, outbox__consumer_dedup_id(e), -1, SQLITE_STATIC);
     sqlite3_bind_text(c->q_insert, 2, c->stream, -1, SQLITE_STATIC);
     sqlite3_bind_text(c->q_insert, 3, e->entry_id, -1, SQLITE_STATIC);
     sqlite3_bind_int64(c->q_insert, 4, outbox_now_ms());
@@ -147,7 +150,7 @@ void outbox__consumer_dispatch(entry *e)
     c->st.delivered++;
     switch (c->s.dedup) {
     case OUTBOX_DEDUP_REDIS:
-        rc = outbox_dedup_begin(c->dedup, c->stream, e->msg_id, on_begun, e);
+        rc = outbox_dedup_begin(c->dedup, c->stream, outbox__consumer_dedup_id(e), on_begun, e);
         if (rc != 0)
             on_begun(c->dedup, rc, 0, e);
         break;
@@ -170,7 +173,7 @@ void outbox_consumer_done(outbox_consumer *c, const outbox_delivery *dv, int sta
     if (status == 0) {
         c->st.applied++;
         if (c->s.dedup == OUTBOX_DEDUP_REDIS) {
-            rc = outbox_dedup_complete(c->dedup, c->stream, e->msg_id, on_completed, e);
+            rc = outbox_dedup_complete(c->dedup, c->stream, outbox__consumer_dedup_id(e), on_completed, e);
             if (rc != 0)
                 on_completed(c->dedup, rc, 0, e);
         } else {
@@ -181,7 +184,7 @@ void outbox_consumer_done(outbox_consumer *c, const outbox_delivery *dv, int sta
         LOG(c, OUTBOX_LOG_WARN, "msg=\"handler failed; entry left pending for retry\" id=%s entry=%s status=%d",
             e->msg_id, e->entry_id, status);
         if (c->s.dedup == OUTBOX_DEDUP_REDIS) {
-            rc = outbox_dedup_abandon(c->dedup, c->stream, e->msg_id, on_abandoned, e);
+            rc = outbox_dedup_abandon(c->dedup, c->stream, outbox__consumer_dedup_id(e), on_abandoned, e);
             if (rc != 0)
                 on_abandoned(c->dedup, rc, 0, e);
         } else {

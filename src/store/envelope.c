@@ -33,7 +33,8 @@ size_t outbox_envelope_max_size(const outbox_envelope *e)
  * the relay writes the envelope straight into its XADD command.
  */
 
-/* The seven keys with their fixstr headers, in the order written. */
+/* The keys with their fixstr headers, in the order written; the seven of
+ * KEYS_LEN always, db only with a database's name. */
 #define K_V "\xa1v"
 #define K_ID "\xa2id"
 #define K_TOPIC "\xa5topic"
@@ -342,7 +343,7 @@ int outbox_envelope_decode(const void *data, size_t len, outbox_envelope **out, 
         }
     }
 
-    /* One block: the struct, then id, topic, key (each NUL-terminated),
+    /* One block: the struct, then id, topic, key, db (each NUL-terminated),
      * payload, headers. */
     need = sizeof *e + oid->via.str.size + 1 + otopic->via.str.size + 1 + (okey ? okey->via.str.size + 1 : 0) +
            (opay->type == MSGPACK_OBJECT_BIN ? opay->via.bin.size : opay->via.str.size) + hbuf.size + 1 +

@@ -14,6 +14,12 @@
 
 char *ct_envelope(const char *id, const char *topic, const void *payload, size_t payload_len, size_t *len)
 {
+    return ct_envelope_db(id, topic, NULL, payload, payload_len, len);
+}
+
+char *ct_envelope_db(const char *id, const char *topic, const char *db, const void *payload, size_t payload_len,
+                     size_t *len)
+{
     outbox_envelope e;
     size_t cap;
     char *buf;
@@ -24,6 +30,7 @@ char *ct_envelope(const char *id, const char *topic, const void *payload, size_t
     e.payload = payload;
     e.payload_len = payload_len;
     e.created_at = outbox_now_ms();
+    e.db = db;
     cap = outbox_envelope_max_size(&e);
     buf = malloc(cap);
     if (!buf)
@@ -44,9 +51,16 @@ static void take_eid(redisReply *r, char *eid, const char *what)
 void ct_xadd_msg(redisContext *c, const char *stream, const char *id, const char *topic, const void *payload,
                  size_t payload_len, char *eid)
 {
+    ct_xadd_db_msg(c, stream, NULL, NULL, id, topic, payload, payload_len, eid);
+}
+
+void ct_xadd_db_msg(redisContext *c, const char *stream, const char *field_db, const char *env_db, const char *id,
+                    const char *topic, const void *payload, size_t payload_len, char *eid)
+{
     size_t len;
-    char *env = ct_envelope(id, topic, payload, payload_len, &len);
-    redisReply *r = th_cmd(c, "XADD %s * id %s envelope %b", stream, id, env, len);
+    char *env = ct_envelope_db(id, topic, env_db, payload, payload_len, &len);
+    redisReply *r = field_db ? th_cmd(c, "XADD %s * id %s db %s envelope %b", stream, id, field_db, env, len)
+                             : th_cmd(c, "XADD %s * id %s envelope %b", stream, id, env, len);
     take_eid(r, eid, id);
     freeReplyObject(r);
     free(env);

@@ -1,6 +1,7 @@
 /*
  * ct.h: what the consumer-side tests share on top of harness.h: stream
- * entries written by hand (a valid envelope, or anything else), looking at
+ * entries written by hand (a valid envelope, with or without the database's
+ * name, or anything else), looking at
  * consumer groups and dedup keys, effect files written by
  * `outbox-consume --exec`, running the tool, and driving a uv loop until a
  * condition holds.
@@ -21,10 +22,19 @@
 /* Encodes a version 1 envelope (created_at now) into a malloc'd buffer. */
 char *ct_envelope(const char *id, const char *topic, const void *payload, size_t payload_len, size_t *len);
 
+/* The same with the database's name db in the envelope (NULL: none). */
+char *ct_envelope_db(const char *id, const char *topic, const char *db, const void *payload, size_t payload_len,
+                     size_t *len);
+
 /* XADD stream * id <id> envelope <a valid envelope of id, topic, payload>;
  * the new entry id goes to eid (at least 48 bytes; may be NULL). */
 void ct_xadd_msg(redisContext *c, const char *stream, const char *id, const char *topic, const void *payload,
                  size_t payload_len, char *eid);
+/* The same with a db field <field_db> between id and envelope and the
+ * envelope's db <env_db> (each NULL: none). A relay that names its database
+ * writes both, the same. */
+void ct_xadd_db_msg(redisContext *c, const char *stream, const char *field_db, const char *env_db, const char *id,
+                    const char *topic, const void *payload, size_t payload_len, char *eid);
 /* XADD stream * with nfields field/value pairs given as (name, value,
  * value_len) triples; eid as above. */
 void ct_xadd_fields(redisContext *c, const char *stream, char *eid, int nfields, ...);

@@ -4,8 +4,9 @@
  * JSON lines that parse (text payloads as UTF-8, binary ones as base64 with
  * payload_encoding "base64", headers as an object); --exec runs the command
  * with the payload on stdin and the envelope in OUTBOX_* variables (stale
- * OUTBOX_* variables of the caller are not passed on); SIGTERM stops it
- * cleanly.
+ * OUTBOX_* variables of the caller are not passed on); messages that name
+ * their database hand it on (the JSON line's db, OUTBOX_DB) and the same id
+ * from two databases is two messages; SIGTERM stops it cleanly.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -63,7 +64,7 @@ static void test_help(void)
                           "--max-inflight",   "--block-ms",      "--min-idle-ms",   "--claim-interval-ms",
                           "--max-deliveries", "--retry-ms",      "--drain",         "--log-level",
                           "OUTBOX_ID",        "OUTBOX_TOPIC",    "OUTBOX_DELIVERIES", "payload_encoding",
-                          ":dead"};
+                          ":dead",            "OUTBOX_DB"};
     int all = 1;
     is_int(r.code, 0, "--help exits 0");
     for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
@@ -169,12 +170,24 @@ static void add_with_headers(const char *stream, char *eid)
     freeReplyObject(r);
 }
 
+/* Writes out to path and runs the Python script on it (argv[1]); returns
+ * its exit status, its stdout and stderr in *pyout and *pyerr. */
+static int python_over(const char *out, const char *path, const char *script, char **pyout, char **pyerr)
+{
+    FILE *f = fopen(path, "w");
+    char *py[] = {"python3", "-c", (char *)script, (char *)path, NULL};
+    if (!f)
+        bail("write %s", path);
+    fputs(out, f);
+    fclose(f);
+    return th_run(py, NULL, pyout, pyerr, 20000);
+}
+
 static void test_print(void)
 {
     const char *stream = "outbox:cli";
     char eid_bin[48], eid_hdr[48], *jsonf = th_path(dir, "out.jsonl"), *pyout = NULL, *pyerr = NULL;
     res r;
-    FILE *f;
     int st;
 
     ct_xadd_msg(rc, stream, "m-text", "cli", text, strlen(text), NULL);
@@ -186,24 +199,16 @@ static void test_print(void)
     r = RUN("--redis", srv.url, "--stream", stream, "--group", "p", "--print", "--drain");
     is_int(r.code, 0, "--print --drain exits 0");
     is_int(th_count_lines(r.out), 6, "six JSON lines");
-    f = fopen(jsonf, "w");
-    if (!f)
-        bail("write %s", jsonf);
-    fputs(r.out, f);
-    fclose(f);
-    {
-        /* One line of facts per message, decoded by python's json module. */
-        char *py[] = {"python3", "-c",
-                      "import json,sys,base64\n"
-                      "for l in open(sys.argv[1]):\n"
-                      "    d=json.loads(l)\n"
-                      "    p=d['payload']\n"
-                      "    b=base64.b64decode(p) if d['payload_encoding']=='base64' else p.encode('utf-8')\n"
-                      "    print(d['id'],d['topic'],d['key'],d['payload_encoding'],b.hex(),json.dumps(d['headers']),"
-                      "d['created_at'],d['stream'],d['entry_id'],d['deliveries'])\n",
-                      jsonf, NULL};
-        st = th_run(py, NULL, &pyout, &pyerr, 20000);
-    }
+    /* One line of facts per message, decoded by python's json module. */
+    st = python_over(r.out, jsonf,
+                     "import json,sys,base64\n"
+                     "for l in open(sys.argv[1]):\n"
+                     "    d=json.loads(l)\n"
+                     "    p=d['payload']\n"
+                     "    b=base64.b64decode(p) if d['payload_encoding']=='base64' else p.encode('utf-8')\n"
+                     "    print(d['id'],d['topic'],d['key'],d['payload_encoding'],b.hex(),json.dumps(d['headers']),"
+                     "d['created_at'],d['stream'],d['entry_id'],d['deliveries'])\n",
+                     &pyout, &pyerr);
     is_int(st, 0, "every line parses as JSON (python3 json.loads)");
     if (st != 0)
         th_diag_tail("python", pyerr, INT_MAX);
@@ -294,6 +299,69 @@ static void test_exec(void)
     res_free(&r);
 }
 
+/* The same id m-1 from two databases and from a relay that names none,
+ * tenant-a's appended twice. */
+static void add_db_entries(const char *stream)
+{
+    ct_xadd_db_msg(rc, stream, "tenant-a", "tenant-a", "m-1", "clidb", "a", 1, NULL);
+    ct_xadd_db_msg(rc, stream, "tenant-b", "tenant-b", "m-1", "clidb", "b", 1, NULL);
+    ct_xadd_msg(rc, stream, "m-1", "clidb", "-", 1, NULL);
+    ct_xadd_db_msg(rc, stream, "tenant-a", "tenant-a", "m-1", "clidb", "a", 1, NULL);
+}
+
+static void test_db(void)
+{
+    const char *stream = "outbox:clidb", *xstream = "outbox:clidbexec";
+    char *jsonf = th_path(dir, "db.jsonl"), *pyout = NULL, *pyerr = NULL, envdir[600], *t, *p;
+    char *env[] = {envdir, NULL};
+    const char *args[] = {"--redis", srv.url, "--stream", xstream, "--group", "x", "--exec",
+                          "env | grep '^OUTBOX_' | sort > \"$CT_DIR/db-${OUTBOX_DB:-none}-$OUTBOX_ID.env\"",
+                          "--drain", NULL};
+    res r;
+    int st;
+
+    add_db_entries(stream);
+    r = RUN("--redis", srv.url, "--stream", stream, "--group", "p", "--print", "--drain");
+    is_int(r.code, 0, "db: --print --drain exits 0");
+    is_int(th_count_lines(r.out), 3, "db: three JSON lines for four entries: m-1 of each database once");
+    st = python_over(r.out, jsonf,
+                     "import json,sys\n"
+                     "for l in sorted(open(sys.argv[1]), key=lambda l: str(json.loads(l)['db'])):\n"
+                     "    d=json.loads(l)\n"
+                     "    print(d['db'],d['id'],d['payload'],list(d)[:3])\n",
+                     &pyout, &pyerr);
+    is_int(st, 0, "db: every line parses as JSON");
+    if (st != 0)
+        th_diag_tail("python", pyerr, INT_MAX);
+    is_str(pyout,
+           "None m-1 - ['id', 'db', 'topic']\n"
+           "tenant-a m-1 a ['id', 'db', 'topic']\n"
+           "tenant-b m-1 b ['id', 'db', 'topic']\n",
+           "db: the JSON line's db is the message's database, null for none, after id");
+    is_int(ct_pending(rc, stream, "p"), 0, "db: all four acknowledged");
+    res_free(&r);
+
+    add_db_entries(xstream);
+    snprintf(envdir, sizeof envdir, "CT_DIR=%s", dir);
+    r = run_args(args, env);
+    is_int(r.code, 0, "db: --exec --drain exits 0");
+    res_free(&r);
+    for (int i = 0; i < 3; i++) {
+        static const char *const files[] = {"db-tenant-a-m-1.env", "db-tenant-b-m-1.env", "db-none-m-1.env"};
+        static const char *const lines[] = {"OUTBOX_DB=tenant-a", "OUTBOX_DB=tenant-b", "OUTBOX_DB="};
+        p = th_path(dir, files[i]);
+        t = th_slurp(p);
+        is_int(ct_line_count(t, lines[i]), 1, "db: the command of %s had %s", files[i], lines[i]);
+        is_int(ct_line_count(t, "OUTBOX_ID=m-1"), 1, "db: and OUTBOX_ID=m-1");
+        free(t);
+        free(p);
+    }
+    is_int(ct_pending(rc, xstream, "x"), 0, "db: --exec acknowledged all four");
+    free(pyout);
+    free(pyerr);
+    free(jsonf);
+}
+
 static int stream_exists(void *arg)
 {
     return ct_int(rc, "EXISTS %s", (const char *)arg) == 1;
@@ -328,6 +396,7 @@ int main(void)
     test_usage_errors();
     test_print();
     test_exec();
+    test_db();
     test_sigterm();
 
     redisFree(rc);

@@ -1,7 +1,8 @@
 /* libFuzzer target: outbox-replay's command line (tools/replay/args.c): the
  * subcommand, the filters (--state, --topic, --key, --id, --id-prefix,
- * --since, --until with ISO-8601 times or unix ms) and the numbers (--batch,
- * --threshold, --limit).
+ * --since, --until with ISO-8601 times or unix ms), the numbers (--batch,
+ * --threshold, --limit, --top) and stats over a directory (--db-dir,
+ * --db-glob).
  *
  * The input is NUL-separated arguments after the program name. An error must
  * come with a message; an accepted command line must be consistent (what
@@ -62,7 +63,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case REPLAY_ARGS_GO_ON:
         check(o.error == NULL);
         check(o.cmd > CMD_NONE && o.cmd < CMD_COUNT);
-        check(o.db && *o.db);
+        /* One database or, for stats only, one directory of them. */
+        check(!!(o.db && *o.db) != !!(o.db_dir && *o.db_dir));
+        check(!o.db_dir || o.cmd == CMD_STATS);
+        check(!o.db_dir || (!o.states && !o.nids && !o.topic && !o.key && !o.id_prefix && !o.has_since &&
+                            !o.has_until && !o.by_topic));
+        check(o.db_dir || !o.nglobs);
+        check(o.nglobs < (size_t)argc);
+        for (size_t i = 0; i < o.nglobs; i++)
+            check(*o.globs[i] && !strchr(o.globs[i], '/'));
+        check(o.top >= 1 && o.top <= TOP_MAX);
         check(o.cmd != CMD_SHOW || o.show_id);
         check(o.cmd != CMD_REQUEUE || o.reason);
         check(o.cmd != CMD_PURGE || (o.states & ~STATE_BIT(OUTBOX_STATE_DEAD)) == 0);

@@ -1,6 +1,7 @@
-/* The envelope contract: round trips, and every kind of bad input gives a
- * specific error without crashing or reading past the buffer (each decode
- * gets an exact-size heap copy, so ASan/valgrind see any over-read). */
+/* The envelope contract: round trips (with and without the database's
+ * name), and every kind of bad input gives a specific error without
+ * crashing or reading past the buffer (each decode gets an exact-size heap
+ * copy, so ASan/valgrind see any over-read). */
 #include <msgpack.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,7 @@ static void test_round_trip(void)
     ok(out->payload_len == 7 && memcmp(out->payload, in.payload, 7) == 0, "payload");
     ok(out->headers_len == sizeof hdr && memcmp(out->headers, hdr, sizeof hdr) == 0, "headers byte for byte");
     is_int(out->created_at, 1700000000123LL, "created_at");
+    ok(out->db == NULL, "no db: db NULL");
     outbox_envelope_free(out);
 
     /* The exact key names of the contract. */
@@ -279,6 +281,132 @@ static void test_malformed(void)
     outbox_envelope_free(NULL);
 }
 
+/* The map of an envelope with db (str, nil, or an int) as its eighth key. */
+static void pk_with_db(packed *p, int db_type)
+{
+    pk_init(p, 6);
+    pk_str(p, "v");
+    msgpack_pack_int(&p->pk, 1);
+    pk_str(p, "id");
+    pk_str(p, "m1");
+    pk_str(p, "topic");
+    pk_str(p, "t");
+    pk_str(p, "payload");
+    msgpack_pack_bin(&p->pk, 0);
+    pk_str(p, "created_at");
+    msgpack_pack_int(&p->pk, 5);
+    pk_str(p, "db");
+    if (db_type == MSGPACK_OBJECT_STR)
+        pk_str(p, "tenant-7");
+    else if (db_type == MSGPACK_OBJECT_NIL)
+        msgpack_pack_nil(&p->pk);
+    else if (db_type == MSGPACK_OBJECT_BIN)
+        msgpack_pack_bin(&p->pk, 0);
+    else
+        msgpack_pack_int(&p->pk, 7);
+}
+
+/* The database's name: the eighth key, after created_at, when set. */
+static void test_db(void)
+{
+    static const size_t db_lens[] = {0, 1, 31, 32, 200, 255, 256, 65535, 65536};
+    static char big[65536];
+    outbox_envelope in, *out = NULL;
+    unsigned char *buf;
+    size_t len, plain_len;
+    char err[128];
+    packed p;
+    int e;
+
+    memset(&in, 0, sizeof in);
+    in.id = "m-42";
+    in.topic = "orders";
+    in.key = "customer-42";
+    in.payload = "{}";
+    in.payload_len = 2;
+    in.created_at = 1700000000123LL;
+    plain_len = encode(&in, &buf);
+    free(buf);
+    in.db = "tenant-a";
+    len = encode(&in, &buf);
+    is_int(len, plain_len + 3 + 9, "db adds its key and its string: 12 bytes for \"tenant-a\"");
+    is_int(decode_copy(buf, len, &out, err, sizeof err), 0, "an envelope with db decodes");
+    if (out) {
+        is_str(out->db, "tenant-a", "db round trip");
+        is_str(out->id, "m-42", "and the id");
+        is_str(out->key, "customer-42", "and the key");
+        ok(out->payload_len == 2 && memcmp(out->payload, "{}", 2) == 0, "and the payload");
+        is_int(out->created_at, 1700000000123LL, "and created_at");
+    }
+    outbox_envelope_free(out);
+    out = NULL;
+    {
+        msgpack_unpacked u;
+        size_t off = 0;
+        msgpack_unpacked_init(&u);
+        ok(msgpack_unpack_next(&u, (const char *)buf, len, &off) == MSGPACK_UNPACK_SUCCESS &&
+               u.data.type == MSGPACK_OBJECT_MAP && u.data.via.map.size == 8,
+           "a map of 8 fields with db");
+        if (u.data.type == MSGPACK_OBJECT_MAP && u.data.via.map.size == 8) {
+            msgpack_object k = u.data.via.map.ptr[7].key, v = u.data.via.map.ptr[7].val;
+            ok(k.type == MSGPACK_OBJECT_STR && k.via.str.size == 2 && memcmp(k.via.str.ptr, "db", 2) == 0 &&
+                   v.type == MSGPACK_OBJECT_STR && v.via.str.size == 8 && memcmp(v.via.str.ptr, "tenant-a", 8) == 0,
+               "db last, after created_at, as a str");
+        }
+        msgpack_unpacked_destroy(&u);
+    }
+    free(buf);
+
+    /* The bound holds at every length of the name's str header. */
+    memset(big, 'd', sizeof big - 1);
+    for (size_t i = 0; i < sizeof db_lens / sizeof db_lens[0]; i++) {
+        size_t cap;
+        big[db_lens[i]] = '\0';
+        in.db = big;
+        cap = outbox_envelope_max_size(&in);
+        buf = malloc(cap);
+        e = outbox_envelope_encode(&in, buf, cap, &len);
+        ok(e == 0 && len <= cap, "db of %zu bytes: encodes within outbox_envelope_max_size (%zu <= %zu)", db_lens[i],
+           len, cap);
+        if (e == 0 && decode_copy(buf, len, &out, err, sizeof err) == 0) {
+            ok(out->db && strlen(out->db) == db_lens[i] && memcmp(out->db, big, db_lens[i]) == 0,
+               "db of %zu bytes: decodes to the same name", db_lens[i]);
+            outbox_envelope_free(out);
+            out = NULL;
+        } else {
+            ok(0, "db of %zu bytes: decodes (%s)", db_lens[i], err);
+        }
+        free(buf);
+        big[db_lens[i]] = 'd';
+    }
+
+    /* db nil or absent: none; of any other type: refused, named. */
+    pk_with_db(&p, MSGPACK_OBJECT_NIL);
+    e = decode_copy(p.sb.data, p.sb.size, &out, err, sizeof err);
+    is_int(e, 0, "db nil decodes");
+    ok(out && out->db == NULL, "db nil: db NULL");
+    outbox_envelope_free(out);
+    out = NULL;
+    msgpack_sbuffer_destroy(&p.sb);
+    pk_with_db(&p, MSGPACK_OBJECT_STR);
+    e = decode_copy(p.sb.data, p.sb.size, &out, err, sizeof err);
+    is_int(e, 0, "db str in a hand-packed map decodes");
+    is_str(out ? out->db : NULL, "tenant-7", "its name");
+    outbox_envelope_free(out);
+    out = NULL;
+    msgpack_sbuffer_destroy(&p.sb);
+    pk_with_db(&p, MSGPACK_OBJECT_POSITIVE_INTEGER);
+    e = decode_copy(p.sb.data, p.sb.size, &out, err, sizeof err);
+    is_int(e, OUTBOX_EMALFORMED, "db of the wrong type (an int): EMALFORMED");
+    is_str(err, "field 'db' is not a string or nil", "the error says so");
+    ok(out == NULL, "and nothing is returned");
+    msgpack_sbuffer_destroy(&p.sb);
+    pk_with_db(&p, MSGPACK_OBJECT_BIN);
+    e = decode_copy(p.sb.data, p.sb.size, &out, err, sizeof err);
+    is_int(e, OUTBOX_EMALFORMED, "db as bin: EMALFORMED (%s)", err);
+    msgpack_sbuffer_destroy(&p.sb);
+}
+
 /* Random corruption of a valid envelope: any result but a crash or leak. */
 static void test_mutations(void)
 {
@@ -321,6 +449,7 @@ int main(void)
 {
     test_round_trip();
     test_malformed();
+    test_db();
     test_mutations();
     return tap_done();
 }

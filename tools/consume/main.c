@@ -2,7 +2,9 @@
  * outbox-consume: effectively-once processing of an outbox stream from any
  * language. Reads with a consumer group, deduplicates on the message id
  * (Redis SET NX by default) and either prints each message as a JSON line or
- * runs a command per message with the payload on stdin.
+ * runs a command per message with the payload on stdin. A message that
+ * names its database (proto/envelope.md) is deduplicated per database and
+ * hands its database on (the JSON line's db, OUTBOX_DB).
  */
 #include <errno.h>
 #include <signal.h>
@@ -115,6 +117,8 @@ static void json_line(outbox__sbuf *b, const outbox_delivery *dv)
     trace_ctx trace;
     outbox__sbuf_puts(b, "{\"id\":");
     tools_json_cstr(b, m->id);
+    outbox__sbuf_puts(b, ",\"db\":");
+    tools_json_cstr(b, m->db);
     outbox__sbuf_puts(b, ",\"topic\":");
     tools_json_cstr(b, m->topic);
     outbox__sbuf_puts(b, ",\"key\":");
@@ -261,6 +265,7 @@ static int exec_handler(outbox_consumer *c, const outbox_delivery *dv, void *dat
     json_headers(&hb, dv->msg);
     exit_if_oom(&hb);
     j->envbuf[k++] = env_pair("OUTBOX_ID", dv->msg->id, strlen(dv->msg->id));
+    j->envbuf[k++] = env_pair("OUTBOX_DB", dv->msg->db ? dv->msg->db : "", dv->msg->db ? strlen(dv->msg->db) : 0);
     j->envbuf[k++] = env_pair("OUTBOX_TOPIC", dv->msg->topic, strlen(dv->msg->topic));
     j->envbuf[k++] = env_pair("OUTBOX_KEY", dv->msg->key ? dv->msg->key : "", dv->msg->key ? dv->msg->key_len : 0);
     j->envbuf[k++] = env_pair("OUTBOX_STREAM", dv->stream, strlen(dv->stream));
@@ -342,13 +347,16 @@ static void usage(FILE *f)
             "missing), deduplicates on each message's id, and for every new message either\n"
             "prints it as one JSON line on stdout (--print) or runs CMD with /bin/sh -c,\n"
             "the payload on stdin and the envelope in environment variables (--exec):\n"
-            "OUTBOX_ID, OUTBOX_TOPIC, OUTBOX_KEY, OUTBOX_STREAM, OUTBOX_ENTRY_ID,\n"
+            "OUTBOX_ID, OUTBOX_DB, OUTBOX_TOPIC, OUTBOX_KEY, OUTBOX_STREAM, OUTBOX_ENTRY_ID,\n"
             "OUTBOX_CREATED_AT, OUTBOX_DELIVERIES, OUTBOX_HEADERS (JSON), and TRACEPARENT\n"
             "and TRACESTATE when the headers traceparent and tracestate carry a valid W3C\n"
-            "trace context. Exit status 0 of CMD is success: the message is marked done\n"
-            "and acknowledged; anything else leaves it pending and it is retried. JSON\n"
-            "lines have id, topic, key, payload (UTF-8 text, or base64 with\n"
-            "payload_encoding \"base64\"), headers, traceparent and tracestate (null when\n"
+            "trace context. OUTBOX_DB is the message's database when the relay names it\n"
+            "(a relay over many databases; message ids are unique per database, and the\n"
+            "dedup is per database), else empty, as OUTBOX_KEY for a message without key.\n"
+            "Exit status 0 of CMD is success: the message is marked done and acknowledged;\n"
+            "anything else leaves it pending and it is retried. JSON lines have id, db,\n"
+            "topic, key, payload (UTF-8 text, or base64 with payload_encoding \"base64\"),\n"
+            "headers, traceparent and tracestate (db, key and the last three null when\n"
             "absent), created_at, stream, entry_id, deliveries.\n"
             "\n"
             "Options:\n"

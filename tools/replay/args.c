@@ -46,7 +46,15 @@ static const struct optdef {
     [O_THRESHOLD] = {"threshold", 1, 0, FOR_CHANGES},
     [O_LOG_FORMAT] = {"log-format", 1, 0, FOR_ALL},
     [O_BY_TOPIC] = {"by-topic", 0, 0, FOR(CMD_STATS)},
+    [O_DB_DIR] = {"db-dir", 1, 0, FOR(CMD_STATS)},
+    [O_DB_GLOB] = {"db-glob", 1, 1, FOR(CMD_STATS)},
+    [O_TOP] = {"top", 1, 0, FOR(CMD_STATS)},
 };
+
+/* What stats over a directory reads: the figures of each database, so no
+ * filter that counts rows, nor --state (the table shows every state). */
+static const enum optid dir_excludes[] = {O_DB, O_STATE, O_TOPIC, O_KEY, O_ID, O_ID_PREFIX, O_SINCE, O_UNTIL,
+                                          O_BY_TOPIC};
 
 /* Records the message of a usage error; always returns -1. */
 static int fail(replay_options *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -217,11 +225,12 @@ static int set_option(replay_options *o, enum optid id, const char *v)
 
     switch (id) {
     case O_DB:
+    case O_DB_DIR:
         if (!*v) {
-            fail(o, "--db: empty path");
+            fail(o, "--%s: empty path", name);
             return -1;
         }
-        o->db = v;
+        *(id == O_DB ? &o->db : &o->db_dir) = v;
         return 0;
     case O_STATE:
         for (s = 0; s < OUTBOX_STATE_COUNT; s++)
@@ -328,6 +337,15 @@ static int set_option(replay_options *o, enum optid id, const char *v)
     case O_BY_TOPIC:
         o->by_topic = 1;
         return 0;
+    case O_DB_GLOB:
+        if (!*v || strchr(v, '/')) {
+            fail(o, "--db-glob: '%s' is not a pattern of file names (non-empty, without '/')", v);
+            return -1;
+        }
+        o->globs[o->nglobs++] = v;
+        return 0;
+    case O_TOP:
+        return parse_count(o, name, v, 1, TOP_MAX, &o->top);
     case O_LOG_FORMAT:
         o->log = outbox_log_sink(v);
         if (!o->log) {
@@ -375,10 +393,12 @@ enum replay_args_result replay_args_parse(replay_options *o, int argc, char **ar
     o->limit = 100;
     o->batch = 500;
     o->threshold = 100;
+    o->top = 20;
     if (argc < 2)
         return REPLAY_ARGS_NO_ARGS;
     o->ids = calloc((size_t)argc, sizeof *o->ids);
-    if (!o->ids)
+    o->globs = calloc((size_t)argc, sizeof *o->globs);
+    if (!o->ids || !o->globs)
         return REPLAY_ARGS_NOMEM;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *value = NULL, *eq;
@@ -450,8 +470,20 @@ enum replay_args_result replay_args_parse(replay_options *o, int argc, char **ar
         fail(o, "show needs a message id: outbox-replay show ID --db PATH");
         return REPLAY_ARGS_ERROR;
     }
-    if (!o->db) {
-        fail(o, "--db PATH is required");
+    if (o->db_dir) {
+        for (i = 0; i < (int)(sizeof dir_excludes / sizeof dir_excludes[0]); i++)
+            if (o->seen[dir_excludes[i]]) {
+                fail(o, "--%s cannot be combined with --db-dir (stats over a directory shows every state of each "
+                        "database, from its figures)",
+                     optdefs[dir_excludes[i]].name);
+                return REPLAY_ARGS_ERROR;
+            }
+    } else if (o->seen[O_DB_GLOB] || o->seen[O_TOP]) {
+        fail(o, "--%s needs --db-dir DIR", o->seen[O_DB_GLOB] ? "db-glob" : "top");
+        return REPLAY_ARGS_ERROR;
+    }
+    if (!o->db && !o->db_dir) {
+        fail(o, "--db PATH is required%s", o->cmd == CMD_STATS ? " (or --db-dir DIR)" : "");
         return REPLAY_ARGS_ERROR;
     }
     if (o->has_since && o->has_until && o->since >= o->until) {
@@ -477,6 +509,8 @@ void replay_args_finish(replay_options *o)
 {
     free(o->ids);
     o->ids = NULL;
+    free(o->globs);
+    o->globs = NULL;
     free(o->error);
     o->error = NULL;
 }

@@ -1,6 +1,7 @@
 /*
  * outbox-replay's command line: the subcommand, the filters (--state,
- * --topic, --key, --id, --id-prefix, --since, --until) and the other options,
+ * --topic, --key, --id, --id-prefix, --since, --until) and the other options
+ * (stats over a directory of databases: --db-dir, --db-glob, --top),
  * checked and turned into a replay_options.
  *
  * Parsing has no side effects: nothing is opened or printed and the process
@@ -29,6 +30,7 @@ extern const char *const replay_command_names[CMD_COUNT];
 #define REASON_MAX 1024
 /* Stays well below SQLite's limit on host parameters (32766). */
 #define IDS_MAX 10000
+#define TOP_MAX 1000000
 
 enum optid {
     O_DB,
@@ -49,6 +51,9 @@ enum optid {
     O_THRESHOLD,
     O_LOG_FORMAT,
     O_BY_TOPIC,
+    O_DB_DIR,
+    O_DB_GLOB,
+    O_TOP,
     O_COUNT
 };
 
@@ -71,6 +76,13 @@ typedef struct replay_options {
     const char *reason;
     int dry_run, yes, force, json;
     int by_topic; /* stats: the counts by topic x state too (a pass over the rows) */
+    /* stats --db-dir: every file of the directory (not its subdirectories)
+     * whose name matches one of globs (default "*.db"), instead of --db;
+     * the top databases by backlog. */
+    const char *db_dir;
+    const char **globs; /* owned here; nglobs of them, 0 when --db-glob was not given */
+    size_t nglobs;
+    int64_t top;        /* --top: the databases shown (default 20) */
     /* --log-format: the sink of the messages on stderr; NULL (not given)
      * for plain "outbox-replay: ..." lines. */
     outbox_log_fn log;

@@ -19,6 +19,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "Usage: %s SUBCOMMAND --db PATH [filters] [options]\n"
+            "       %s stats --db-dir DIR [--db-glob PATTERN]... [--top N] [--json]\n"
             "       %s --help | --version\n"
             "\n"
             "Inspects the outbox table, resends messages by hand (requeue, audited in the row)\n"
@@ -42,6 +43,15 @@ static void usage(FILE *f)
             "                grow with the table. --by-topic, --topic, --key, --since and --until\n"
             "                count the rows themselves, a pass over the whole table in one read\n"
             "                transaction (with --id or --id-prefix only over the matching rows).\n"
+            "                With --db-dir DIR instead of --db: every file of DIR (not of its\n"
+            "                subdirectories) that matches a --db-glob, each opened read-only and\n"
+            "                read from its figures (no pass over any table): a table of the --top\n"
+            "                databases with the most pending rows (name: the file name without\n"
+            "                .db; pending, due, sending, published, dead, the age of the oldest\n"
+            "                due pending row), the totals over all of them, and how many were\n"
+            "                read and could not be. A file that cannot be read (not a database,\n"
+            "                corrupt, without the outbox schema, unreadable) is named on stderr\n"
+            "                with the reason, and the others are still read. No filters.\n"
             "  requeue       Puts the selected messages back to pending, due now: state 0,\n"
             "                available_at now, attempts 0, last_error and lease cleared,\n"
             "                replay_count + 1, replayed_at now, replay_reason = --reason\n"
@@ -77,6 +87,14 @@ static void usage(FILE *f)
             "  --limit N           list: show at most N messages, 0 for all (default 100)\n"
             "  --by-topic          stats: the counts by topic x state too (\"by_topic\" in --json);\n"
             "                      reads every row that the filters select\n"
+            "  --db-dir DIR        stats: every database of the directory DIR instead of --db (see\n"
+            "                      stats above); --json prints one object with \"databases\" (the\n"
+            "                      --top ones), \"totals\" and \"failed\" (name and error of each)\n"
+            "  --db-glob PATTERN   with --db-dir: the files read, a shell pattern of file names\n"
+            "                      (fnmatch; a leading dot only matched by a dot); repeatable, any\n"
+            "                      of them matches (default *.db); SQLite's -wal, -shm and -journal\n"
+            "                      files are never read\n"
+            "  --top N             with --db-dir: the databases shown, 1..%d (default 20)\n"
             "  --reason TEXT       requeue: why (required, 1..%d bytes of UTF-8); stored in\n"
             "                      replay_reason and visible in show\n"
             "  --dry-run           requeue, purge: print exactly the rows that would change and what\n"
@@ -99,12 +117,14 @@ static void usage(FILE *f)
             "on SIGINT or SIGTERM (committed batches stay; run again to continue).\n"
             "\n"
             "Exit status: 0 done; 1 nothing matches (requeue, purge), no such message (show),\n"
-            "interrupted, or a runtime error such as a database locked for too long; 2 usage or\n"
-            "configuration error: unknown subcommand or option, bad value, missing --db, a file\n"
-            "that is not a SQLite database or has no outbox schema (run 'outbox-relay init'),\n"
-            "more than --threshold messages without --yes. Nothing is changed on any error\n"
-            "found before the first batch.\n",
-            REPLAY_PROG, REPLAY_PROG, IDS_MAX, REASON_MAX, BATCH_MAX);
+            "some database of --db-dir could not be read (stats, the others shown), interrupted,\n"
+            "or a runtime error such as a database locked for too long; 2 usage or\n"
+            "configuration error: unknown subcommand or option, bad value, missing --db, --db\n"
+            "with --db-dir, a --db-dir that is not a directory, a file that is not a SQLite\n"
+            "database or has no outbox schema (run 'outbox-relay init'), more than --threshold\n"
+            "messages without --yes. Nothing is changed on any error found before the first\n"
+            "batch.\n",
+            REPLAY_PROG, REPLAY_PROG, REPLAY_PROG, IDS_MAX, TOP_MAX, REASON_MAX, BATCH_MAX);
 }
 
 int main(int argc, char **argv)
@@ -148,7 +168,7 @@ int main(int argc, char **argv)
         rc = replay_cmd_show(&o);
         break;
     case CMD_STATS:
-        rc = replay_cmd_stats(&o);
+        rc = o.db_dir ? replay_cmd_stats_dir(&o) : replay_cmd_stats(&o);
         break;
     case CMD_REQUEUE:
     case CMD_PURGE:

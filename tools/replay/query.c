@@ -14,28 +14,42 @@ static int is_config_error(int e)
            e == OUTBOX_ESCHEMANEWER || e == OUTBOX_EFOREIGN;
 }
 
-int replay_open_db(const replay_options *o, int writable, sqlite3 **out)
+int replay_open_path(const char *path, int writable, sqlite3 **out, char *err, size_t errlen)
 {
-    char err[768] = "";
     sqlite3 *db = NULL;
-    int e = outbox_db_open(o->db, OUTBOX_OPEN_READONLY, &db, err, sizeof err);
+    int e;
+    err[0] = '\0';
+    *out = NULL;
+    e = outbox_db_open(path, OUTBOX_OPEN_READONLY, &db, err, errlen);
     if (e == 0)
-        e = outbox_schema_check(db, err, sizeof err);
+        e = outbox_schema_check(db, err, errlen);
     if (e == 0 && writable) {
         /* Only now that the file holds our schema: a read-write open switches
          * the file to WAL mode, which would change somebody else's database. */
         sqlite3_close_v2(db);
         db = NULL;
-        e = outbox_db_open(o->db, 0, &db, err, sizeof err);
+        e = outbox_db_open(path, 0, &db, err, errlen);
         if (e == 0)
-            e = outbox_schema_check(db, err, sizeof err);
+            e = outbox_schema_check(db, err, errlen);
     }
     if (e != 0) {
-        replay_errorf("%s (%s)", err[0] ? err : outbox_strerror(e), outbox_err_name(e));
+        if (!err[0])
+            snprintf(err, errlen, "%s", outbox_strerror(e));
         sqlite3_close_v2(db);
-        return is_config_error(e) ? EXIT_USAGE : EXIT_FAIL;
+        return e;
     }
     *out = db;
+    return 0;
+}
+
+int replay_open_db(const replay_options *o, int writable, sqlite3 **out)
+{
+    char err[768];
+    int e = replay_open_path(o->db, writable, out, err, sizeof err);
+    if (e != 0) {
+        replay_errorf("%s (%s)", err, outbox_err_name(e));
+        return is_config_error(e) ? EXIT_USAGE : EXIT_FAIL;
+    }
     return GO_ON;
 }
 

@@ -2,8 +2,9 @@
  * replay.h: what the parts of outbox-replay share (internal to the tool).
  *
  * main.c parses the command line (args.c) and runs one subcommand:
- * rows.c (list, and the rows of every --dry-run), show.c, stats.c and
- * change.c (requeue and purge). query.c opens the database and builds the
+ * rows.c (list, and the rows of every --dry-run), show.c, stats.c,
+ * stats_dir.c (stats over a directory of databases) and change.c (requeue
+ * and purge). query.c opens the database and builds the
  * filtered SELECTs; output.c holds the messages and the text for humans;
  * tools/common/json.h writes the JSON.
  */
@@ -51,6 +52,10 @@ const char *replay_plural(int64_t n, const char *one, const char *many);
 
 /* ---- query.c: the database ----------------------------------------------- */
 
+/* Opens path (read-only unless writable) and checks the schema. Returns 0
+ * with *out set, or an OUTBOX_E* code with the reason in err (never empty)
+ * and *out NULL; prints nothing. */
+int replay_open_path(const char *path, int writable, sqlite3 **out, char *err, size_t errlen);
 /* Opens --db and checks the schema. Returns GO_ON with *out set, or an exit
  * status after a message. */
 int replay_open_db(const replay_options *o, int writable, sqlite3 **out);
@@ -146,6 +151,7 @@ int replay_print_rows(sqlite3 *db, const replay_options *o, const rowsel *rs, in
 int replay_cmd_list(const replay_options *o);   /* rows.c */
 int replay_cmd_show(const replay_options *o);   /* show.c */
 int replay_cmd_stats(const replay_options *o);  /* stats.c */
+int replay_cmd_stats_dir(const replay_options *o); /* stats_dir.c: stats --db-dir */
 int replay_cmd_change(const replay_options *o); /* change.c: requeue and purge */
 
 #endif
