@@ -8,7 +8,7 @@
  * sqlpath.c   the relay's SQL without Redis (claim scenario, drain's floor)
  * peers.c     the drain's peer loops (plain loops publishing the same backlog)
  * drain.c     the relay daemon's drains the scenarios share
- * sc_*.c      one file per group of scenarios (sc_tls.c: the TLS drain,
+ * sc_*.c      one file per group of scenarios (sc_dbdir.c: --db-dir, sc_tls.c: the TLS drain,
  *             sc_cluster.c: the drain into a Redis Cluster, sc_figures.c: the
  *             database figures of /metrics, /healthz and replay stats)
  *
@@ -372,6 +372,9 @@ int sc_writer(bench *b, bench_report *r);
 int sc_claim(bench *b, bench_report *r);
 int sc_figures(bench *b, bench_report *r);
 int sc_loop(bench *b, bench_report *r);
+int sc_dbdir(bench *b, bench_report *r);
+int sc_dbdir_idle(bench *b, bench_report *r);
+int sc_dbdir_fair(bench *b, bench_report *r);
 
 /* ------------------------------------------------------------------ */
 /* drain.c: the relay daemon's drains the scenarios share */
