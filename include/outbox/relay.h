@@ -451,9 +451,9 @@ OUTBOX_API int outbox_relay_nodes_get(outbox_relay *r, outbox_relay_node_stats *
  * could not be drained. drain_timeout_ms counts for the whole group.
  * Not in this version: metrics_listen (refused by create), per-database
  * stream names.
- * Each database's create opens it on the loop thread (see
- * outbox_relay_create: a lock that outlasts its wait makes the database
- * fail, to be tried again). Loop thread, all of it.
+ * A database is opened (its schema checked, migrated if older, its
+ * statements prepared) on a libuv worker thread, never on the loop; a lock
+ * met there makes it fail, to be tried again. Loop thread, all of it.
  */
 typedef struct outbox_relay_group outbox_relay_group;
 

@@ -118,7 +118,7 @@ enum decision {
 static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **after, int *rc)
 {
     outbox_relay *r = x->r;
-    sqlite3_stmt *st = r->db.q_key_prev;
+    sqlite3_stmt *st = Q(r, q_key_prev);
     int64_t pseq, pstate = 0, ptoken = 0, pavail = 0, fseq;
     int mine = 0, lc = bs->last_chosen;
     msg *km;
@@ -153,7 +153,7 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
         return D_HELD_OURS; /* no key map (out of memory): our batches' keys are unknown */
     if (x->key_rows == KEYS_UNKNOWN) {
         int64_t any;
-        *rc = outbox__relay_step_int(r, r->db.q_key_any, 0, &any);
+        *rc = outbox__relay_step_int(r, Q(r, q_key_any), 0, &any);
         if (*rc != 0)
             return D_HELD;
         x->key_rows = any ? KEYS_SOME : KEYS_NONE;
@@ -259,7 +259,7 @@ static int move_cursor(claim_ctx *x)
     int rc;
     if (to == INT64_MAX) {
         /* Every new row seen: the next one comes after the last row. */
-        rc = outbox__relay_step_int(r, r->db.q_top, 0, &top);
+        rc = outbox__relay_step_int(r, Q(r, q_top), 0, &top);
         if (rc != 0)
             return rc;
         to = top + 1;
@@ -268,15 +268,15 @@ static int move_cursor(claim_ctx *x)
         return 0;
     if (to < x->new_from)
         to = x->new_from;
-    sqlite3_bind_int64(r->db.q_cursor_set, 1, to);
-    return outbox__relay_step_done(r, r->db.q_cursor_set);
+    sqlite3_bind_int64(Q(r, q_cursor_set), 1, to);
+    return outbox__relay_step_done(r, Q(r, q_cursor_set));
 }
 
 /* Steps q_expired and considers each row until the batch is full; our own
  * leases (still in flight) are skipped. */
 static int scan_expired(claim_ctx *x)
 {
-    sqlite3_stmt *st = x->r->db.q_expired;
+    sqlite3_stmt *st = Q(x->r, q_expired);
     int step = SQLITE_DONE, e = 0;
     sqlite3_bind_int64(st, 1, x->now);
     sqlite3_bind_int64(st, 2, x->want);
@@ -301,7 +301,7 @@ static int scan_expired(claim_ctx *x)
  * this relay holds may be one it does not know of. */
 static int scan_taken(claim_ctx *x)
 {
-    sqlite3_stmt *st = x->r->db.q_batch_cands;
+    sqlite3_stmt *st = Q(x->r, q_batch_cands);
     int step = SQLITE_DONE, e = 0;
     if (!x->taken)
         return 0;
@@ -357,24 +357,24 @@ static int encode_new(claim_ctx *x, sqlite3_stmt *st, cand *c)
 static int scan_pending(claim_ctx *x)
 {
     outbox_relay *r = x->r;
-    sqlite3_stmt *w = r->db.q_due, *n = r->db.q_new;
+    sqlite3_stmt *w = Q(r, q_due), *n = Q(r, q_new);
     int64_t limit = (int64_t)x->want * 4, nread = 0, last = 0;
     int rw, rn, rc;
 
-    rc = outbox__relay_step_done(r, r->db.q_stray);
+    rc = outbox__relay_step_done(r, Q(r, q_stray));
     if (rc != 0)
         return rc;
     if (sqlite3_changes(r->db.conn) > 0)
         x->key_rows = KEYS_UNKNOWN; /* they are waiting rows now, in outbox_key */
-    rc = sqlite3_step(r->db.q_cursor);
+    rc = sqlite3_step(Q(r, q_cursor));
     if (rc == SQLITE_ROW) {
-        int64_t after_batches = sqlite3_column_int64(r->db.q_cursor, 1); /* 0 when NULL */
-        x->cursor_missing = sqlite3_column_type(r->db.q_cursor, 0) == SQLITE_NULL;
-        x->new_from = sqlite3_column_int64(r->db.q_cursor, 0);
+        int64_t after_batches = sqlite3_column_int64(Q(r, q_cursor), 1); /* 0 when NULL */
+        x->cursor_missing = sqlite3_column_type(Q(r, q_cursor), 0) == SQLITE_NULL;
+        x->new_from = sqlite3_column_int64(Q(r, q_cursor), 0);
         if (after_batches > x->new_from)
             x->new_from = after_batches;
     }
-    sqlite3_reset(r->db.q_cursor);
+    sqlite3_reset(Q(r, q_cursor));
     if (rc != SQLITE_ROW)
         return outbox__relay_sqlerr(r, rc);
     rc = 0;
@@ -422,7 +422,7 @@ static int scan_pending(claim_ctx *x)
 /* Writes the new due times that defer collected. */
 static int write_deferred(claim_ctx *x)
 {
-    sqlite3_stmt *st = x->r->db.q_defer;
+    sqlite3_stmt *st = Q(x->r, q_defer);
     size_t i;
     int rc;
     for (i = 0; i < x->ndefer; i++) {
@@ -430,7 +430,7 @@ static int write_deferred(claim_ctx *x)
         if (x->taken && seq >= x->t_lo && seq <= x->t_hi) {
             /* A row leaving the taken-over batch keeps what that batch
              * counted: claimed before (its token), and its attempts. */
-            sqlite3_stmt *l = x->r->db.q_batch_leave;
+            sqlite3_stmt *l = Q(x->r, q_batch_leave);
             sqlite3_bind_int64(l, 1, seq);
             sqlite3_bind_int64(l, 2, x->defer[2 * i + 1]);
             sqlite3_bind_int64(l, 3, x->t_token);
@@ -485,7 +485,7 @@ static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index, relay_
 /* Reads the rows of batch b (OUTBOX__SQL_BATCH_ROWS) into messages. */
 static int batch_rows(claim_ctx *x, relay_batch *b, const int64_t *index)
 {
-    sqlite3_stmt *st = x->r->db.q_batch_rows;
+    sqlite3_stmt *st = Q(x->r, q_batch_rows);
     int step, e = 0;
     sqlite3_bind_int64(st, 1, b->lo);
     sqlite3_bind_int64(st, 2, b->hi);
@@ -549,7 +549,7 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
     if (!sorted) /* chosen in seq order unless waiting or expired rows were */
         qsort(index, x->nchosen, 2 * sizeof *index, cmp_seq_idx);
     if (x->taken && ntaken) {
-        sqlite3_stmt *t = r->db.q_batch_take;
+        sqlite3_stmt *t = Q(r, q_batch_take);
         relay_batch *b = outbox__batch_new(x->t_lo, x->t_hi, x->t_token + 1, x->t_attempts + 1);
         if (!b) {
             e = OUTBOX_ENOMEM;
@@ -568,11 +568,11 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
             e = batch_rows(x, b, index);
     } else if (x->taken) {
         /* None of its rows stayed in it: every one has a state of its own. */
-        sqlite3_bind_int64(r->db.q_batch_drop, 1, x->t_lo);
-        e = outbox__relay_step_done(r, r->db.q_batch_drop);
+        sqlite3_bind_int64(Q(r, q_batch_drop), 1, x->t_lo);
+        e = outbox__relay_step_done(r, Q(r, q_batch_drop));
     }
     if (e == 0 && hi > 0) {
-        sqlite3_stmt *n = r->db.q_batch_new;
+        sqlite3_stmt *n = Q(r, q_batch_new);
         relay_batch *b = outbox__batch_new(lo, hi, 1, 1);
         if (!b) {
             e = OUTBOX_ENOMEM;
@@ -597,19 +597,19 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
         }
     }
     if (e == 0 && nrow) {
-        sqlite3_bind_text(r->db.q_claim, 1, r->cfg.worker_id, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(r->db.q_claim, 2, until);
-        sqlite3_bind_text(r->db.q_claim, 3, list, (int)(p - list), SQLITE_STATIC);
-        sqlite3_bind_int64(r->db.q_claim, 4, x->now);
-        while ((step = sqlite3_step(r->db.q_claim)) == SQLITE_ROW) {
-            e = take_row(x, r->db.q_claim, index, NULL);
+        sqlite3_bind_text(Q(r, q_claim), 1, r->cfg.worker_id, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(Q(r, q_claim), 2, until);
+        sqlite3_bind_text(Q(r, q_claim), 3, list, (int)(p - list), SQLITE_STATIC);
+        sqlite3_bind_int64(Q(r, q_claim), 4, x->now);
+        while ((step = sqlite3_step(Q(r, q_claim))) == SQLITE_ROW) {
+            e = take_row(x, Q(r, q_claim), index, NULL);
             if (e != 0)
                 break;
         }
         if (e == 0 && step != SQLITE_DONE)
             e = outbox__relay_sqlerr(r, step);
-        sqlite3_reset(r->db.q_claim);
-        sqlite3_clear_bindings(r->db.q_claim);
+        sqlite3_reset(Q(r, q_claim));
+        sqlite3_clear_bindings(Q(r, q_claim));
     }
 done:
     free(list);
@@ -752,13 +752,13 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
     for (i = 0; i < nb; i++)
         if (bs[i]->n == 0) {
             relay_batch *b = bs[i];
-            sqlite3_bind_int64(r->db.q_batch_drop, 1, b->lo);
+            sqlite3_bind_int64(Q(r, q_batch_drop), 1, b->lo);
             if (b->refs == 0) {
                 bs[i] = bs[--nb]; /* no message took it */
                 i--;
                 free(b);
             }
-            rc = outbox__relay_step_done(r, r->db.q_batch_drop);
+            rc = outbox__relay_step_done(r, Q(r, q_batch_drop));
             if (rc != 0)
                 goto done;
         }

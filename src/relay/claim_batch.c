@@ -102,7 +102,7 @@ static int fk_put(claim_ctx *x, uint64_t h, const char *topic, const char *key, 
 static int foreign_load(claim_ctx *x)
 {
     outbox_relay *r = x->r;
-    sqlite3_stmt *b = r->db.q_batch_leased, *k = r->db.q_batch_keys;
+    sqlite3_stmt *b = Q(r, q_batch_leased), *k = Q(r, q_batch_keys);
     int sb, sk = SQLITE_DONE, rc = 0;
     x->fk_loaded = 1;
     x->fk = r->cw.fk;
@@ -165,7 +165,7 @@ int outbox__claim_foreign_min(claim_ctx *x, const cand *c, int64_t *seq)
 int outbox__claim_find_taken(claim_ctx *x, int64_t *nrows)
 {
     outbox_relay *r = x->r;
-    sqlite3_stmt *st = r->db.q_batch_expired;
+    sqlite3_stmt *st = Q(r, q_batch_expired);
     int step, rc = 0;
     *nrows = 0;
     sqlite3_bind_int64(st, 1, x->now);
@@ -189,7 +189,7 @@ int outbox__claim_find_taken(claim_ctx *x, int64_t *nrows)
     }
     if (!x->taken)
         return 0;
-    st = r->db.q_batch_cands;
+    st = Q(r, q_batch_cands);
     sqlite3_bind_int64(st, 1, x->t_lo);
     sqlite3_bind_int64(st, 2, x->t_hi);
     while ((step = sqlite3_step(st)) == SQLITE_ROW)

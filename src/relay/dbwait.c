@@ -65,6 +65,15 @@ void outbox__dbwait_begin(outbox_relay *r, int e, const outbox__sqlfail *f, cons
     outbox__strlcpy(w->why, why, sizeof w->why);
 }
 
+void outbox__dbwait_defer(outbox_relay *r)
+{
+    struct relay_dbwait *w = &r->dbwait;
+    w->waiting = 1;
+    w->deferred = 1;
+    w->since_ms = mono_ms();
+    outbox__strlcpy(w->why, "opening", sizeof w->why);
+}
+
 /* On a worker thread: nothing else touches r->db while the relay waits. */
 static void try_run(uv_work_t *wk)
 {
@@ -85,7 +94,10 @@ static void try_done(uv_work_t *wk, int status)
     w->running = 0;
     if (w->try_e == 0) {
         w->waiting = 0;
-        if (r->state == R_WAITING) {
+        if (r->state == R_WAITING && w->deferred) {
+            w->deferred = 0;
+            r->hooks.db_opened(r);
+        } else if (r->state == R_WAITING) {
             LOG(r, OUTBOX_LOG_INFO, "msg=\"database available\" db=%s waited_ms=%llu attempts=%u", r->cfg.db_path,
                 (unsigned long long)(mono_ms() - w->since_ms), w->failures + 1);
             r->hooks.db_opened(r);
@@ -96,6 +108,12 @@ static void try_done(uv_work_t *wk, int status)
     }
     w->failures++;
     outbox__strlcpy(w->why, w->try_why[0] ? w->try_why : outbox_strerror(w->try_e), sizeof w->why);
+    if (r->state == R_WAITING && r->open_failed) {
+        /* A group's relay: the group says it and tries again itself. */
+        r->open_failed(r, w->try_e, w->why, r->open_failed_data);
+        r->hooks.stop_check(r);
+        return;
+    }
     if (r->state == R_WAITING)
         arm(r);
     r->hooks.stop_check(r);
@@ -127,7 +145,9 @@ int outbox__dbwait_start(outbox_relay *r)
 {
     uv_timer_init(r->loop, &r->dbwait.timer);
     r->dbwait.timer.data = r;
-    if (r->dbwait.waiting)
+    if (r->dbwait.waiting && r->dbwait.deferred)
+        uv_timer_start(&r->dbwait.timer, on_try, 0, 0);
+    else if (r->dbwait.waiting)
         arm(r);
     return 1;
 }

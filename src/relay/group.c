@@ -4,7 +4,8 @@
  * (one per tenant), over one Redis link.
  *
  * Each database is an entry (struct gdb). While it has work, a relay runs
- * on it (lifecycle.c, outbox__relay_create_on the group's link), with its
+ * on it (lifecycle.c, outbox__relay_create_on the group's link; it opens
+ * its database on a worker thread, dbwait.c's deferred open), with its
  * own leases, claims, marks, retries, window and wake-ups, exactly as a
  * relay of its own would; its stream entries and markers name it (db_name).
  * Every relay of the group runs in drain mode: when its drain ends (nothing
@@ -95,6 +96,9 @@ struct gdb {
     int drain_failed;        /* drain mode: it could not be drained (the reason in why) */
     int requeue;             /* closed for another with work left: queued again once closed */
     int settle;              /* its relay stopped: freed from the settle timer */
+    int open_failed;         /* its relay could not open it: open_e, open_why */
+    int open_e;
+    char open_why[300];
     uint64_t opened_at, idle_since, last_used;
     uint64_t idle_mark; /* the relay's published + failed + dead when it went idle */
     int64_t wake_at;    /* unix ms at which a closed database has work (a retry, a delayed row), 0: none */
@@ -422,6 +426,11 @@ static void settled(gdb *d)
     g->nopen--;
     set_share(g);
     d->state = G_IDLE;
+    if (d->open_failed && !d->gone && g->state == R_RUNNING) {
+        d->open_failed = 0;
+        failed(d, d->open_e, d->open_why);
+        return;
+    }
     if (d->gone || g->state == R_STOPPING) {
         if (d->gone)
             drop(d);
@@ -463,6 +472,18 @@ static void close_db(gdb *d)
         on_relay_stopped(d->r, d);
 }
 
+/* The relay could not open its database (on its worker thread): it stops,
+ * and the entry fails once it is freed (settled). */
+static void on_open_failed(outbox_relay *r, int e, const char *why, void *data)
+{
+    gdb *d = data;
+    (void)r;
+    d->open_failed = 1;
+    d->open_e = e;
+    outbox__strlcpy(d->open_why, why, sizeof d->open_why);
+    close_db(d);
+}
+
 static void open_db(gdb *d)
 {
     outbox_relay_group *g = d->g;
@@ -482,6 +503,8 @@ static void open_db(gdb *d)
     e = outbox__relay_create_on(&d->r, g->loop, &s, &g->link, err, sizeof err);
     if (e == 0) {
         d->r->share = &g->share;
+        d->r->open_failed = on_open_failed;
+        d->r->open_failed_data = d;
         g->nopen++;
         set_share(g);
         if ((e = outbox_relay_start(d->r)) != 0) {

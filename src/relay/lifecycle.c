@@ -295,7 +295,10 @@ int outbox__relay_create_on(outbox_relay **out, uv_loop_t *loop, const outbox_re
     e = outbox__relay_config_init(&r->cfg, s, !link, err, errlen);
     if (e == 0) {
         outbox__ops_init(r);
-        e = open_db(r, err, errlen);
+        if (link)
+            outbox__dbwait_defer(r); /* opened on a worker thread at start */
+        else
+            e = open_db(r, err, errlen);
     }
     if (e != 0) {
         free_fields(r);

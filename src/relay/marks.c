@@ -30,7 +30,7 @@ static void bind_fence(sqlite3_stmt *st, int first, const outbox_relay *r, const
 /* The batch's published record, written by its lead message's mark. */
 static int batch_published(outbox_relay *r, relay_batch *b, int64_t now)
 {
-    sqlite3_stmt *st = r->db.q_batch_published;
+    sqlite3_stmt *st = Q(r, q_batch_published);
     int rc;
     sqlite3_bind_int64(st, 1, b->lo);
     sqlite3_bind_text(st, 2, r->cfg.worker_id, -1, SQLITE_STATIC);
@@ -68,12 +68,12 @@ static int batch_row_mark(outbox_relay *r, msg *m, int64_t now)
 
     switch (m->outcome) {
     case OUT_PUBLISHED:
-        st = r->db.q_batch_row_published;
+        st = Q(r, q_batch_row_published);
         text = m->result;
         what = "published";
         break;
     case OUT_RETRY:
-        st = r->db.q_batch_failed;
+        st = Q(r, q_batch_failed);
         if (m->attempts >= (int64_t)r->cfg.s.max_attempts) {
             state = OUTBOX_STATE_DEAD;
             what = "dead";
@@ -84,14 +84,14 @@ static int batch_row_mark(outbox_relay *r, msg *m, int64_t now)
         text = m->result ? m->result : "unknown error";
         break;
     case OUT_DEAD:
-        st = r->db.q_batch_failed;
+        st = Q(r, q_batch_failed);
         state = OUTBOX_STATE_DEAD;
         text = m->result ? m->result : "invalid row";
         what = "dead";
         break;
     case OUT_RELEASE:
     default:
-        st = r->db.q_batch_release;
+        st = Q(r, q_batch_release);
         attempts = m->attempts > 0 ? m->attempts - 1 : 0;
         what = "released";
         break;
@@ -135,14 +135,14 @@ int outbox__mark_write(outbox_relay *r, msg *m, int64_t now)
     }
     switch (m->outcome) {
     case OUT_PUBLISHED:
-        st = r->db.q_published;
+        st = Q(r, q_published);
         bind_fence(st, 1, r, m);
         sqlite3_bind_int64(st, 4, now);
         sqlite3_bind_text(st, 5, m->result, -1, SQLITE_STATIC);
         what = "published";
         break;
     case OUT_RETRY:
-        st = r->db.q_failed;
+        st = Q(r, q_failed);
         bind_fence(st, 1, r, m);
         if (m->attempts >= (int64_t)r->cfg.s.max_attempts) {
             sqlite3_bind_int(st, 4, OUTBOX_STATE_DEAD);
@@ -157,7 +157,7 @@ int outbox__mark_write(outbox_relay *r, msg *m, int64_t now)
         sqlite3_bind_text(st, 6, m->result ? m->result : "unknown error", -1, SQLITE_STATIC);
         break;
     case OUT_DEAD:
-        st = r->db.q_failed;
+        st = Q(r, q_failed);
         bind_fence(st, 1, r, m);
         sqlite3_bind_int(st, 4, OUTBOX_STATE_DEAD);
         sqlite3_bind_int64(st, 5, now);
@@ -166,7 +166,7 @@ int outbox__mark_write(outbox_relay *r, msg *m, int64_t now)
         break;
     case OUT_RELEASE:
     default:
-        st = r->db.q_release;
+        st = Q(r, q_release);
         bind_fence(st, 1, r, m);
         sqlite3_bind_int64(st, 4, now);
         what = "released";

@@ -34,6 +34,7 @@
 #define OUTBOX_SRC_RELAY_INT_H
 
 #include <sqlite3.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -175,6 +176,7 @@ struct relay_db {
  * try's results (try_*), which are the worker's while running. */
 struct relay_dbwait {
     int waiting;          /* create could not open the database, for a reason that heals */
+    int deferred;         /* a group's relay: create did not try, the first try is at start */
     uv_timer_t timer;     /* the next try */
     uv_work_t work;
     int running;          /* a try is on a worker thread (it has r->db) */
@@ -477,6 +479,10 @@ struct outbox_relay {
     struct relay_ops ops;
     struct relay_stop stop;
     const unsigned *share; /* a group's relay: its share of the group's window (group.c), else NULL */
+    /* A group's relay opens its database on a worker thread after create
+     * (dbwait.c, deferred); a failure goes to the group instead of a wait. */
+    void (*open_failed)(outbox_relay *r, int e, const char *why, void *data);
+    void *open_failed_data;
 };
 
 /* The window's size: inflight, or a group's relay's share of it. */
@@ -526,7 +532,13 @@ int outbox__relay_db_open(outbox_relay *r, int wait_lock, outbox__sqlfail *f, ch
  * for what someone must fix: not a database, corrupt, no, a foreign or a
  * newer schema, a missing or read-only file. */
 int outbox__relay_db_heals(int e, const outbox__sqlfail *f);
-/* Prepares the statements on r->db.conn (a database with the schema). */
+/* The statement at offset off of outbox_relay (a struct relay_db member),
+ * prepared now if it was not yet (a group's relay prepares lazily); NULL if
+ * it cannot be. Whoever owns r->db at the time. Use Q(r, q_name). */
+sqlite3_stmt *outbox__relay_q(outbox_relay *r, size_t off);
+#define Q(r, name) ((r)->db.name ? (r)->db.name : outbox__relay_q((r), offsetof(outbox_relay, db.name)))
+/* Prepares the statements on r->db.conn (a database with the schema): all
+ * of them, except for a group's relay (see outbox__relay_q). */
 int outbox__relay_db_prepare(outbox_relay *r, char *err, size_t errlen);
 /* A group's relay: conn does not checkpoint when it closes (db.c says why). */
 void outbox__relay_db_no_close_ckpt(const outbox_relay *r, sqlite3 *conn);
@@ -773,6 +785,9 @@ int outbox__sched_busy_handler(void *arg, int count);
 /* Create could not open the database for a reason that heals (e, f, why):
  * the relay will wait for it. */
 void outbox__dbwait_begin(outbox_relay *r, int e, const outbox__sqlfail *f, const char *why);
+/* A group's relay: the database is opened on a worker thread once the relay
+ * starts, instead of by create (the loop never waits for an open). */
+void outbox__dbwait_defer(outbox_relay *r);
 /* Initialises the wait's timer; returns 1 (the handle). When the relay
  * waits, logs it and arms the first try; hooks.db_opened follows the try
  * that opens the database. */

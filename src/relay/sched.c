@@ -53,12 +53,12 @@ void outbox__sched_arm_scan(outbox_relay *r, uint64_t delay)
 static void arm_next_due(outbox_relay *r, int64_t now)
 {
     int64_t due, lease, next;
-    sqlite3_bind_int64(r->db.q_next_due, 1, now);
-    sqlite3_bind_int64(r->db.q_next_lease, 1, now);
+    sqlite3_bind_int64(Q(r, q_next_due), 1, now);
+    sqlite3_bind_int64(Q(r, q_next_lease), 1, now);
     /* INT64_MAX: none, or the query failed (then the scan interval). */
-    if (outbox__relay_step_int(r, r->db.q_next_due, INT64_MAX, &due) != 0)
+    if (outbox__relay_step_int(r, Q(r, q_next_due), INT64_MAX, &due) != 0)
         due = INT64_MAX;
-    if (outbox__relay_step_int(r, r->db.q_next_lease, INT64_MAX, &lease) != 0)
+    if (outbox__relay_step_int(r, Q(r, q_next_lease), INT64_MAX, &lease) != 0)
         lease = INT64_MAX;
     next = due < lease ? due : lease;
     if (next == INT64_MAX || next - now > (int64_t)r->cfg.s.scan_interval_ms)
@@ -72,7 +72,7 @@ static void arm_next_due(outbox_relay *r, int64_t now)
  * limit rows (-1: all). Loop thread, while no unit runs. */
 static int drain_left(outbox_relay *r, int64_t now, int64_t limit, int64_t left[3])
 {
-    sqlite3_stmt *st = r->db.q_drain;
+    sqlite3_stmt *st = Q(r, q_drain);
     int rc, i;
     sqlite3_bind_int64(st, 1, now);
     sqlite3_bind_int64(st, 2, limit);
@@ -307,7 +307,7 @@ static void unit_txn(outbox_relay *r)
 
     __atomic_store_n(&r->lock.in_unit, 1, __ATOMIC_RELAXED);
     r->db.last_rc = 0;
-    rc = outbox__relay_step_done(r, r->db.q_begin);
+    rc = outbox__relay_step_done(r, Q(r, q_begin));
     u->t0 = uv_hrtime(); /* the budget counts from the lock */
     if (rc != 0) {
         u->rc = rc;
@@ -359,7 +359,7 @@ static void unit_txn(outbox_relay *r)
             goto rollback;
         }
     }
-    rc = outbox__relay_step_done(r, r->db.q_commit);
+    rc = outbox__relay_step_done(r, Q(r, q_commit));
     if (rc != 0) {
         u->what = u->nmarks ? "mark" : "claim";
         goto rollback;

@@ -112,7 +112,7 @@ int outbox__wake_dv_changed(outbox_relay *r)
         r->wake.dv_pending = 1;
         return 0;
     }
-    outbox__relay_step_int(r, r->db.q_data_version, 0, &v);
+    outbox__relay_step_int(r, Q(r, q_data_version), 0, &v);
     if (v == r->wake.data_version)
         return 0;
     r->wake.data_version = v;
@@ -206,7 +206,7 @@ int outbox__wake_init(outbox_relay *r)
     } else {
         LOG(r, OUTBOX_LOG_DEBUG, "msg=\"cannot watch the WAL file; timer scans only\" path=%s", walpath);
     }
-    outbox__relay_step_int(r, r->db.q_data_version, 0, &r->wake.data_version);
+    outbox__relay_step_int(r, Q(r, q_data_version), 0, &r->wake.data_version);
     return 3;
 }
 
