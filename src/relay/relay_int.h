@@ -4,6 +4,7 @@
  * The relay is a folder of modules, each one concern; docs/ARCHITECTURE.md
  * has a paragraph on each. Calls run one way, from the top down:
  *
+ *   group.c          many databases over one link (outbox_relay_group)
  *   lifecycle.c      create, start, stop, destroy; the Redis up/down events
  *   sched.c  ops.c  retention.c  attach.c  dbwait.c
  *                    units of work and their timers; metrics, HTTP,
