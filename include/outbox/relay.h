@@ -449,7 +449,12 @@ OUTBOX_API int outbox_relay_nodes_get(outbox_relay *r, outbox_relay_node_stats *
  * group's on_drained (outbox_relay_group_on_drained) is called, or the
  * group stops; outbox_relay_group_drain_result names each database that
  * could not be drained. drain_timeout_ms counts for the whole group.
- * Not in this version: metrics_listen (refused by create), per-database
+ * With metrics_listen the group serves /metrics (outbox_databases by state,
+ * outbox_database_failing for up to 20 failing databases, the publish
+ * counters summed over databases, outbox_inflight, outbox_redis_connected)
+ * and /healthz (503 only for Redis: unreachable for health_redis_down_ms,
+ * or not usable as configured; a failing database is named in the body of
+ * a 200). Not in this version: per-database backlog series, per-database
  * stream names.
  * A database is opened (its schema checked, migrated if older, its
  * statements prepared) on a libuv worker thread, never on the loop; a lock
@@ -458,8 +463,8 @@ OUTBOX_API int outbox_relay_nodes_get(outbox_relay *r, outbox_relay_node_stats *
 typedef struct outbox_relay_group outbox_relay_group;
 
 /* s: the settings of every database (db_path and db_name must be NULL;
- * db_dir, db_glob, max_open_dbs say which and how many; metrics_listen must
- * be NULL). db_dir must be a directory. Returns 0, OUTBOX_EINVAL (err
+ * db_dir, db_glob, max_open_dbs say which and how many; metrics_listen is
+ * the group's). db_dir must be a directory. Returns 0, OUTBOX_EINVAL (err
  * names the setting), OUTBOX_EURL, OUTBOX_ENOMEM. */
 OUTBOX_API int outbox_relay_group_create(outbox_relay_group **out, uv_loop_t *loop, const outbox_relay_settings *s,
                                          char *err, size_t errlen);
@@ -479,7 +484,9 @@ OUTBOX_API int outbox_relay_group_add(outbox_relay_group *g, const char *name, c
  * 0, or OUTBOX_ESTATE when no database has that name. */
 OUTBOX_API int outbox_relay_group_remove(outbox_relay_group *g, const char *name);
 /* Connects to Redis, watches the directories, and opens the databases that
- * have work. 0, OUTBOX_ESTATE, OUTBOX_EIO (db_dir cannot be watched). */
+ * have work. 0, OUTBOX_ESTATE, OUTBOX_EIO (db_dir cannot be watched: the
+ * group then stops, destroy it; or metrics_listen cannot be bound),
+ * OUTBOX_EINVAL. */
 OUTBOX_API int outbox_relay_group_start(outbox_relay_group *g);
 /* Stops every database's relay as outbox_relay_stop does, then the
  * connection; cb (may be NULL) once all is closed. 0 or OUTBOX_ESTATE. */

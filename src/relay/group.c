@@ -47,6 +47,7 @@
 #include <sys/stat.h>
 #include <dirent.h>
 
+#include "ops/http.h"
 #include "relay_int.h"
 #include "sql.h"
 
@@ -155,6 +156,7 @@ struct outbox_relay_group {
     void *stop_data;
     int in_stop_cb, destroy_pending;
     uint64_t published_total, failed_total, dead_total; /* of the relays closed so far */
+    outbox__http *http; /* /metrics and /healthz, with metrics_listen */
 };
 
 #define GLOG(g, lvl, ...) outbox__log(&(g)->cfg.log, (lvl), __VA_ARGS__)
@@ -500,6 +502,7 @@ static void open_db(gdb *d)
     s.log = relay_log;
     s.log_data = d;
     s.wait_for_db = 0;
+    s.metrics_listen = NULL; /* the group's endpoint speaks for all */
     e = outbox__relay_create_on(&d->r, g->loop, &s, &g->link, err, sizeof err);
     if (e == 0) {
         d->r->share = &g->share;
@@ -1060,6 +1063,113 @@ static void on_drain_timeout(uv_timer_t *t)
         drain_end(g, OUTBOX_ETIMEDOUT);
 }
 
+/* ---- /metrics and /healthz ------------------------------------------------- */
+
+/* Failing databases named in /metrics and /healthz, at most: the number
+ * of series stays bounded whatever the number of databases. */
+#define HEALTH_NAMES_MAX 20
+
+static void prom_label(outbox__sbuf *b, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            outbox__sbuf_printf(b, "\\%c", *v);
+        else if (*v == '\n')
+            outbox__sbuf_printf(b, "\\n");
+        else
+            outbox__sbuf_printf(b, "%c", *v);
+    }
+}
+
+static void group_metrics(outbox_relay_group *g, outbox__sbuf *b)
+{
+    outbox_relay_group_stats st;
+    size_t named = 0;
+    outbox_relay_group_stats_get(g, &st);
+    outbox__sbuf_printf(b,
+                        "# HELP outbox_databases Databases of the group by state.\n"
+                        "# TYPE outbox_databases gauge\n"
+                        "outbox_databases{state=\"open\"} %zu\noutbox_databases{state=\"closed\"} %zu\n"
+                        "outbox_databases{state=\"failed\"} %zu\noutbox_databases{state=\"not_outbox\"} %zu\n",
+                        st.open, st.closed, st.failed, st.not_outbox);
+    outbox__sbuf_printf(b, "# HELP outbox_database_failing 1 for a database that cannot be opened (at most %d "
+                           "named).\n# TYPE outbox_database_failing gauge\n",
+                        HEALTH_NAMES_MAX);
+    for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++)
+        if (g->dbs[i]->state == G_FAILED) {
+            outbox__sbuf_printf(b, "outbox_database_failing{db=\"");
+            prom_label(b, g->dbs[i]->name);
+            outbox__sbuf_printf(b, "\"} 1\n");
+            named++;
+        }
+    outbox__sbuf_printf(b,
+                        "# HELP outbox_inflight Messages claimed and not yet marked, every database.\n"
+                        "# TYPE outbox_inflight gauge\noutbox_inflight %llu\n"
+                        "# HELP outbox_published_total Messages published (Redis accepted the XADD), every database.\n"
+                        "# TYPE outbox_published_total counter\noutbox_published_total %llu\n"
+                        "# HELP outbox_failed_total Failed publish attempts (error replies), every database.\n"
+                        "# TYPE outbox_failed_total counter\noutbox_failed_total %llu\n"
+                        "# HELP outbox_dead_lettered_total Messages that became dead, every database.\n"
+                        "# TYPE outbox_dead_lettered_total counter\noutbox_dead_lettered_total %llu\n"
+                        "# HELP outbox_redis_connected 1 while connected to Redis.\n"
+                        "# TYPE outbox_redis_connected gauge\noutbox_redis_connected %d\n",
+                        (unsigned long long)st.inflight, (unsigned long long)st.published_total,
+                        (unsigned long long)st.failed_total, (unsigned long long)st.dead_total, st.redis_connected);
+}
+
+static void on_http(void *data, outbox__http_req *req, const char *path)
+{
+    outbox_relay_group *g = data;
+    outbox__sbuf b = {0};
+    int status = 200;
+    if (!strcmp(path, "/metrics")) {
+        group_metrics(g, &b);
+    } else if (!strcmp(path, "/healthz")) {
+        uint64_t now = uv_now(g->loop), down = g->link.down_since ? now - g->link.down_since : 0;
+        outbox_relay_group_stats st;
+        size_t named = 0;
+        outbox_relay_group_stats_get(g, &st);
+        if (g->link.problem != LP_NONE) {
+            status = 503;
+            outbox__sbuf_printf(&b, "unhealthy: %s\n", g->link.misconfig);
+        } else if (!outbox__link_usable(&g->link) && down >= g->tmpl.health_redis_down_ms) {
+            status = 503;
+            outbox__sbuf_printf(&b, "unhealthy: redis unreachable for %llu ms (%s)\n", (unsigned long long)down,
+                                g->cfg.url_desc);
+        } else {
+            outbox__sbuf_printf(&b, "ok\n");
+        }
+        /* A tenant that cannot be read is its own problem, not the
+         * process's: named, the answer still 200. */
+        outbox__sbuf_printf(&b, "databases %zu open %zu closed %zu failed %zu not_outbox %zu\n", st.databases,
+                            st.open, st.closed, st.failed, st.not_outbox);
+        for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++)
+            if (g->dbs[i]->state == G_FAILED) {
+                outbox__sbuf_printf(&b, "failing: %s: %s\n", g->dbs[i]->name, g->dbs[i]->why);
+                named++;
+            }
+    } else {
+        static const char nf[] = "not found: try /metrics or /healthz\n";
+        outbox__http_respond(req, 404, "text/plain; charset=utf-8", nf, sizeof nf - 1);
+        return;
+    }
+    if (b.oom)
+        outbox__http_respond(req, 500, "text/plain", "out of memory\n", 14);
+    else
+        outbox__http_respond(req, status,
+                             path[1] == 'm' ? "text/plain; version=0.0.4; charset=utf-8" : "text/plain; charset=utf-8",
+                             b.p, b.len);
+    outbox__sbuf_free(&b);
+}
+
+static void on_http_closed(void *data)
+{
+    outbox_relay_group *g = data;
+    g->http = NULL;
+    g->handles_open--;
+    stop_check(g);
+}
+
 /* ---- the interface -------------------------------------------------------- */
 
 static int split_globs(outbox_relay_group *g, const char *spec, char *err, size_t errlen)
@@ -1121,9 +1231,6 @@ int outbox_relay_group_create(outbox_relay_group **out, uv_loop_t *loop, const o
     if (s->db_path)
         return outbox__errf(err, errlen, OUTBOX_EINVAL, "db: a group's databases come from db-dir or "
                                                        "outbox_relay_group_add, not db");
-    if (s->metrics_listen)
-        return outbox__errf(err, errlen, OUTBOX_EINVAL,
-                            "metrics-listen: not available for a directory of databases in this version");
     if (s->db_name)
         return outbox__errf(err, errlen, OUTBOX_EINVAL, "db_name: a group names each database after its file");
     if (s->db_dir && stat(s->db_dir, &st) != 0)
@@ -1239,6 +1346,16 @@ int outbox_relay_group_start(outbox_relay_group *g)
     int e;
     if (!g || g->state != R_CREATED)
         return OUTBOX_ESTATE;
+    if (g->cfg.s.metrics_listen) {
+        char herr[300];
+        e = outbox__http_start(&g->http, g->loop, g->cfg.s.metrics_listen, g->cfg.web, NULL, on_http, g,
+                               &g->cfg.log, herr, sizeof herr);
+        if (e != 0) {
+            GLOG(g, OUTBOX_LOG_ERROR, "msg=\"cannot start\" error=\"%s\"", herr);
+            return e;
+        }
+        GLOG(g, OUTBOX_LOG_INFO, "msg=\"serving /metrics and /healthz\" listen=%s", g->cfg.s.metrics_listen);
+    }
     if (outbox__link_create(&g->link, g->loop, &g->cfg) != 0)
         return OUTBOX_ENOMEM;
     uv_timer_init(g->loop, &g->timer);
@@ -1247,7 +1364,7 @@ int outbox_relay_group_start(outbox_relay_group *g)
     g->drain_timer.data = g;
     uv_timer_init(g->loop, &g->settle_timer);
     g->settle_timer.data = g;
-    g->handles_open = 3;
+    g->handles_open = 3 + (g->http ? 1 : 0);
     g->state = R_RUNNING;
     if (g->db_dir) {
         gdir *dr = dir_for(g, g->db_dir, strlen(g->db_dir));
@@ -1255,7 +1372,8 @@ int outbox_relay_group_start(outbox_relay_group *g)
             return OUTBOX_ENOMEM;
         dr->watched = 1;
         if ((e = watch(g, dr)) != 0) {
-            g->state = R_CREATED;
+            /* What started closes again; destroy frees it once closed. */
+            outbox_relay_group_stop(g, NULL, NULL);
             return e;
         }
     }
@@ -1308,6 +1426,8 @@ static void stop_check(outbox_relay_group *g)
             uv_close((uv_handle_t *)&g->timer, on_handle_closed);
             uv_close((uv_handle_t *)&g->drain_timer, on_handle_closed);
             uv_close((uv_handle_t *)&g->settle_timer, on_handle_closed);
+            if (g->http)
+                outbox__http_close(g->http, on_http_closed, g);
             for (size_t i = 0; i < g->ndirs; i++)
                 if (g->dirs[i]->active) {
                     g->dirs[i]->active = 0;

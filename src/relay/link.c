@@ -81,6 +81,10 @@ enum tell { T_UP, T_DOWN, T_PROBLEM };
 static void tell(struct relay_link *l, enum tell what, int status)
 {
     size_t i, n = l->nsubs;
+    if (what == T_UP)
+        l->down_since = 0;
+    else if (!l->down_since)
+        l->down_since = uv_now(l->loop) ? uv_now(l->loop) : 1;
     l->telling++;
     for (i = 0; i < n; i++) {
         outbox_relay *r = l->subs[i];
@@ -265,6 +269,7 @@ void outbox__link_open(struct relay_link *l)
     if (l->state != RC_INITIALISED)
         return;
     l->state = RC_STARTED;
+    l->down_since = uv_now(l->loop) ? uv_now(l->loop) : 1;
     outbox__target_start(l->target);
 }
 

@@ -237,6 +237,7 @@ struct relay_link {
     uint64_t misconfig_at; /* loop ms of the last check */
     uint64_t misconfig_logged; /* loop ms of its last error line, 0 if none */
     int acl_probe; /* LP_ACL was lifted to try again: the next accepted command says it is over */
+    uint64_t down_since; /* loop ms since when it cannot be used, 0 while usable (the group's /healthz) */
     outbox_relay **subs; /* the relays that hear its events (NULL: one that left while they were told) */
     size_t nsubs, subs_cap;
     int telling; /* events are being handed to subs: a relay leaving leaves a NULL */

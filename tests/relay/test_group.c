@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "ops.h"
 #include "outbox.h"
 #include "rt.h"
 #include "tap.h"
@@ -218,10 +219,6 @@ static void running_group(void)
     th_sql_exec(plain, "CREATE TABLE notes(x)");
     write_file(th_path(dir, "readme.txt"), "not matched by the glob\n");
 
-    s = settings(dir);
-    s.metrics_listen = "127.0.0.1:1";
-    e = outbox_relay_group_create(&g, &loop, &s, err, sizeof err);
-    ok(e == OUTBOX_EINVAL && strstr(err, "metrics-listen"), "metrics-listen is refused for a group: %s", err);
     s = settings(th_path(root, "nope"));
     e = outbox_relay_group_create(&g, &loop, &s, err, sizeof err);
     ok(e == OUTBOX_EINVAL && strstr(err, "db-dir"), "a missing db-dir is refused: %s", err);
@@ -411,6 +408,40 @@ static void daemon_cli(void)
         is_int((long)th_xlen(c, "outbox:orders") - before, 25, "the healthy database drained");
         free(out);
         free(errs);
+    }
+    {
+        /* The endpoint: counts by state, the failing database named, 200. */
+        char port[16], listen[32], *log = th_path(root, "cli-metrics.log"), *body = NULL;
+        int hp = th_free_port(), code = -1;
+        pid_t pid;
+        snprintf(port, sizeof port, "%d", hp);
+        snprintf(listen, sizeof listen, "127.0.0.1:%d", hp);
+        {
+            char *argv[] = {relay, "run", "--db-dir", dir, "--redis", srv.url, "--metrics-listen", listen, NULL};
+            pid = th_spawn(argv, NULL, log, log);
+        }
+        for (int i = 0; i < 200 * th_slow(); i++) {
+            free(body);
+            body = NULL;
+            code = ot_http_get(hp, "/healthz", &body);
+            if (code == 200 && body && strstr(body, "failed 1"))
+                break;
+            th_sleep_ms(25);
+        }
+        is_int(code, 200, "/healthz of the group: 200 with a failing database");
+        ok(body && strstr(body, "failing: zz:"), "/healthz names it");
+        free(body);
+        body = NULL;
+        code = ot_http_get(hp, "/metrics", &body);
+        is_int(code, 200, "/metrics of the group");
+        ok(body && strstr(body, "outbox_databases{state=\"failed\"} 1") &&
+               strstr(body, "outbox_database_failing{db=\"zz\"} 1") && strstr(body, "outbox_published_total"),
+           "/metrics: databases by state, the failing one, the counters");
+        if (body && !strstr(body, "outbox_database_failing"))
+            th_diag_tail("metrics", body, 20);
+        free(body);
+        is_int(th_stop(pid, SIGTERM, 20000), 0, "stops cleanly");
+        (void)port;
     }
     unlink(th_path(dir, "zz.db"));
     {
