@@ -79,6 +79,13 @@ typedef struct outbox_relay_settings {
      * commas, matched against the file name (no recursion); default
      * "*.db". Copied. */
     const char *db_glob;
+    /* With db_dir (a group): the stream of each message, "%db" replaced by
+     * its database's name and "%topic" by its topic, e.g.
+     * "tenant:%db:outbox:%topic" for a stream per tenant and topic; "%db"
+     * once, "%topic" at the end, no other '%', no braces or spaces (neither
+     * can be taken for a Cluster hash tag). Default NULL: stream_prefix +
+     * topic, one stream per topic for every database. Copied. */
+    const char *stream_template;
     /* A group's databases open at once (a relay with its SQLite
      * connections each), at most; default 1024. The least recently used
      * one that has nothing left to do is closed first when another needs

@@ -490,7 +490,7 @@ static void open_db(gdb *d)
 {
     outbox_relay_group *g = d->g;
     outbox_relay_settings s = g->tmpl;
-    char err[512];
+    char err[512], prefix[400];
     int e;
     s.db_path = d->path;
     s.db_name = d->name;
@@ -503,6 +503,15 @@ static void open_db(gdb *d)
     s.log_data = d;
     s.wait_for_db = 0;
     s.metrics_listen = NULL; /* the group's endpoint speaks for all */
+    s.stream_template = NULL;
+    if (g->tmpl.stream_template) {
+        /* "...%db...%topic": the relay's prefix is the part before %topic,
+         * with the database's name in it (the template was checked). */
+        const char *t = g->tmpl.stream_template, *at = strstr(t, "%db");
+        snprintf(prefix, sizeof prefix, "%.*s%s%.*s", (int)(at - t), t, d->name,
+                 (int)(strlen(t) - 6 - (size_t)(at + 3 - t)), at + 3);
+        s.stream_prefix = prefix;
+    }
     e = outbox__relay_create_on(&d->r, g->loop, &s, &g->link, err, sizeof err);
     if (e == 0) {
         d->r->share = &g->share;
@@ -1239,6 +1248,8 @@ int outbox_relay_group_create(outbox_relay_group **out, uv_loop_t *loop, const o
         return outbox__errf(err, errlen, OUTBOX_EINVAL, "db-dir: '%s' is not a directory", s->db_dir);
     c = *s;
     c.db_path = s->db_dir ? s->db_dir : "(group)"; /* checked as a relay's settings */
+    if (!c.db_dir)
+        c.db_dir = "(added databases)"; /* stream_template needs a group, not a directory */
     if ((e = outbox__relay_check_settings(&c, err, errlen)) != 0)
         return e;
     g = calloc(1, sizeof *g);
@@ -1296,6 +1307,7 @@ int outbox_relay_group_add(outbox_relay_group *g, const char *name, const char *
         outbox_relay_settings t = g->tmpl;
         t.db_path = path;
         t.db_name = name;
+        t.stream_template = NULL; /* checked at create; a relay gets a prefix */
         if ((e = outbox__relay_check_settings(&t, q, sizeof q)) != 0)
             return outbox__errf(err, errlen, e, "%s", q);
     }

@@ -108,6 +108,7 @@ void outbox__relay_config_free(struct relay_config *cfg)
     outbox__tls_config_unref(cfg->tls);
     free(cfg->db_path);
     free(cfg->db_name);
+    free(cfg->stream_template);
     free(cfg->redis_url_text);
     free(cfg->worker_id);
     free(cfg->stream_prefix);
@@ -197,15 +198,19 @@ int outbox__relay_config_init(struct relay_config *cfg, const outbox_relay_setti
     }
     cfg->db_path = dupstr(s->db_path);
     cfg->db_name = dupstr(s->db_name);
+    cfg->stream_template = dupstr(s->stream_template);
     cfg->redis_url_text = dupstr(s->redis_url);
     cfg->worker_id = dupstr(wid);
     cfg->stream_prefix = dupstr(s->stream_prefix);
     cfg->metrics_listen = dupstr(s->metrics_listen);
-    if (!cfg->db_path || (s->db_name && !cfg->db_name) || !cfg->redis_url_text || !cfg->worker_id || !cfg->stream_prefix ||
+    if (!cfg->db_path || (s->db_name && !cfg->db_name) || (s->stream_template && !cfg->stream_template) || !cfg->redis_url_text || !cfg->worker_id || !cfg->stream_prefix ||
         (s->metrics_listen && !cfg->metrics_listen))
         return OUTBOX_ENOMEM;
     cfg->s.db_path = cfg->db_path;
     cfg->s.db_name = cfg->db_name;
+    cfg->s.stream_template = cfg->stream_template;
+    /* A group keeps its own copies of these (group.c); nothing else reads them. */
+    cfg->s.db_dir = cfg->s.db_glob = NULL;
     cfg->s.redis_url = cfg->redis_url_text;
     cfg->s.worker_id = cfg->worker_id;
     cfg->s.stream_prefix = cfg->stream_prefix;

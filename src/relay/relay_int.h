@@ -154,7 +154,7 @@ typedef struct relay_hooks {
 struct relay_config {
     outbox_relay_settings s; /* its strings point at the copies below */
     outbox__logger log;
-    char *db_path, *db_name, *redis_url_text, *worker_id, *stream_prefix, *metrics_listen;
+    char *db_path, *db_name, *stream_template, *redis_url_text, *worker_id, *stream_prefix, *metrics_listen;
     outbox__redis_url url;
     char url_desc[300];
     outbox__tls_config *tls; /* built at create for a rediss:// URL, else NULL */

@@ -130,6 +130,20 @@ int outbox__relay_check_settings(const outbox_relay_settings *s, char *err, size
             return outbox__errf(err, errlen, OUTBOX_EINVAL,
                                 "db_name: ':' is not allowed (it ends the name in dedup keys and markers)");
     }
+    if (s->stream_template) {
+        const char *t = s->stream_template, *db = strstr(t, "%db"), *tp = strstr(t, "%topic");
+        size_t n = strlen(t), pct = 0;
+        for (const char *p = t; *p; p++)
+            pct += *p == '%';
+        if (!s->db_dir)
+            return outbox__errf(err, errlen, OUTBOX_EINVAL, "stream-template: needs db-dir (it names databases)");
+        if (!db || !tp || strstr(db + 1, "%db") || tp != t + n - 6 || db > tp || pct != 2 || n > 120 ||
+            strpbrk(t, "{} \t\r\n"))
+            return outbox__errf(err, errlen, OUTBOX_EINVAL,
+                                "stream-template: '%s' must hold %%db once and end with %%topic, with no other '%%', "
+                                "no braces or spaces, at most 120 bytes",
+                                t);
+    }
     if (s->idempotent && s->wait_replicas)
         return outbox__errf(err, errlen, OUTBOX_EINVAL,
                             "idempotent and wait-replicas cannot be combined in this version");

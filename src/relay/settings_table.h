@@ -70,6 +70,9 @@
     X("db-glob", STR, db_glob, 0, "*.db", 0, 0, "PATTERN", NULL,                                                      \
       "with --db-dir: which file names are databases, fnmatch patterns separated by commas (the option may be "     \
       "given more than once)")                                                                                       \
+    X("stream-template", STR, stream_template, 0, NULL, 0, 0, "TEMPLATE", "prefix + topic",                          \
+      "with --db-dir: each message's stream, %db and %topic replaced (%topic at the end), e.g. "                    \
+      "tenant:%db:outbox:%topic for a stream per tenant")                                                            \
     X("max-open-dbs", UINT, max_open_dbs, 0, 1024, 1, 1000000, "N", NULL,                                             \
       "with --db-dir: databases open at once at most, the least recently used idle one closed first")               \
     X("redis", STR, redis_url, OUTBOX__OPT_REQUIRED, NULL, 0, 0, "URL", NULL,                                         \

@@ -386,6 +386,47 @@ static void same_ids(int idempotent)
     uv_run(&loop, UV_RUN_NOWAIT);
 }
 
+/* A stream per tenant (stream_template); bad templates refused. */
+static void per_tenant_streams(void)
+{
+    char *dir = th_path(root, "tpl"), err[512];
+    outbox_relay_group *g;
+    outbox_relay_settings s;
+    static const char *const bad[] = {"t:%topic", "t:%db", "%topic:%db", "{%db}:%topic", "t:%db:%db:%topic",
+                                      "t:%x:%db:%topic", "t %db:%topic"};
+    mkdir(dir, 0755);
+    for (int i = 1; i <= 2; i++) {
+        char file[16], prefix[16];
+        char *p;
+        sqlite3 *db;
+        snprintf(file, sizeof file, "ten%d.db", i);
+        snprintf(prefix, sizeof prefix, "ten%d", i);
+        p = rt_make_db(dir, file);
+        db = rt_open(p);
+        rt_insert_rows(db, prefix, 0, 30 * i, "orders", 3);
+        sqlite3_close_v2(db);
+        free(p);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        s = settings(dir);
+        s.stream_template = bad[i];
+        ok(outbox_relay_group_create(&g, &loop, &s, err, sizeof err) == OUTBOX_EINVAL && strstr(err, "stream-template"),
+           "stream template '%s' refused: %s", bad[i], err);
+    }
+    s = settings(dir);
+    s.drain = 1;
+    s.stream_template = "tenant:%db:outbox:%topic";
+    is_int(outbox_relay_group_create(&g, &loop, &s, err, sizeof err), 0, "a stream per tenant: created %s", err);
+    outbox_relay_group_on_drained(g, on_drained, NULL);
+    drained = stopped = 0;
+    outbox_relay_group_start(g);
+    ok(run_until(30000, is_stopped, NULL), "drained");
+    is_int(th_xlen(c, "tenant:ten1:outbox:orders"), 30, "ten1's 30 entries in its own stream");
+    is_int(th_xlen(c, "tenant:ten2:outbox:orders"), 60, "ten2's 60 entries in its own stream");
+    outbox_relay_group_destroy(g);
+    uv_run(&loop, UV_RUN_NOWAIT);
+}
+
 static void daemon_cli(void)
 {
     char *dir = th_path(root, "cli"), *p, *relay = th_bin("tools/relay/outbox-relay"), *out = NULL, *errs = NULL;
@@ -684,6 +725,7 @@ int main(void)
     drain_many();
     same_ids(0);
     same_ids(1);
+    per_tenant_streams();
     daemon_cli();
     daemon_kills();
     two_daemons();
