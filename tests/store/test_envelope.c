@@ -310,7 +310,7 @@ static void pk_with_db(packed *p, int db_type)
 static void test_db(void)
 {
     static const size_t db_lens[] = {0, 1, 31, 32, 200, 255, 256, 65535, 65536};
-    static char big[65536];
+    static char big[65537];
     outbox_envelope in, *out = NULL;
     unsigned char *buf;
     size_t len, plain_len;
