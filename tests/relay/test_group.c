@@ -30,6 +30,16 @@
 #include "tap.h"
 
 static th_redis srv;
+
+/* Paths the test makes, freed at its end. */
+static char *kept[256];
+static size_t nkept;
+static char *keep(char *p)
+{
+    if (nkept < sizeof kept / sizeof kept[0])
+        kept[nkept++] = p;
+    return p;
+}
 static char *root;
 static redisContext *c;
 static uv_loop_t loop;
@@ -195,7 +205,7 @@ static void write_file(const char *path, const char *text)
 /* The running group: found, published, isolated, woken, added, removed. */
 static void running_group(void)
 {
-    char *dir = th_path(root, "tenants"), *pa, *pb, *pc, *pplain, *pbad, *other = th_path(root, "elsewhere"), *pextra;
+    char *dir = keep(th_path(root, "tenants")), *pa, *pb, *pc, *pplain, *pbad, *other = keep(th_path(root, "elsewhere")), *pextra;
     sqlite3 *a, *b, *cdb, *plain, *extra;
     outbox_relay_group *g;
     outbox_relay_settings s;
@@ -205,21 +215,21 @@ static void running_group(void)
 
     mkdir(dir, 0755);
     mkdir(other, 0755);
-    pa = rt_make_db(dir, "a.db");
-    pb = rt_make_db(dir, "b.db");
+    pa = keep(rt_make_db(dir, "a.db"));
+    pb = keep(rt_make_db(dir, "b.db"));
     a = rt_open(pa);
     b = rt_open(pb);
     rt_insert_rows(a, "a", 0, 300, "orders", 5);
     rt_insert_rows(b, "b", 0, 200, "orders", 5);
-    pbad = th_path(dir, "bad.db");
+    pbad = keep(th_path(dir, "bad.db"));
     write_file(pbad, "this is not a database, not even a little\n");
-    pplain = th_path(dir, "plain.db");
+    pplain = keep(th_path(dir, "plain.db"));
     if (sqlite3_open(pplain, &plain) != SQLITE_OK)
         bail("cannot create %s", pplain);
     th_sql_exec(plain, "CREATE TABLE notes(x)");
-    write_file(th_path(dir, "readme.txt"), "not matched by the glob\n");
+    write_file(keep(th_path(dir, "readme.txt")), "not matched by the glob\n");
 
-    s = settings(th_path(root, "nope"));
+    s = settings(keep(th_path(root, "nope")));
     e = outbox_relay_group_create(&g, &loop, &s, err, sizeof err);
     ok(e == OUTBOX_EINVAL && strstr(err, "db-dir"), "a missing db-dir is refused: %s", err);
     s = settings(dir);
@@ -255,7 +265,7 @@ static void running_group(void)
     ok(run_until(10000, a_marked, a), "a's rows all marked published");
 
     /* A new database appears. */
-    pc = rt_make_db(dir, "c.db");
+    pc = keep(rt_make_db(dir, "c.db"));
     cdb = rt_open(pc);
     rt_insert_rows(cdb, "c", 0, 50, "orders", 0);
     wait_len(550, "a new database's rows published");
@@ -274,7 +284,7 @@ static void running_group(void)
     wait_len(580, "a database that became an outbox published");
 
     /* Added and removed through the API. */
-    pextra = rt_make_db(other, "x.db");
+    pextra = keep(rt_make_db(other, "x.db"));
     extra = rt_open(pextra);
     rt_insert_rows(extra, "extra", 0, 30, "orders", 2);
     is_int(outbox_relay_group_add(g, "extra", pextra, err, sizeof err), 0, "a database added by name");
@@ -320,7 +330,7 @@ static void on_drained(outbox_relay_group *g, void *data)
 /* A drain over more databases than may be open at once. */
 static void drain_many(void)
 {
-    char *dir = th_path(root, "many"), names7[7][16], err[512], failed[1024];
+    char *dir = keep(th_path(root, "many")), names7[7][16], err[512], failed[1024];
     outbox_relay_group *g;
     outbox_relay_settings s;
     long before = (long)th_xlen(c, "outbox:orders");
@@ -335,7 +345,7 @@ static void drain_many(void)
         sqlite3_close_v2(db);
         free(p);
     }
-    write_file(th_path(dir, "broken.db"), "SQLite format 3\nbut nothing after it that SQLite could read at all\n");
+    write_file(keep(th_path(dir, "broken.db")), "SQLite format 3\nbut nothing after it that SQLite could read at all\n");
     s = settings(dir);
     s.drain = 1;
     s.max_open_dbs = 2;
@@ -355,7 +365,7 @@ static void drain_many(void)
 /* The same message id in two databases; idempotent markers per database. */
 static void same_ids(int idempotent)
 {
-    char *dir = th_path(root, idempotent ? "same_idem" : "same"), err[512];
+    char *dir = keep(th_path(root, idempotent ? "same_idem" : "same")), err[512];
     outbox_relay_group *g;
     outbox_relay_settings s;
     long before = (long)th_xlen(c, "outbox:orders");
@@ -389,7 +399,7 @@ static void same_ids(int idempotent)
 /* A stream per tenant (stream_template); bad templates refused. */
 static void per_tenant_streams(void)
 {
-    char *dir = th_path(root, "tpl"), err[512];
+    char *dir = keep(th_path(root, "tpl")), err[512];
     outbox_relay_group *g;
     outbox_relay_settings s;
     static const char *const bad[] = {"t:%topic", "t:%db", "%topic:%db", "{%db}:%topic", "t:%db:%db:%topic",
@@ -429,16 +439,16 @@ static void per_tenant_streams(void)
 
 static void daemon_cli(void)
 {
-    char *dir = th_path(root, "cli"), *p, *relay = th_bin("tools/relay/outbox-relay"), *out = NULL, *errs = NULL;
+    char *dir = keep(th_path(root, "cli")), *p, *relay = keep(th_bin("tools/relay/outbox-relay")), *out = NULL, *errs = NULL;
     sqlite3 *db;
     int st;
     long before = (long)th_xlen(c, "outbox:orders");
     mkdir(dir, 0755);
-    p = rt_make_db(dir, "one.db");
+    p = keep(rt_make_db(dir, "one.db"));
     db = rt_open(p);
     rt_insert_rows(db, "cli", 0, 25, "orders", 0);
     sqlite3_close_v2(db);
-    write_file(th_path(dir, "zz.db"), "garbage\n");
+    write_file(keep(th_path(dir, "zz.db")), "garbage\n");
     {
         char *argv[] = {relay, "run", "--db-dir", dir, "--redis", srv.url, "--drain", NULL};
         st = th_run(argv, NULL, &out, &errs, 30000 * th_slow());
@@ -452,7 +462,7 @@ static void daemon_cli(void)
     }
     {
         /* The endpoint: counts by state, the failing database named, 200. */
-        char port[16], listen[32], *log = th_path(root, "cli-metrics.log"), *body = NULL;
+        char port[16], listen[32], *log = keep(th_path(root, "cli-metrics.log")), *body = NULL;
         int hp = th_free_port(), code = -1;
         pid_t pid;
         snprintf(port, sizeof port, "%d", hp);
@@ -484,7 +494,7 @@ static void daemon_cli(void)
         is_int(th_stop(pid, SIGTERM, 20000), 0, "stops cleanly");
         (void)port;
     }
-    unlink(th_path(dir, "zz.db"));
+    unlink(keep(th_path(dir, "zz.db")));
     {
         char *argv[] = {relay, "run", "--db-dir", dir, "--redis", srv.url, "--drain", "--db-glob", "*.sqlite",
                         "--db-glob", "one.*", NULL};
@@ -545,7 +555,7 @@ static int kills_len(void *arg)
 static void daemon_kills(void)
 {
     enum { NDB = 40, ROWS = 250 };
-    char *dir = th_path(root, "kills"), *relay = th_bin("tools/relay/outbox-relay"), *log = th_path(root, "kills.log"),
+    char *dir = keep(th_path(root, "kills")), *relay = keep(th_bin("tools/relay/outbox-relay")), *log = keep(th_path(root, "kills.log")),
          *errs = NULL, *out = NULL;
     char *paths[NDB];
     rt_map *seen = rt_map_new();
@@ -592,6 +602,8 @@ static void daemon_kills(void)
     }
     is_int(st, 1, "the last drain exits 1: one database could not be drained");
     ok(errs && strstr(errs, "not_drained=") && strstr(errs, "k07"), "and names it");
+    if (st != 1)
+        th_diag_tail("the last drain's log", errs, 30);
     for (int i = 0; i < NDB; i++) {
         sqlite3 *db;
         if (i == 7)
@@ -615,6 +627,8 @@ static void daemon_kills(void)
     rt_map_free(seen);
     free(out);
     free(errs);
+    for (int i = 0; i < NDB; i++)
+        free(paths[i]);
 }
 
 static char *two_paths[20];
@@ -635,8 +649,8 @@ static int two_published(void *arg)
  * published once, in order per key, both of them working. */
 static void two_daemons(void)
 {
-    char *dir = th_path(root, "two"), *relay = th_bin("tools/relay/outbox-relay"), *log1 = th_path(root, "two1.log"),
-         *log2 = th_path(root, "two2.log");
+    char *dir = keep(th_path(root, "two")), *relay = keep(th_bin("tools/relay/outbox-relay")), *log1 = keep(th_path(root, "two1.log")),
+         *log2 = keep(th_path(root, "two2.log"));
     rt_map *seen = rt_map_new();
     rt_stream s;
     long dups = 0, v;
@@ -710,6 +724,8 @@ static void two_daemons(void)
     free(l1);
     free(l2);
     rt_map_free(seen);
+    for (int i = 0; i < 20; i++)
+        free(two_paths[i]);
 }
 
 int main(void)
@@ -733,5 +749,8 @@ int main(void)
     redisFree(c);
     th_redis_destroy(&srv);
     th_rmtree(root);
+    free(root);
+    for (size_t i = 0; i < nkept; i++)
+        free(kept[i]);
     return tap_done();
 }

@@ -134,7 +134,8 @@ static int list_files(const replay_options *o, dirstats *ds)
         rc = EXIT_FAIL;
     }
     closedir(d);
-    qsort(ds->dbs, ds->n, sizeof *ds->dbs, by_file);
+    if (ds->n)
+        qsort(ds->dbs, ds->n, sizeof *ds->dbs, by_file);
     return rc;
 oom:
     closedir(d);
@@ -311,7 +312,8 @@ int replay_cmd_stats_dir(const replay_options *o)
             add_total(&ds.total, &ds.dbs[i]);
         }
     }
-    qsort(ds.dbs, ds.n, sizeof *ds.dbs, by_backlog);
+    if (ds.n)
+        qsort(ds.dbs, ds.n, sizeof *ds.dbs, by_backlog);
     shown = ds.nread < (size_t)o->top ? ds.nread : (size_t)o->top;
     if (o->json) {
         if (print_json(o, &ds, shown, now) != 0) {
