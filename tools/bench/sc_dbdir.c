@@ -29,7 +29,7 @@
 static int make_dir(const char *path, char *err, size_t errlen)
 {
     if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-        snprintf(err, errlen, "mkdir %s: %s", path, strerror(errno));
+        snprintf(err, errlen, "mkdir %.300s: %s", path, strerror(errno));
         return -1;
     }
     return 0;
