@@ -13,12 +13,31 @@
 #   SETUP=valgrind  run the first pass under valgrind (slow; see README)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash tools/deps.sh || exit 1
-bash tools/build.sh || exit 1
+# A step that cannot even build ends the run here, with its output (a
+# compiler's error) and the count line.
+broken() {
+    echo "$1"
+    echo "0 passed, 1 failed"
+    exit 1
+}
+# Runs a command quietly; shows what it printed if it fails.
+quiet() {
+    local log
+    log=$(mktemp)
+    if "$@" >"$log" 2>&1; then
+        rm -f "$log"
+        return 0
+    fi
+    tail -n 60 "$log"
+    rm -f "$log"
+    return 1
+}
+bash tools/deps.sh || broken "installing the dependencies failed"
+bash tools/build.sh || broken "the build failed"
 if [ ! -f build-rel/build.ninja ]; then
-    meson setup build-rel --buildtype=release -Dwerror=true >/dev/null || exit 1
+    quiet meson setup build-rel --buildtype=release -Dwerror=true || broken "configuring the release build failed"
 fi
-meson compile -C build-rel >/dev/null || exit 1
+quiet meson compile -C build-rel || broken "the release build failed"
 logs=()
 status=0
 args=(--print-errorlogs --num-processes 2)
@@ -27,9 +46,10 @@ meson test -C build "${args[@]}" || status=1
 logs+=(build/meson-logs/testlog${SETUP:+-$SETUP}.json)
 if [ "${SANITIZE:-1}" != 0 ]; then
     if [ ! -f build-asan/build.ninja ]; then
-        meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true >/dev/null || exit 1
+        quiet meson setup build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true ||
+            broken "configuring the sanitizer build failed"
     fi
-    meson compile -C build-asan >/dev/null || exit 1
+    quiet meson compile -C build-asan || broken "the sanitizer build failed"
     # The end-to-end suites (relay, consumer, ops, languages) run in the first
     # pass; under the sanitizers they are a separate, longer command (README).
     meson test -C build-asan --setup sanitize --print-errorlogs --num-processes 2 \
