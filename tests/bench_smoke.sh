@@ -27,7 +27,7 @@ ok "outbox-bench --quick exits 0 (every scenario ran)" $rc
 python3 - "$tmp/out" >"$tmp/check" 2>&1 <<'PY'
 import json, sys
 want = ["drain", "drain_tls", "drain_cluster", "idle", "latency", "sustained", "writer", "loop", "idempotent", "consume", "memory", "claim",
-        "figures"]
+        "dbdir", "dbdir_idle", "dbdir_fair", "figures"]
 fields = {
     "drain": ["msgs_per_s", "ceiling_per_s", "ratio", "sql_budget_us_per_msg", "sql_floor_us_per_msg",
               "sql_floor_ratio", "sql_floor_bare_us_per_msg", "sql_floor_bare_ratio", "relay_cpu_us_per_msg",
@@ -46,6 +46,9 @@ fields = {
     "claim": ["ratio", "sql_ratio"],
     "memory": ["peak_rss_mib"],
     "figures": ["target_ratio"],
+    "dbdir": ["many_per_s", "one_per_s", "ratio"],
+    "dbdir_idle": ["rss_mib", "fds"],
+    "dbdir_fair": ["big_seconds", "small_written", "small_published"],
 }
 seen = []
 for line in open(sys.argv[1]):

@@ -359,6 +359,11 @@ static void begin(outbox_relay *r)
         r->cfg.db_path, r->cfg.url_desc, r->cfg.s.batch, r->cfg.s.inflight);
     outbox__link_start(r);
     outbox__sched_arm_scan(r, 0);
+    /* A group's relay was opened for a commit whose directory events came
+     * while it opened (the group hands events only to running relays):
+     * looks again shortly, as after any change to the WAL. */
+    if (r->redis.shared)
+        outbox__wake_look(r);
 }
 
 /* The wait for the database is over (dbwait.c). */
