@@ -55,6 +55,9 @@
 #define EVICT_MIN_MS 1000     /* a busy relay runs at least this long before it is closed for another */
 #define RETRY_MIN_MS 1000     /* a database that failed to open: the first retry */
 #define RETRY_MAX_MS 60000
+#define BUSY_FIRST_MS 5       /* a lock (another connection's checkpoint or migration): tried again soon */
+#define BUSY_QUIET_MS 1000    /* ... and said only once it lasted this long */
+#define BUSY_DRAIN_MS 10000   /* a drain gives up on a database locked this long */
 #define NOSCHEMA_MS 100       /* a file that is no outbox yet is looked at again at most this often */
 #define PROBES_MAX 2          /* probes on worker threads at once */
 #define HELD_RETRY_MS 10000   /* Redis cannot be used as configured: databases tried again */
@@ -105,6 +108,7 @@ struct gdb {
     int64_t wake_at;    /* unix ms at which a closed database has work (a retry, a delayed row), 0: none */
     uint64_t retry_at;  /* G_FAILED: loop ms of the next try */
     uint64_t retry_ms;
+    uint64_t busy_since; /* loop ms it began to be found locked, 0 if not */
     int e;               /* the last failure's OUTBOX_E*, 0 if none */
     char why[300];
     char logged[300];    /* the failure last logged */
@@ -334,6 +338,30 @@ static void failed(gdb *d, int e, const char *why)
         if (strcmp(d->logged, d->why) != 0)
             GLOG(g, OUTBOX_LOG_INFO, "msg=\"not an outbox database (yet): watching it\" database=%s path=%s",
                  d->name, d->path);
+    } else if (e == OUTBOX_EBUSY) {
+        /* A lock passes in milliseconds (a writer's checkpoint at its
+         * close, a migration): tried again from 5 ms, doubling to 1 s,
+         * and said once it lasted a second. A drain waits for it too. */
+        char q[400];
+        if (!d->busy_since)
+            d->busy_since = now ? now : 1;
+        d->state = G_FAILED;
+        d->retry_ms = d->retry_ms ? d->retry_ms * 2 : BUSY_FIRST_MS;
+        if (d->retry_ms > RETRY_MIN_MS)
+            d->retry_ms = RETRY_MIN_MS;
+        d->retry_at = now + d->retry_ms;
+        if (now - d->busy_since >= BUSY_QUIET_MS && strcmp(d->logged, d->why) != 0) {
+            outbox__logfmt_quote(q, sizeof q, d->why);
+            GLOG(g, OUTBOX_LOG_WARN, "msg=\"database locked; retrying\" database=%s for_ms=%llu error=%s",
+                 d->name, (unsigned long long)(now - d->busy_since), q);
+            outbox__strlcpy(d->logged, d->why, sizeof d->logged);
+        }
+        if (g->tmpl.drain && now - d->busy_since >= BUSY_DRAIN_MS)
+            d->drain_failed = 1;
+        else
+            arm(g, d->retry_ms);
+        remember(d);
+        return;
     } else {
         char q[400];
         d->state = G_FAILED;
@@ -390,6 +418,9 @@ static void on_relay_drained(outbox_relay *r, void *data)
         close_db(d);
         return;
     }
+    d->retry_ms = 0; /* it opened: failures begin again from the start */
+    d->busy_since = 0;
+    d->logged[0] = '\0';
     d->idle_since = uv_now(g->loop);
     d->idle_mark = r->stats.published_total + r->stats.failed_total + r->stats.dead_total;
     if (g->tmpl.drain) {
@@ -535,8 +566,6 @@ static void open_db(gdb *d)
     }
     d->state = G_OPEN;
     d->e = 0;
-    d->retry_ms = 0;
-    d->logged[0] = '\0';
     d->wake_at = 0;
     d->opened_at = d->last_used = uv_now(g->loop);
 }
@@ -807,7 +836,7 @@ static void on_timer(uv_timer_t *t)
                 probe(d);
             else
                 at = d->probed_at + NOSCHEMA_MS;
-        } else if (d->state == G_FAILED && !g->tmpl.drain) {
+        } else if (d->state == G_FAILED && (!g->tmpl.drain || (d->busy_since && !d->drain_failed))) {
             if (now >= d->retry_at)
                 probe(d);
             else
@@ -1061,6 +1090,8 @@ static void drain_check(outbox_relay_group *g)
         enum gstate s = g->dbs[i]->state;
         if (s == G_WANTED || s == G_PROBING || s == G_OPEN || s == G_CLOSING)
             return;
+        if (s == G_FAILED && g->dbs[i]->busy_since && !g->dbs[i]->drain_failed)
+            return; /* locked: tried again soon */
     }
     drain_end(g, 0);
 }
