@@ -282,6 +282,19 @@ static void drop(gdb *d)
     free_gdb(d);
 }
 
+static void close_db(gdb *d);
+
+/* The database leaves the group (its file went away, or remove): its relay
+ * stops first; one queued, probing or closing is dropped once that ends. */
+static void leave(gdb *d)
+{
+    d->gone = 1;
+    if (d->state == G_OPEN)
+        close_db(d);
+    else if (d->state == G_IDLE || d->state == G_FAILED || d->state == G_NOSCHEMA)
+        drop(d);
+}
+
 static gdb *add_entry(outbox_relay_group *g, const char *name, const char *path, int *e)
 {
     gdb *d;
@@ -396,7 +409,6 @@ static void relay_log(void *data, outbox_log_level level, const char *line)
     g->tmpl.log(g->tmpl.log_data, level, buf);
 }
 
-static void close_db(gdb *d);
 
 static void on_relay_drained(outbox_relay *r, void *data)
 {
@@ -896,14 +908,7 @@ static void on_file(outbox_relay_group *g, gdir *dr, const char *file)
     if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
         if (!d || d->added)
             return; /* an added database that is missing fails when it opens */
-        d->gone = 1;
-        if (d->state == G_OPEN)
-            close_db(d);
-        else if (d->state == G_IDLE || d->state == G_FAILED || d->state == G_NOSCHEMA)
-            drop(d);
-        else if (d->state == G_WANTED) {
-            /* Left in the queue: it is dropped when its turn comes. */
-        }
+        leave(d);
         return;
     }
     if (!d) {
@@ -1368,19 +1373,7 @@ int outbox_relay_group_remove(outbox_relay_group *g, const char *name)
         return OUTBOX_EINVAL;
     if (!(d = find_name(g, name)) || d->gone)
         return OUTBOX_ESTATE;
-    d->gone = 1;
-    switch (d->state) {
-    case G_OPEN:
-        close_db(d); /* dropped once its relay stopped */
-        break;
-    case G_IDLE:
-    case G_FAILED:
-    case G_NOSCHEMA:
-        drop(d);
-        break;
-    default:
-        break; /* queued, probing or closing: dropped after */
-    }
+    leave(d);
     return 0;
 }
 

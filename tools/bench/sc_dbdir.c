@@ -353,7 +353,6 @@ int sc_dbdir_idle(bench *b, bench_report *r)
         char id[32], path[PATH_MAX + 64];
         long k = (long)(rand_r(&seed) % (unsigned)ndb);
         long long before = bench_streams_len(b->rc), now;
-        double lats[1];
         uint64_t t0;
         snprintf(id, sizeof id, "idle-%03d", n);
         snprintf(path, sizeof path, "%s/t%05ld.db", dir, k);
@@ -366,7 +365,6 @@ int sc_dbdir_idle(bench *b, bench_report *r)
             snprintf(err, sizeof err, "row %s in t%05ld.db not published within 10 s", id, k);
             break;
         }
-        (void)lats;
     }
     hwm_kb = proc_status_kb(pid, "VmHWM");
     if (bench_stop(pid, &status, NULL, 30000) != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 || n < 100 ||
