@@ -132,7 +132,11 @@ typedef struct outbox_relay_settings {
     /* Graceful stop: how long to wait for in-flight replies; default 10000 ms. */
     uint64_t shutdown_timeout_ms;
     /* When > 0, a batch is marked published only after WAIT reports this many
-     * replicas within wait_timeout_ms; otherwise retried. Default 0 = off. */
+     * replicas within wait_timeout_ms; otherwise retried. Default 0 = off.
+     * It covers a failover only if the promoted replica is among those that
+     * acknowledged: with a Sentinel URL the relay warns (once) when the
+     * replicas' replica-priority values need a larger count (README,
+     * "What a failover can lose"). */
     unsigned wait_replicas;
     /* The WAIT timeout in ms; default 0, which means lease_ms/4, at most
      * 1000 (it follows lease_ms). A value set must be below half of

@@ -161,6 +161,10 @@ typedef struct outbox__redis_options {
      * configuration (system trust store, verification on), built by create.
      * Must be NULL for other URLs. */
     outbox__tls_config *tls;
+    /* The replicas the owner's WAITs ask for (--wait-replicas); 0: none.
+     * With a Sentinel URL each discovery checks it against the replicas the
+     * sentinels know and their replica-priority (sentinel.c). */
+    unsigned wait_replicas;
 } outbox__redis_options;
 
 void outbox__redis_options_defaults(outbox__redis_options *o);

@@ -7,6 +7,10 @@
  * `SENTINEL get-master-addr-by-name <master>` and, pipelined behind it,
  * `SUBSCRIBE +switch-master`. The first answer ends the round and the
  * connection stays, subscribed; a ping every few seconds proves it alive.
+ *
+ * An owner that waits for replicas (opt.wait_replicas) also asks, between
+ * the two, `SENTINEL REPLICAS <master>`, and is warned when its WAITs do not
+ * cover a failover (outbox__sentinel_wait_needed()).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,6 +46,7 @@ struct outbox__sentinel {
     size_t refused;       /* sentinels of this round that answered with a refusal */
     unsigned rounds_failed;
     uv_timer_t timer;     /* pings while subscribed; the retry of a background round */
+    uint64_t warned;      /* what the last replicas warning said (replicas, best, need), 0: none */
 
     int closing, handles;
     void (*close_cb)(void *data);
@@ -202,6 +207,75 @@ static void on_addr(outbox__redis *c, int status, redisReply *reply, void *data)
     s->cb(s, 0, host, p, 0, s->data);
 }
 
+unsigned outbox__sentinel_wait_needed(const int *priority, size_t n, size_t *best_out)
+{
+    int best = 0;
+    size_t nbest = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (priority[i] <= 0)
+            continue;
+        if (!best || priority[i] < best) {
+            best = priority[i];
+            nbest = 0;
+        }
+        if (priority[i] == best)
+            nbest++;
+    }
+    if (best_out)
+        *best_out = nbest;
+    return nbest ? (unsigned)(n - nbest + 1) : 0;
+}
+
+static const redisReply *field(const redisReply *r, const char *name)
+{
+    if (!r || r->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    for (size_t i = 0; i + 1 < r->elements; i += 2)
+        if (r->element[i]->type == REDIS_REPLY_STRING && strcmp(r->element[i]->str, name) == 0)
+            return r->element[i + 1];
+    return NULL;
+}
+
+/* SENTINEL REPLICAS: a list of replicas, each a flat list of names and
+ * values ("ip", "port", "flags", "slave-priority", ...). */
+static void on_replicas(outbox__redis *c, int status, redisReply *reply, void *data)
+{
+    outbox__sentinel *s = data;
+    int prio[64];
+    size_t n = 0, best = 0;
+    unsigned need, want = s->opt.wait_replicas;
+    uint64_t key;
+    if (c != s->conn || status != 0 || reply->type != REDIS_REPLY_ARRAY)
+        return;
+    for (size_t i = 0; i < reply->elements && n < sizeof prio / sizeof prio[0]; i++) {
+        const redisReply *p = field(reply->element[i], "slave-priority");
+        prio[n++] = p && p->type == REDIS_REPLY_STRING ? atoi(p->str) : 100;
+    }
+    need = outbox__sentinel_wait_needed(prio, n, &best);
+    if (want <= n && (need == 0 || want >= need)) {
+        s->warned = 0;
+        return;
+    }
+    key = (uint64_t)n << 40 | (uint64_t)best << 20 | need;
+    key |= (uint64_t)1 << 63;
+    if (key == s->warned)
+        return;
+    s->warned = key;
+    if (want > n)
+        outbox__log(s->log, OUTBOX_LOG_WARN,
+                    "msg=\"WAIT cannot succeed: the sentinels know fewer replicas than --wait-replicas asks for; "
+                    "nothing is marked published until enough of them acknowledge\" conn=%s master=%s replicas=%zu "
+                    "wait_replicas=%u",
+                    s->what, s->url.sentinel->master, n, want);
+    else
+        outbox__log(s->log, OUTBOX_LOG_WARN,
+                    "msg=\"--wait-replicas does not cover a failover: Sentinel promotes the replicas of the lowest "
+                    "replica-priority first, and the others can acknowledge an entry they lack; --wait-replicas %u, "
+                    "or the same replica-priority on every replica, covers it\" conn=%s master=%s replicas=%zu "
+                    "first_in_line=%zu wait_replicas=%u",
+                    need, s->what, s->url.sentinel->master, n, best, want);
+}
+
 static void on_subscribed(outbox__redis *c, int status, redisReply *reply, void *data)
 {
     outbox__sentinel *s = data;
@@ -255,6 +329,7 @@ static void on_connected(outbox__redis *c, int status, void *data)
     outbox__sentinel *s = data;
     const char *q[3] = {"SENTINEL", "get-master-addr-by-name", s->url.sentinel->master};
     const char *sub[2] = {"SUBSCRIBE", "+switch-master"};
+    const char *rq[3] = {"SENTINEL", "REPLICAS", s->url.sentinel->master};
     int e;
     if (c != s->conn)
         return;
@@ -266,6 +341,8 @@ static void on_connected(outbox__redis *c, int status, void *data)
     }
     outbox__redis_set_push_cb(c, on_push, s);
     e = outbox__redis_command_argv(c, 3, q, NULL, 0, on_addr, s);
+    if (e == 0 && s->opt.wait_replicas)
+        e = outbox__redis_command_argv(c, 3, rq, NULL, 0, on_replicas, s);
     if (e == 0)
         e = outbox__redis_command_argv(c, 2, sub, NULL, 0, on_subscribed, s);
     if (e != 0) {

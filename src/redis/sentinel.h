@@ -61,6 +61,18 @@ int outbox__sentinel_refused(const outbox__sentinel *s);
  * no-op. */
 void outbox__sentinel_close(outbox__sentinel *s, void (*cb)(void *data), void *data);
 
+/*
+ * The smallest WAIT count that covers a failover of a master whose n
+ * replicas have these replica-priority values (0: never promoted): an
+ * entry that many replicas acknowledged is on the one Sentinel promotes.
+ * Sentinel promotes among the replicas of the lowest non-zero priority the
+ * one with the largest replication offset, so one acknowledgement from
+ * that group is enough, and only a count of n - group + 1 is sure to
+ * include one. *best_out (may be NULL) gets the group's size. 0 when no
+ * replica can be promoted (no failover then).
+ */
+unsigned outbox__sentinel_wait_needed(const int *priority, size_t n, size_t *best_out);
+
 /* A copy of url without its sentinel list, naming the node at host:port
  * with url's credentials and db. 0 or OUTBOX_ENOMEM. */
 int outbox__sentinel_node_url(outbox__redis_url *out, const outbox__redis_url *url, const char *host, int port);

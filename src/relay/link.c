@@ -254,6 +254,7 @@ int outbox__link_create(struct relay_link *l, uv_loop_t *loop, const struct rela
     o.redis.connect_timeout_ms = cfg->s.connect_timeout_ms;
     o.redis.reply_timeout_ms = cfg->s.reply_timeout_ms;
     o.redis.client_name = "outbox-relay";
+    o.redis.wait_replicas = cfg->s.wait_replicas;
     o.redis.tls = cfg->tls; /* the target takes its own reference */
     o.log = &cfg->log;
     o.what = "relay";

@@ -423,6 +423,39 @@ static void test_copy_free(void)
     outbox__redis_url_free(&b);
 }
 
+/* The WAIT count that covers a failover, from the replicas' priorities
+ * (outbox__sentinel_wait_needed): one acknowledgement from the group
+ * Sentinel promotes first, so n - group + 1. */
+typedef struct wait_case {
+    int prio[4];
+    size_t n;
+    unsigned need;
+    size_t best;
+} wait_case;
+
+static const wait_case wait_cases[] = {
+    {{100}, 1, 1, 1},
+    {{100, 100}, 2, 1, 2},           /* equal: the most advanced is promoted */
+    {{100, 200}, 2, 2, 1},           /* the preferred one may lag the other */
+    {{200, 100, 100}, 3, 2, 2},
+    {{100, 0}, 2, 2, 1},             /* a priority-0 replica acknowledges, never promoted */
+    {{0, 0}, 2, 0, 0},               /* no failover at all */
+    {{10, 20, 30, 40}, 4, 4, 1},
+    {{0}, 0, 0, 0},
+};
+
+static void test_wait_needed(void)
+{
+    for (size_t i = 0; i < sizeof wait_cases / sizeof wait_cases[0]; i++) {
+        const wait_case *c = &wait_cases[i];
+        size_t best = 99;
+        unsigned need = outbox__sentinel_wait_needed(c->prio, c->n, &best);
+        is_int((long long)need, (long long)c->need, "wait needed for %zu replicas (%d %d ...): %u", c->n, c->prio[0],
+               c->prio[1], c->need);
+        is_int((long long)best, (long long)c->best, "  first in line: %zu", c->best);
+    }
+}
+
 int main(void)
 {
     size_t i;
@@ -441,5 +474,6 @@ int main(void)
     test_sentinel_describe();
     test_sentinel_tls();
     test_sentinel_credentials();
+    test_wait_needed();
     return tap_done();
 }

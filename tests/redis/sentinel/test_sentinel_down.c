@@ -10,6 +10,9 @@
  *      connection to the master is fine, so it keeps publishing; it says
  *      that the sentinels do not answer, and that one does again after
  *      their restart.
+ *   4. --wait-replicas checked against the replicas the sentinels know:
+ *      WAIT 1 with the one replica drains and warns of nothing; WAIT 2
+ *      says at once that it cannot succeed, and marks nothing published.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -52,13 +55,14 @@ static int log_has(const char *path, const char *needle)
 int main(void)
 {
     se_env e;
-    char *dir, *dbpath, *log2, *log3, *err = NULL;
+    char *dir, *dbpath, *log2, *log3, *log4, *err = NULL;
     pid_t pid;
     int i, rc;
 
     se_world_start(&e, NULL, &dir, &dbpath, &db);
     log2 = th_path(dir, "relay2.log");
     log3 = th_path(dir, "relay3.log");
+    log4 = th_path(dir, "relay4.log");
 
     /* 1 */
     se_sentinel_kill(&e, 0);
@@ -113,8 +117,29 @@ int main(void)
     ok(log_has(log3, "a sentinel answers again"), "  and that one answers again");
     is_int(th_stop(pid, SIGTERM, 15000), 0, "the relay exits 0 on SIGTERM");
 
+    /* 4 */
+    rt_insert_rows(db, "four", 0, 50, "four", 0);
+    rc = rt_relay_run(60000 * th_slow(), &err, dbpath, e.url, "--drain", "--wait-replicas", "1", NULL);
+    is_int(rc, 0, "--wait-replicas 1, one replica: --drain exits 0");
+    ok(err && !strstr(err, "does not cover a failover") && !strstr(err, "WAIT cannot succeed"),
+       "  no warning about the replicas");
+    if (rc != 0 || !err || strstr(err, "cover") || strstr(err, "cannot succeed"))
+        th_diag_tail("relay", err, 20);
+    free(err);
+    err = NULL;
+    rt_insert_rows(db, "four", 50, 20, "four", 0);
+    pid = rt_relay_spawn(log4, dbpath, e.url, "--wait-replicas", "2", NULL);
+    for (int64_t t0 = th_now_ms(); !log_has(log4, "WAIT cannot succeed") && th_now_ms() - t0 < 20000 * th_slow();)
+        th_sleep_ms(20);
+    ok(log_has(log4, "WAIT cannot succeed") == 1 && log_has(log4, "replicas=1 wait_replicas=2"),
+       "--wait-replicas 2, one replica: said once, with the counts");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE topic = 'four' AND state = 2"), 50,
+           "  the new rows are not marked published");
+    is_int(th_stop(pid, SIGTERM, 15000), 0, "the relay exits 0 on SIGTERM");
+
     free(log2);
     free(log3);
+    free(log4);
     se_world_end(&e, dir, dbpath, db);
     return tap_done();
 }
