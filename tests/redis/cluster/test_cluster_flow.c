@@ -83,6 +83,7 @@ typedef struct sampler {
     int victim;
     sqlite3 *db;
     int64_t others_first, others_max, victim_first, victim_max;
+    int64_t committed_first, committed_max; /* rows of the other masters' topics, any state */
     int samples;
 } sampler;
 
@@ -95,13 +96,24 @@ static int64_t count_on(sqlite3 *c, int node, int on)
     return n;
 }
 
+static int64_t committed_off(sqlite3 *c, int node)
+{
+    int64_t n = 0;
+    for (int i = 0; i < TOPICS; i++)
+        if (owner_of[i] != node)
+            n += th_sql_int(c, "SELECT count(*) FROM outbox_messages WHERE topic = %Q", topics[i]);
+    return n;
+}
+
 static void *sampler_main(void *arg)
 {
     sampler *s = arg;
     s->others_first = s->others_max = count_on(s->db, s->victim, 0);
     s->victim_first = s->victim_max = count_on(s->db, s->victim, 1);
+    s->committed_first = s->committed_max = committed_off(s->db, s->victim);
     while (!atomic_load(&s->stop)) {
         th_sleep_ms(100);
+        s->committed_max = committed_off(s->db, s->victim);
         s->others_max = count_on(s->db, s->victim, 0);
         s->victim_max = count_on(s->db, s->victim, 1);
         s->samples++;
@@ -160,12 +172,16 @@ static void test_others_flow(void)
          (long long)(t1 - t0), (long long)(s.others_max - s.others_first), (long long)(s.victim_max - s.victim_first));
     diag("flow: relay CPU %lld ms per second with every master up, %lld ms per second while one was down",
          (long long)cpu_before, (long long)((cpu1 - cpu0) * 1000 / (t1 - t0 ? t1 - t0 : 1)));
-    /* The writer commits 4 rows per topic every ~5 ms: 4 topics make some
-     * 3000 rows a second on the live masters; at least 500 a second must
-     * be published (50 under valgrind). */
-    ok(s.others_max - s.others_first >= (t1 - t0) / 2 / th_slow(),
-       "flow: the other masters' topics kept flowing while one was down (%lld rows in %lld ms)",
-       (long long)(s.others_max - s.others_first), (long long)(t1 - t0));
+    /* The writer commits 4 rows per topic every ~5 ms, as fast as this
+     * machine lets it: at least a quarter of what it committed for the
+     * live masters' topics during the window must be published then (a
+     * th_slow() times less in a slow run), whatever the machine's speed. */
+    ok(s.others_max - s.others_first > 0 &&
+           (s.others_max - s.others_first) * 4 * th_slow() >= s.committed_max - s.committed_first,
+       "flow: the other masters' topics kept flowing while one was down (%lld rows published in %lld ms, "
+       "%lld committed)",
+       (long long)(s.others_max - s.others_first), (long long)(t1 - t0),
+       (long long)(s.committed_max - s.committed_first));
 
     th_sleep_ms(500);
     bg_writer_stop(&writer);
