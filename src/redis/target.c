@@ -87,6 +87,11 @@ void *outbox__target_node_of(const outbox__target *t, const outbox__redis *conn)
     return t->closing ? NULL : t->ops->node_of(t, conn);
 }
 
+int outbox__target_serves(const outbox__target *t, const void *node)
+{
+    return !t->closing && t->ops->serves(t, node);
+}
+
 int outbox__target_lost(outbox__target *t, const outbox__redis *conn, const redisReply *reply)
 {
     if (!reply || reply->type != REDIS_REPLY_ERROR || !reply->str)

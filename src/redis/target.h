@@ -127,6 +127,7 @@ struct outbox__target_ops {
     int (*command_node)(outbox__target *t, void *node, int argc, const char **argv, const size_t *lens,
                         uint64_t timeout_ms, outbox__redis_reply_cb cb, void *data);
     void *(*node_of)(const outbox__target *t, const outbox__redis *conn);
+    int (*serves)(const outbox__target *t, const void *node);
     int (*lost)(outbox__target *t, const outbox__redis *conn, const redisReply *reply);
     int (*misrouted)(const outbox__target *t, const redisReply *reply);
     int (*unavailable)(const outbox__target *t, const redisReply *reply);
@@ -202,6 +203,10 @@ int outbox__target_command_node(outbox__target *t, void *node, int argc, const c
 /* The node whose current connection conn is (NULL: the single node, or
  * none). */
 void *outbox__target_node_of(const outbox__target *t, const outbox__redis *conn);
+/* 1 if node (as node_of names it) is still a master of the deployment: a
+ * cluster node the current slot map names for some slots; the single node
+ * always (a Sentinel switch drops its connection). */
+int outbox__target_serves(const outbox__target *t, const void *node);
 /*
  * For reply callbacks: 1 if the error reply says that conn no longer talks
  * to the right node and the target has dealt with it (a Sentinel master

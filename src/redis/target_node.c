@@ -93,6 +93,14 @@ static void *nt_node_of(const outbox__target *t, const outbox__redis *conn)
     return NULL;
 }
 
+/* The one node is the master while its connection lasts (a Sentinel
+ * switch drops it). */
+static int nt_serves(const outbox__target *t, const void *node)
+{
+    (void)t, (void)node;
+    return 1;
+}
+
 static int nt_lost(outbox__target *t, const outbox__redis *conn, const redisReply *reply)
 {
     return outbox__rconn_redirect_error(&NT(t)->rc, conn, reply);
@@ -177,6 +185,7 @@ static const struct outbox__target_ops node_ops = {
     .command_key_argv = nt_command_key_argv,
     .command_node = nt_command_node,
     .node_of = nt_node_of,
+    .serves = nt_serves,
     .lost = nt_lost,
     .misrouted = nt_misrouted,
     .unavailable = nt_unavailable,

@@ -446,6 +446,12 @@ void *outbox__link_node_of(const outbox_relay *r, const outbox__redis *conn)
     return l && l->target && !l->closing ? outbox__target_node_of(l->target, conn) : NULL;
 }
 
+int outbox__link_node_serves(const outbox_relay *r, const void *node)
+{
+    const struct relay_link *l = r->redis.l;
+    return l && l->target && !l->closing && outbox__target_serves(l->target, node);
+}
+
 int outbox__link_lost(outbox_relay *r, const outbox__redis *conn, const redisReply *reply)
 {
     struct relay_link *l = r->redis.l;

@@ -15,26 +15,41 @@
 #include "relay_int.h"
 #include "util/array.h"
 
+static int send_wait(outbox_relay *r, outbox__redis *conn, wait_group *g);
+
+/*
+ * A WAIT that fell short, on a connection that is still up to a node that
+ * is still a master: the entries are in that master's stream, and asking
+ * the same connection again (its WAIT counts from the connection's last
+ * write, which covers them) confirms them the moment a replica catches up,
+ * without appending them again. Asked until half the lease has passed
+ * since the first WAIT; a stop, a switch of master (the connection
+ * closes: released at once, and sent again to the new master) or a
+ * cluster node that lost its slots ends it.
+ */
+static int wait_again(outbox_relay *r, outbox__redis *conn, wait_group *g)
+{
+    size_t i, waiting = 0;
+    for (i = 0; i < g->n; i++)
+        if (g->msgs[i] && g->msgs[i]->state == MSG_WAITING)
+            waiting++;
+    return waiting && r->state == R_RUNNING && !outbox__link_problem(r) &&
+           uv_now(r->loop) - g->since < r->cfg.s.lease_ms / 2 && send_wait(r, conn, g) == 0;
+}
+
 static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     wait_group *g = data;
     outbox_relay *r = g->r;
-    char why[128];
+    char why[160];
     long long acked = -1;
+    int serves = 1;
     size_t i;
 
     if (status == 0 && reply && reply->type == REDIS_REPLY_INTEGER)
         acked = reply->integer;
     else if (status == 0 && r && outbox__link_lost(r, conn, reply))
         status = OUTBOX_ECLOSED; /* released below, like a lost connection */
-    if (r && acked < (long long)r->cfg.s.wait_replicas) {
-        if (status != 0)
-            snprintf(why, sizeof why, "WAIT: %s", outbox_strerror(status));
-        else if (reply && reply->type == REDIS_REPLY_ERROR)
-            snprintf(why, sizeof why, "WAIT: %.100s", reply->str);
-        else
-            snprintf(why, sizeof why, "WAIT: %lld of %u replicas acknowledged", acked, r->cfg.s.wait_replicas);
-    }
     for (i = 0; i < g->n; i++) {
         msg *m = g->msgs[i];
         if (m && m->state == MSG_SENT) {
@@ -42,14 +57,31 @@ static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, vo
              * yet: this WAIT does not cover it (on_xadd_reply sends one
              * for it where it lands). */
             m->group = NULL;
-            continue;
+            g->msgs[i] = NULL;
         }
+    }
+    if (r && status == 0 && acked >= 0 && acked < (long long)r->cfg.s.wait_replicas) {
+        serves = outbox__link_node_serves(r, g->node);
+        if (serves && wait_again(r, conn, g))
+            return;
+    }
+    if (r && acked < (long long)r->cfg.s.wait_replicas) {
+        if (status != 0)
+            snprintf(why, sizeof why, "WAIT: %s", outbox_strerror(status));
+        else if (reply && reply->type == REDIS_REPLY_ERROR)
+            snprintf(why, sizeof why, "WAIT: %.100s", reply->str);
+        else
+            snprintf(why, sizeof why, "WAIT: %lld of %u replicas acknowledged%s", acked, r->cfg.s.wait_replicas,
+                     serves ? "" : " (the node no longer serves the slot)");
+    }
+    for (i = 0; i < g->n; i++) {
+        msg *m = g->msgs[i];
         if (!m || m->state != MSG_WAITING)
             continue;
         r->win.awaiting--;
         if (acked >= (long long)r->cfg.s.wait_replicas)
             outbox__win_queue_mark(r, m, OUT_PUBLISHED, m->result, strlen(m->result));
-        else if (status != 0)
+        else if (status != 0 || !serves)
             outbox__win_queue_mark(r, m, OUT_RELEASE, why, strlen(why));
         else
             outbox__win_queue_mark(r, m, OUT_RETRY, why, strlen(why));
@@ -58,6 +90,29 @@ static void on_wait_reply(outbox__redis *conn, int status, redisReply *reply, vo
     free(g);
     if (r)
         r->hooks.stop_check(r);
+}
+
+static void wait_argv(const outbox_relay *r, const char **argv, size_t *lens, char *n, size_t nlen, char *timeout,
+                      size_t tlen)
+{
+    snprintf(n, nlen, "%u", r->cfg.s.wait_replicas);
+    snprintf(timeout, tlen, "%llu", (unsigned long long)r->cfg.s.wait_timeout_ms);
+    argv[0] = "WAIT";
+    argv[1] = n;
+    argv[2] = timeout;
+    for (int i = 0; i < 3; i++)
+        lens[i] = strlen(argv[i]);
+}
+
+/* The same WAIT again, on the connection that answered the last one. */
+static int send_wait(outbox_relay *r, outbox__redis *conn, wait_group *g)
+{
+    char timeout[24], n[16];
+    const char *argv[3];
+    size_t lens[3];
+    wait_argv(r, argv, lens, n, sizeof n, timeout, sizeof timeout);
+    return outbox__redis_command_argv(conn, 3, argv, lens, r->cfg.s.wait_timeout_ms + r->cfg.s.reply_timeout_ms,
+                                      on_wait_reply, g);
 }
 
 static void flush_group(outbox_relay *r, wait_group *g)
@@ -69,13 +124,8 @@ static void flush_group(outbox_relay *r, wait_group *g)
 
     if (!g)
         return;
-    snprintf(n, sizeof n, "%u", r->cfg.s.wait_replicas);
-    snprintf(timeout, sizeof timeout, "%llu", (unsigned long long)r->cfg.s.wait_timeout_ms);
-    argv[0] = "WAIT";
-    argv[1] = n;
-    argv[2] = timeout;
-    for (i = 0; i < 3; i++)
-        lens[i] = strlen(argv[i]);
+    wait_argv(r, argv, lens, n, sizeof n, timeout, sizeof timeout);
+    g->since = uv_now(r->loop);
     if (outbox__link_node_argv(r, g->node, 3, argv, lens, r->cfg.s.wait_timeout_ms + r->cfg.s.reply_timeout_ms,
                                on_wait_reply, g) != 0) {
         /* The connection is gone: the XADD callbacks release their messages;

@@ -125,7 +125,8 @@ struct wait_group {
     struct outbox_relay *r;
     void *node;
     size_t n, cap;
-    msg **msgs; /* NULL for a message that left the group */
+    msg **msgs;     /* NULL for a message that left the group */
+    uint64_t since; /* loop ms of its first WAIT; a short one is asked again (publish.c) */
 };
 
 /* The WAIT groups of one batch, one per node that took messages. */
@@ -698,6 +699,9 @@ int outbox__link_node_argv(outbox_relay *r, void *node, int argc, const char **a
                            uint64_t timeout_ms, outbox__redis_reply_cb cb, void *data);
 /* The node of the connection that answered. */
 void *outbox__link_node_of(const outbox_relay *r, const outbox__redis *conn);
+/* 1 if node (link_node_of's) is still a master: a cluster node the slot
+ * map names; the single node always. */
+int outbox__link_node_serves(const outbox_relay *r, const void *node);
 /* For reply callbacks (every reply with status 0): 1 if the error reply
  * means the message's outcome is the connection's problem, not the
  * message's (release it): a Sentinel master demoted (outbox__target_lost),

@@ -171,6 +171,11 @@ outbox__cluster_node *outbox__cluster_node_of(const outbox__cluster *c, const ou
     return NULL;
 }
 
+int outbox__cluster_node_serves(const outbox__cluster_node *n)
+{
+    return n && n->master;
+}
+
 static outbox__cluster_node *slot_node(const outbox__cluster *c, unsigned slot)
 {
     unsigned i = c->slots[slot];

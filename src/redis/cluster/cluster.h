@@ -149,6 +149,8 @@ int outbox__cluster_node_command_argv(outbox__cluster *c, outbox__cluster_node *
 
 /* The node whose current connection conn is, or NULL. */
 outbox__cluster_node *outbox__cluster_node_of(const outbox__cluster *c, const outbox__redis *conn);
+/* 1 if n serves slots in the current map (a master the map names). */
+int outbox__cluster_node_serves(const outbox__cluster_node *n);
 
 /* Per node counters, for stats and /metrics (their fields: redis/target.h). */
 typedef outbox__target_node_stats outbox__cluster_node_stats;

@@ -95,6 +95,12 @@ static void *ct_node_of(const outbox__target *t, const outbox__redis *conn)
     return outbox__cluster_node_of(CCT(t)->cl, conn);
 }
 
+static int ct_serves(const outbox__target *t, const void *node)
+{
+    (void)t;
+    return outbox__cluster_node_serves(node);
+}
+
 static int ct_lost(outbox__target *t, const outbox__redis *conn, const redisReply *reply)
 {
     (void)t, (void)conn, (void)reply;
@@ -180,6 +186,7 @@ static const struct outbox__target_ops cluster_ops = {
     .command_key_argv = ct_command_key_argv,
     .command_node = ct_command_node,
     .node_of = ct_node_of,
+    .serves = ct_serves,
     .lost = ct_lost,
     .misrouted = ct_misrouted,
     .unavailable = ct_unavailable,
