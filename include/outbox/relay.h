@@ -132,7 +132,10 @@ typedef struct outbox_relay_settings {
     /* Graceful stop: how long to wait for in-flight replies; default 10000 ms. */
     uint64_t shutdown_timeout_ms;
     /* When > 0, a batch is marked published only after WAIT reports this many
-     * replicas within wait_timeout_ms; otherwise retried. Default 0 = off.
+     * replicas within wait_timeout_ms. A WAIT that falls short is asked
+     * again on the same connection for up to lease_ms/2 (no entry appended
+     * twice), then the messages are retried; a new master (Sentinel switch,
+     * cluster slot moved) gets them at once. Default 0 = off.
      * It covers a failover only if the promoted replica is among those that
      * acknowledged: with a Sentinel URL the relay warns (once) when the
      * replicas' replica-priority values need a larger count (README,
