@@ -417,6 +417,7 @@ static void stop_check(outbox_relay *r)
         }
         r->win.marks_tail = NULL;
         r->win.marks_len = 0;
+        r->win.releases = 0;
     }
     r->stop.closing = 1;
     close_redis(r);

@@ -261,6 +261,7 @@ struct relay_window {
     uint64_t inflight, awaiting;
     msg *marks_head, *marks_tail;
     uint64_t marks_len; /* how many are queued (a unit takes its own off) */
+    uint64_t releases;  /* hand-backs (OUT_RELEASE) queued or in a unit, not yet accounted (sched.c) */
     /* The newest message held of each key (see outbox__keymap_put). */
     msg **keymap;
     size_t keymap_cap, keymap_len;

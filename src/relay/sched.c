@@ -513,8 +513,10 @@ static void unit_done(uv_work_t *w, int status)
     /* Committed: the marked messages leave the window. */
     while ((m = u->marks) != NULL) {
         u->marks = m->next;
-        if (m->outcome == OUT_RELEASE)
+        if (m->outcome == OUT_RELEASE) {
             unsent = 1; /* handed back: its row is due again now */
+            r->win.releases--;
+        }
         outbox__mark_account(r, m);
         r->win.inflight--;
         outbox__win_retire(r, m);
@@ -661,6 +663,15 @@ static void do_work(outbox_relay *r)
      * with them (the worker lowers it again if it writes fewer marks). */
     u->rest = r->win.marks_len;
     u->held = held;
+    /* Hand-backs first: a claim before their rows are written would skip
+     * those rows (still leased) and take their keys' later rows, which must
+     * then be handed back too, and so on through the backlog (a window of
+     * thousands handed back at once by a Sentinel switch did that for
+     * seconds). Written, their rows are the first a claim finds. */
+    if (!u->marks)
+        r->win.releases = 0; /* none can be queued: keeps a miscount from holding claims */
+    if (r->win.releases)
+        want_claim = 0;
     if (want_claim) {
         uint64_t occupied = held + u->rest;
         want = occupied < outbox__win_cap(r) ? (unsigned)(outbox__win_cap(r) - occupied) : 0;

@@ -172,6 +172,8 @@ void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char 
     }
     m->outcome = o;
     m->state = MSG_DONE;
+    if (o == OUT_RELEASE)
+        r->win.releases++;
     if (m->result != m->entry)
         free(m->result);
     m->result = copy;
