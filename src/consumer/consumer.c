@@ -371,16 +371,6 @@ typedef struct group_info_req {
     void *data;
 } group_info_req;
 
-/* A field of one group's flat key/value list, or NULL. */
-static const redisReply *group_field(const redisReply *g, const char *name)
-{
-    for (size_t i = 0; i + 1 < g->elements; i += 2)
-        if (g->element[i]->type == REDIS_REPLY_STATUS || g->element[i]->type == REDIS_REPLY_STRING)
-            if (!strcmp(g->element[i]->str, name))
-                return g->element[i + 1];
-    return NULL;
-}
-
 static void on_group_info(outbox__redis *conn, int status, redisReply *reply, void *data)
 {
     group_info_req *q = data;
@@ -390,14 +380,14 @@ static void on_group_info(outbox__redis *conn, int status, redisReply *reply, vo
     if (status == 0 && reply->type == REDIS_REPLY_ARRAY) {
         for (size_t i = 0; i < reply->elements && !found; i++) {
             const redisReply *g = reply->element[i], *name, *v;
-            if (g->type != REDIS_REPLY_ARRAY || !(name = group_field(g, "name")) || !name->str ||
+            if (g->type != REDIS_REPLY_ARRAY || !(name = outbox__reply_map_get(g, "name")) || !name->str ||
                 strcmp(name->str, q->c->group) != 0)
                 continue;
             found = 1;
-            if ((v = group_field(g, "pending")) && v->type == REDIS_REPLY_INTEGER)
+            if ((v = outbox__reply_map_get(g, "pending")) && v->type == REDIS_REPLY_INTEGER)
                 gi.pending = v->integer;
             /* Nil when Redis cannot tell (entries deleted); absent before 7.0. */
-            if ((v = group_field(g, "lag")) && v->type == REDIS_REPLY_INTEGER)
+            if ((v = outbox__reply_map_get(g, "lag")) && v->type == REDIS_REPLY_INTEGER)
                 gi.lag = v->integer;
         }
     }

@@ -411,6 +411,20 @@ void outbox__redis_on_timer(uv_timer_t *t)
 
 /* ---- public -------------------------------------------------------------- */
 
+const redisReply *outbox__reply_map_get(const redisReply *m, const char *key)
+{
+    size_t klen = strlen(key);
+    if (!m || m->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    for (size_t i = 0; i + 1 < m->elements; i += 2) {
+        const redisReply *k = m->element[i];
+        if ((k->type == REDIS_REPLY_STRING || k->type == REDIS_REPLY_STATUS) && k->len == klen &&
+            memcmp(k->str, key, klen) == 0)
+            return m->element[i + 1];
+    }
+    return NULL;
+}
+
 void outbox__redis_options_defaults(outbox__redis_options *o)
 {
     if (!o)

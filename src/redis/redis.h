@@ -169,6 +169,11 @@ typedef struct outbox__redis_options {
 
 void outbox__redis_options_defaults(outbox__redis_options *o);
 
+/* A RESP2 map (a flat array of keys and values, as CLUSTER SHARDS, XINFO
+ * GROUPS or SENTINEL REPLICAS answer): the value of key, or NULL when m is
+ * not an array or has no such key (a string or status key, compared whole). */
+const redisReply *outbox__reply_map_get(const redisReply *m, const char *key);
+
 /* connect_cb: status 0 once the handshake (AUTH, SELECT, SETNAME) succeeded;
  * otherwise OUTBOX_ECONNECT / OUTBOX_ETIMEDOUT / OUTBOX_EAUTH / OUTBOX_EREDIS /
  * OUTBOX_ETLS / OUTBOX_ECLOSED, with details in outbox__redis_errstr() (for

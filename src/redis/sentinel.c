@@ -226,16 +226,6 @@ unsigned outbox__sentinel_wait_needed(const int *priority, size_t n, size_t *bes
     return nbest ? (unsigned)(n - nbest + 1) : 0;
 }
 
-static const redisReply *field(const redisReply *r, const char *name)
-{
-    if (!r || r->type != REDIS_REPLY_ARRAY)
-        return NULL;
-    for (size_t i = 0; i + 1 < r->elements; i += 2)
-        if (r->element[i]->type == REDIS_REPLY_STRING && strcmp(r->element[i]->str, name) == 0)
-            return r->element[i + 1];
-    return NULL;
-}
-
 /* SENTINEL REPLICAS: a list of replicas, each a flat list of names and
  * values ("ip", "port", "flags", "slave-priority", ...). */
 static void on_replicas(outbox__redis *c, int status, redisReply *reply, void *data)
@@ -248,7 +238,7 @@ static void on_replicas(outbox__redis *c, int status, redisReply *reply, void *d
     if (c != s->conn || status != 0 || reply->type != REDIS_REPLY_ARRAY)
         return;
     for (size_t i = 0; i < reply->elements && n < sizeof prio / sizeof prio[0]; i++) {
-        const redisReply *p = field(reply->element[i], "slave-priority");
+        const redisReply *p = outbox__reply_map_get(reply->element[i], "slave-priority");
         prio[n++] = p && p->type == REDIS_REPLY_STRING ? atoi(p->str) : 100;
     }
     need = outbox__sentinel_wait_needed(prio, n, &best);

@@ -93,17 +93,6 @@ static int text_is(const redisReply *r, const char *s)
     return is_text(r) && r->len == strlen(s) && memcmp(r->str, s, r->len) == 0;
 }
 
-/* A RESP2 map: a flat array of keys and values. */
-static const redisReply *map_get(const redisReply *m, const char *key)
-{
-    if (!m || m->type != REDIS_REPLY_ARRAY)
-        return NULL;
-    for (size_t i = 0; i + 1 < m->elements; i += 2)
-        if (text_is(m->element[i], key))
-            return m->element[i + 1];
-    return NULL;
-}
-
 static int assign(uint16_t *slots, long long from, long long to, const outbox__cluster_node *n)
 {
     if (from < 0 || to >= OUTBOX__SLOTS || from > to)
@@ -129,7 +118,8 @@ static int parse_shards(outbox__cluster *c, const outbox__cluster_node *asked, c
     if (r->type != REDIS_REPLY_ARRAY)
         return -1;
     for (size_t i = 0; i < r->elements; i++) {
-        const redisReply *sh = r->element[i], *sl = map_get(sh, "slots"), *nodes = map_get(sh, "nodes");
+        const redisReply *sh = r->element[i], *sl = outbox__reply_map_get(sh, "slots"),
+                         *nodes = outbox__reply_map_get(sh, "nodes");
         const redisReply *master = NULL, *host, *port;
         outbox__cluster_node *n;
         if (!sl || sl->type != REDIS_REPLY_ARRAY || !nodes || nodes->type != REDIS_REPLY_ARRAY || sl->elements % 2)
@@ -137,14 +127,16 @@ static int parse_shards(outbox__cluster *c, const outbox__cluster_node *asked, c
         if (sl->elements == 0)
             continue; /* a shard without slots */
         for (size_t j = 0; j < nodes->elements && !master; j++)
-            if (text_is(map_get(nodes->element[j], "role"), "master"))
+            if (text_is(outbox__reply_map_get(nodes->element[j], "role"), "master"))
                 master = nodes->element[j];
         if (!master)
             continue; /* its master failed and no replica took over yet */
-        host = map_get(master, "endpoint");
+        host = outbox__reply_map_get(master, "endpoint");
         if (!is_text(host) || host->len == 0 || text_is(host, "?"))
-            host = map_get(master, "ip");
-        port = c->url.tls && map_get(master, "tls-port") ? map_get(master, "tls-port") : map_get(master, "port");
+            host = outbox__reply_map_get(master, "ip");
+        port = c->url.tls ? outbox__reply_map_get(master, "tls-port") : NULL;
+        if (!port)
+            port = outbox__reply_map_get(master, "port");
         if (!port || port->type != REDIS_REPLY_INTEGER || !(n = node_at(c, asked, host, port->integer)))
             return -1;
         for (size_t j = 0; j < sl->elements; j += 2) {
