@@ -270,7 +270,11 @@ sc_disk_full() {
     nf_world_up
     nf_redis r1 127.0.0.2
     SC_NODES=("r1=$(nf_sock r1)")
-    nf_tmpfs "$(sc_p 48m 96m)"
+    # Room after the heal for the backlog's rows, the baseline (as large as
+    # what the fault left) and a WAL of up to the relay's RESTART threshold
+    # (64 MiB) while two relays and the writer read: 96m was too small for
+    # the long form, which filled the disk again for good with its baseline.
+    nf_tmpfs "$(sc_p 48m 256m)"
     sc_db_init "$NF_DISK"
     SC_URL=redis://127.0.0.2:6379
     sc_backlog "$backlog"
