@@ -7,6 +7,7 @@
 #   sentinel sentinel_wait cluster cluster_wait consumer consumer_sentinel
 # OUTBOX_SLOW=N stretches every deadline N times; NF_KEEP=1 keeps the
 # world's directory (logs, database) for a look afterwards.
+# SC_LOG_LEVEL=debug gives the relays that log level (default info).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 scenario=${1:?usage: run.sh SCENARIO [short|long]}

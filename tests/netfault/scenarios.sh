@@ -18,12 +18,12 @@ sc_p() { if [ "$SC_MODE" = long ]; then echo "$2"; else echo "$1"; fi; } # sc_p 
 # that the checker reads every row's state.
 SC_RELAY_ARGS=(--lease-ms 5000 --reply-timeout-ms 1000 --connect-timeout-ms 1000 --backoff-min-ms 50
                --backoff-max-ms 500 --scan-interval-ms 100 --max-attempts 100000 --retention-ms 0
-               --log-level info)
+               --log-level ${SC_LOG_LEVEL:-info})
 SC_RELAY_ADDR=127.0.0.1 # what a relay inside the namespace connects from
 SC_TOPIC=nf
 SC_STREAM=outbox:$SC_TOPIC
 SC_NODES=()         # NAME=SOCKET of every Redis node, for the checker
-SC_ASSERT_TIMING=() # resume / catchup: the targets asserted in this scenario
+SC_ASSERT_TIMING=() # resume / switch / promoted / catchup: the targets asserted here
 SC_EXPECT_LOSS=0    # 1 where an async-replication window is measured, not asserted
 SC_WRITER_PID=""
 SC_FAILED=0
@@ -163,6 +163,8 @@ sc_check() {
                     sc_at_most "${R[resume_ms]:--}" $((1000 * ${OUTBOX_SLOW:-1})) ;;
         switch) sc_ok "the first entry on the new master within 1 s of +switch-master (${R[switch_resume_ms]} ms)" \
                     sc_at_most "${R[switch_resume_ms]:--}" 1000 ;;
+        promoted) sc_ok "the first entry on the promoted replica within 1 s of its promotion (${R[promoted_resume_ms]} ms)" \
+                    sc_at_most "${R[promoted_resume_ms]:--}" $((1000 * ${OUTBOX_SLOW:-1})) ;;
         catchup) sc_ok "the backlog drained within 2x the undisturbed drain (${R[catchup_s]} s vs ${R[baseline_s]} s)" \
                     python3 -c "import sys; sys.exit(0 if float('${R[catchup_s]}') <= 2 * float('${R[baseline_s]}') else 1)" ;;
         esac
@@ -493,11 +495,11 @@ sc_cluster_minority() {
 
 sc_cluster() {
     SC_EXPECT_LOSS=1
-    SC_ASSERT_TIMING=()
+    SC_ASSERT_TIMING=(promoted)
     sc_cluster_minority cluster
 }
 sc_cluster_wait() {
-    SC_ASSERT_TIMING=()
+    SC_ASSERT_TIMING=(promoted)
     sc_cluster_minority cluster_wait --wait-replicas 1 --wait-timeout-ms 500
 }
 

@@ -232,6 +232,17 @@ static void node_drop_conn(outbox__cluster *c, outbox__cluster_node *n)
 
 static int node_send(outbox__cluster_node *n, ccmd *k);
 
+void outbox__cluster_node_retire(outbox__cluster *c, outbox__cluster_node *n)
+{
+    if (n->state != NS_UP || c->closing)
+        return;
+    outbox__log(c->log, OUTBOX_LOG_INFO,
+                "msg=\"cluster node no longer serves slots, its connection closed: its commands go to the new "
+                "masters\" conn=%s node=%s",
+                c->what, n->name);
+    node_drop_conn(c, n);
+}
+
 static void on_node_disconnect(outbox__redis *r, int status, void *data)
 {
     outbox__cluster_node *n = data;

@@ -19,7 +19,11 @@
  * - TRYAGAIN (a multi-key command during a slot move), CLUSTERDOWN, LOADING:
  *   the command is sent again after a short backoff (retry_min_ms doubling
  *   to retry_max_ms), until its deadline; then the caller gets the last
- *   error reply. CLUSTERDOWN and LOADING also refresh the map.
+ *   error reply. CLUSTERDOWN and LOADING also refresh the map (every 200 ms
+ *   for 10 s after a node said CLUSTERDOWN: map.c).
+ * - A node that was a master and serves no slot in a new map (a failover)
+ *   has its connection closed: its commands in flight get OUTBOX_ECLOSED
+ *   (unknown outcome) at once; it connects again on demand.
  * - READONLY (a master demoted by a failover): the map is refreshed and the
  *   command sent again after the backoff.
  * At most max_redirects MOVED/ASK in a row per command (reset by a backoff

@@ -94,10 +94,18 @@ struct outbox__cluster {
 outbox__cluster_node *outbox__cluster_node_get(outbox__cluster *c, const char *host, size_t hlen, int port);
 /* Starts connecting n (idle). 0 or OUTBOX_ENOMEM. */
 int outbox__cluster_node_connect(outbox__cluster_node *n);
+/* n was a master and serves no slot in the new map (a failover promoted
+ * its replica; the last of its slots moved away): its connection is closed,
+ * so that what waits there (a WAIT its replicas cannot answer, the commands
+ * queued behind it) is handed back at once, as after a lost connection
+ * (unknown outcome), instead of answering CLUSTERDOWN one by one. It
+ * connects again on demand. */
+void outbox__cluster_node_retire(outbox__cluster *c, outbox__cluster_node *n);
 
 /* ---- cluster_map.c ---- */
 
-/* A refresh now if none ran for refresh_min_ms, else when that is over. */
+/* A refresh now if none ran for refresh_min_ms (SAID_DOWN_REFRESH_MS while a
+ * node lately answered CLUSTERDOWN), else when that is over. */
 void outbox__cluster_map_refresh_soon(outbox__cluster *c);
 /* n's connection is up (or failed: status < 0): a refresh waiting for it
  * goes on. */

@@ -18,8 +18,22 @@
 
 static void try_next(outbox__cluster *c);
 
-/* How long a node's CLUSTERDOWN puts it last among those asked for the map. */
+/* How long a node's CLUSTERDOWN puts it last among those asked for the map,
+ * and the map is asked for every SAID_DOWN_REFRESH_MS meanwhile: a master
+ * cut off from the majority says CLUSTERDOWN until its replica is promoted,
+ * and the sooner the map names that replica the sooner publishing resumes
+ * (a second of cadence was most of the wait). */
 #define SAID_DOWN_MS 10000
+#define SAID_DOWN_REFRESH_MS 200
+
+static int said_down_lately(const outbox__cluster *c)
+{
+    uint64_t now = uv_now(c->loop);
+    for (size_t i = 0; i < c->nnodes; i++)
+        if (c->nodes[i]->said_down && now - c->nodes[i]->said_down < SAID_DOWN_MS)
+            return 1;
+    return 0;
+}
 
 static void refresh_failed(outbox__cluster *c)
 {
@@ -45,12 +59,18 @@ static void refresh_failed(outbox__cluster *c)
     uv_timer_start(&c->refresh_timer, outbox__cluster_map_on_timer, d, 0);
 }
 
-static void refresh_done(outbox__cluster *c, const uint16_t *slots)
+static void refresh_done(outbox__cluster *c, const outbox__cluster_node *from, const uint16_t *slots)
 {
-    size_t masters = 0, covered = 0;
+    size_t masters = 0, covered = 0, moved = 0, nwas = c->nnodes;
+    int *was = calloc(nwas ? nwas : 1, sizeof *was);
+    for (size_t s = 0; s < OUTBOX__SLOTS; s++)
+        moved += c->slots[s] != slots[s];
     memcpy(c->slots, slots, sizeof c->slots);
-    for (size_t i = 0; i < c->nnodes; i++)
+    for (size_t i = 0; i < c->nnodes; i++) {
+        if (was)
+            was[i] = c->nodes[i]->master;
         c->nodes[i]->master = 0;
+    }
     for (size_t s = 0; s < OUTBOX__SLOTS; s++)
         if (slots[s]) {
             covered++;
@@ -63,8 +83,16 @@ static void refresh_done(outbox__cluster *c, const uint16_t *slots)
     c->refreshes++;
     c->refresh_failures = 0;
     c->errstr[0] = '\0';
-    outbox__log(c->log, OUTBOX_LOG_DEBUG, "msg=\"cluster slot map\" conn=%s masters=%zu slots=%zu", c->what, masters,
-                covered);
+    outbox__log(c->log, OUTBOX_LOG_DEBUG, "msg=\"cluster slot map\" conn=%s from=%s masters=%zu slots=%zu changed=%zu",
+                c->what, from->name, masters, covered, moved);
+    /* A master that lost every slot: what waits on its connection is handed
+     * back now (outbox__cluster_node_retire). Not at the first map: nothing
+     * was routed yet. Their callbacks may add nodes (a MOVED): only those
+     * known before are looked at. */
+    for (size_t i = 0; was && c->ready && i < nwas; i++)
+        if (was[i] && !c->nodes[i]->master)
+            outbox__cluster_node_retire(c, c->nodes[i]);
+    free(was);
     if (!c->ready || c->down_reported) {
         c->ready = 1;
         c->down_reported = 0;
@@ -75,7 +103,7 @@ static void refresh_done(outbox__cluster *c, const uint16_t *slots)
         if (c->closing)
             return;
     }
-    if (c->refresh_again) {
+    if (c->refresh_again || said_down_lately(c)) {
         c->refresh_again = 0;
         outbox__cluster_map_refresh_soon(c);
     }
@@ -207,7 +235,7 @@ static void on_map_reply(outbox__redis *conn, int status, redisReply *reply, voi
         try_next(c);
         return;
     }
-    refresh_done(c, slots);
+    refresh_done(c, n, slots);
     free(slots);
 }
 
@@ -277,7 +305,7 @@ static void start_refresh(outbox__cluster *c)
 
 void outbox__cluster_map_refresh_soon(outbox__cluster *c)
 {
-    uint64_t now, since;
+    uint64_t now, since, every;
     if (c->closing || !c->started)
         return;
     if (c->refreshing) {
@@ -288,11 +316,14 @@ void outbox__cluster_map_refresh_soon(outbox__cluster *c)
         return; /* the timer will */
     now = uv_now(c->loop);
     since = now - c->last_refresh;
-    if (c->last_refresh == 0 || since >= c->opt.refresh_min_ms) {
+    every = c->opt.refresh_min_ms;
+    if (every > SAID_DOWN_REFRESH_MS && said_down_lately(c))
+        every = SAID_DOWN_REFRESH_MS;
+    if (c->last_refresh == 0 || since >= every) {
         start_refresh(c);
     } else {
         c->refresh_armed = 1;
-        uv_timer_start(&c->refresh_timer, outbox__cluster_map_on_timer, c->opt.refresh_min_ms - since, 0);
+        uv_timer_start(&c->refresh_timer, outbox__cluster_map_on_timer, every - since, 0);
     }
 }
 
