@@ -4,7 +4,8 @@
  * The relay is a folder of modules, each one concern; docs/ARCHITECTURE.md
  * has a paragraph on each. Calls run one way, from the top down:
  *
- *   group.c          many databases over one link (outbox_relay_group)
+ *   group.c  group_relay.c  group_watch.c  group_ops.c  (group_int.h)
+ *                    many databases over one link (outbox_relay_group)
  *   lifecycle.c      create, start, stop, destroy; the Redis up/down events
  *   sched.c  ops.c  retention.c  attach.c  dbwait.c
  *                    units of work and their timers; metrics, HTTP,

@@ -1,0 +1,180 @@
+/*
+ * group_ops.c: what a group tells of itself (group_int.h): its figures
+ * (outbox_relay_group_stats_get, the drain's result, one database's state)
+ * and /metrics and /healthz, one endpoint for every database, with bounded
+ * series: families summed over the databases, databases by state, at most
+ * HEALTH_NAMES_MAX failing ones named. Loop thread.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "group_int.h"
+
+/* ---- /metrics and /healthz ------------------------------------------------- */
+
+/* Failing databases named in /metrics and /healthz, at most: the number
+ * of series stays bounded whatever the number of databases. */
+#define HEALTH_NAMES_MAX 20
+
+static void prom_label(outbox__sbuf *b, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            outbox__sbuf_printf(b, "\\%c", *v);
+        else if (*v == '\n')
+            outbox__sbuf_printf(b, "\\n");
+        else
+            outbox__sbuf_printf(b, "%c", *v);
+    }
+}
+
+static void group_metrics(outbox_relay_group *g, outbox__sbuf *b)
+{
+    outbox_relay_group_stats st;
+    size_t named = 0;
+    outbox_relay_group_stats_get(g, &st);
+    outbox__sbuf_printf(b,
+                        "# HELP outbox_databases Databases of the group by state.\n"
+                        "# TYPE outbox_databases gauge\n"
+                        "outbox_databases{state=\"open\"} %zu\noutbox_databases{state=\"closed\"} %zu\n"
+                        "outbox_databases{state=\"failed\"} %zu\noutbox_databases{state=\"not_outbox\"} %zu\n",
+                        st.open, st.closed, st.failed, st.not_outbox);
+    outbox__sbuf_printf(b, "# HELP outbox_database_failing 1 for a database that cannot be opened (at most %d "
+                           "named).\n# TYPE outbox_database_failing gauge\n",
+                        HEALTH_NAMES_MAX);
+    for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++)
+        if (g->dbs[i]->state == G_FAILED) {
+            outbox__sbuf_printf(b, "outbox_database_failing{db=\"");
+            prom_label(b, g->dbs[i]->name);
+            outbox__sbuf_printf(b, "\"} 1\n");
+            named++;
+        }
+    outbox__sbuf_printf(b,
+                        "# HELP outbox_inflight Messages claimed and not yet marked, every database.\n"
+                        "# TYPE outbox_inflight gauge\noutbox_inflight %llu\n"
+                        "# HELP outbox_published_total Messages published (Redis accepted the XADD), every database.\n"
+                        "# TYPE outbox_published_total counter\noutbox_published_total %llu\n"
+                        "# HELP outbox_failed_total Failed publish attempts (error replies), every database.\n"
+                        "# TYPE outbox_failed_total counter\noutbox_failed_total %llu\n"
+                        "# HELP outbox_dead_lettered_total Messages that became dead, every database.\n"
+                        "# TYPE outbox_dead_lettered_total counter\noutbox_dead_lettered_total %llu\n"
+                        "# HELP outbox_redis_connected 1 while connected to Redis.\n"
+                        "# TYPE outbox_redis_connected gauge\noutbox_redis_connected %d\n",
+                        (unsigned long long)st.inflight, (unsigned long long)st.published_total,
+                        (unsigned long long)st.failed_total, (unsigned long long)st.dead_total, st.redis_connected);
+}
+
+void outbox__group_on_http(void *data, outbox__http_req *req, const char *path)
+{
+    outbox_relay_group *g = data;
+    outbox__sbuf b = {0};
+    int status = 200;
+    if (!strcmp(path, "/metrics")) {
+        group_metrics(g, &b);
+    } else if (!strcmp(path, "/healthz")) {
+        uint64_t now = uv_now(g->loop), down = g->link.down_since ? now - g->link.down_since : 0;
+        outbox_relay_group_stats st;
+        size_t named = 0;
+        outbox_relay_group_stats_get(g, &st);
+        if (g->link.problem != LP_NONE) {
+            status = 503;
+            outbox__sbuf_printf(&b, "unhealthy: %s\n", g->link.misconfig);
+        } else if (!outbox__link_usable(&g->link) && down >= g->tmpl.health_redis_down_ms) {
+            status = 503;
+            outbox__sbuf_printf(&b, "unhealthy: redis unreachable for %llu ms (%s)\n", (unsigned long long)down,
+                                g->cfg.url_desc);
+        } else {
+            outbox__sbuf_printf(&b, "ok\n");
+        }
+        /* A tenant that cannot be read is its own problem, not the
+         * process's: named, the answer still 200. */
+        outbox__sbuf_printf(&b, "databases %zu open %zu closed %zu outbox__group_failed %zu not_outbox %zu\n", st.databases,
+                            st.open, st.closed, st.failed, st.not_outbox);
+        for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++)
+            if (g->dbs[i]->state == G_FAILED) {
+                outbox__sbuf_printf(&b, "failing: %s: %s\n", g->dbs[i]->name, g->dbs[i]->why);
+                named++;
+            }
+    } else {
+        static const char nf[] = "not found: try /metrics or /healthz\n";
+        outbox__http_respond(req, 404, "text/plain; charset=utf-8", nf, sizeof nf - 1);
+        return;
+    }
+    if (b.oom)
+        outbox__http_respond(req, 500, "text/plain", "out of memory\n", 14);
+    else
+        outbox__http_respond(req, status,
+                             path[1] == 'm' ? "text/plain; version=0.0.4; charset=utf-8" : "text/plain; charset=utf-8",
+                             b.p, b.len);
+    outbox__sbuf_free(&b);
+}
+
+void outbox__group_on_http_closed(void *data)
+{
+    outbox_relay_group *g = data;
+    g->http = NULL;
+    g->handles_open--;
+    outbox__group_stop_check(g);
+}
+
+int outbox_relay_group_drain_result(const outbox_relay_group *g, char *failed_dbs, size_t len)
+{
+    if (!g)
+        return OUTBOX_EINVAL;
+    if (failed_dbs && len)
+        outbox__strlcpy(failed_dbs, g->drain_failed, len);
+    if (!g->drain_done)
+        return OUTBOX_ESTATE;
+    return g->drain_error;
+}
+
+int outbox_relay_group_stats_get(const outbox_relay_group *g, outbox_relay_group_stats *st)
+{
+    if (!g || !st)
+        return OUTBOX_EINVAL;
+    memset(st, 0, sizeof *st);
+    st->published_total = g->published_total;
+    st->failed_total = g->failed_total;
+    st->dead_total = g->dead_total;
+    for (size_t i = 0; i < g->ndbs; i++) {
+        const gdb *d = g->dbs[i];
+        st->databases++;
+        switch (d->state) {
+        case G_OPEN:
+        case G_CLOSING:
+            st->open++;
+            st->published_total += d->r->stats.published_total;
+            st->failed_total += d->r->stats.failed_total;
+            st->dead_total += d->r->stats.dead_total;
+            st->inflight += d->r->win.inflight;
+            break;
+        case G_FAILED:
+            st->failed++;
+            break;
+        case G_NOSCHEMA:
+            st->not_outbox++;
+            break;
+        default:
+            st->closed++;
+            break;
+        }
+    }
+    st->redis_connected = outbox__link_usable(&g->link);
+    return 0;
+}
+
+int outbox_relay_group_db_state(const outbox_relay_group *g, const char *name, char *why, size_t len)
+{
+    static const int map[] = {[G_IDLE] = OUTBOX_GROUP_DB_CLOSED, [G_PROBING] = OUTBOX_GROUP_DB_CLOSED,
+                              [G_WANTED] = OUTBOX_GROUP_DB_CLOSED, [G_OPEN] = OUTBOX_GROUP_DB_OPEN,
+                              [G_CLOSING] = OUTBOX_GROUP_DB_OPEN, [G_FAILED] = OUTBOX_GROUP_DB_FAILED,
+                              [G_NOSCHEMA] = OUTBOX_GROUP_DB_NOT_OUTBOX};
+    const gdb *d;
+    if (!g || !name)
+        return OUTBOX_EINVAL;
+    if (!(d = outbox__group_find_name(g, name)))
+        return OUTBOX_GROUP_DB_UNKNOWN;
+    if (why && len)
+        outbox__strlcpy(why, d->state == G_FAILED || d->state == G_NOSCHEMA ? d->why : "", len);
+    return map[d->state];
+}
