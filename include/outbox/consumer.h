@@ -19,6 +19,11 @@
  * All calls run on the loop thread. A function that returns an error calls
  * no callback; every accepted call gets its callback exactly once.
  *
+ * SIGPIPE: as in any libuv program, ignore it (signal(SIGPIPE, SIG_IGN))
+ * before starting a consumer or a relay: a write to a connection that Redis
+ * (or the network) has just closed raises it, and it would end the process
+ * instead of the failed write being seen and the connection made again.
+ *
  * Redis URLs: redis://, rediss://, unix://, redis-sentinel://,
  * rediss-sentinel:// and, for a Redis Cluster, redis-cluster:// and
  * rediss-cluster:// (seed nodes). On a cluster every command goes to the

@@ -7,6 +7,12 @@
  * batches. Delivery is at-least-once: a row is marked published only after
  * Redis accepted its XADD, so a crash between the two publishes it again.
  *
+ * SIGPIPE: ignore it in the embedding program (signal(SIGPIPE, SIG_IGN)),
+ * as in any libuv program: a write to a connection that Redis or the
+ * network has just closed raises it, and it would end the process rather
+ * than the relay seeing the failed write and reconnecting. outbox-relay
+ * and outbox-consume ignore it.
+ *
  * Lifecycle (all on the loop thread unless said otherwise):
  *
  *     outbox_relay_settings s;

@@ -43,6 +43,8 @@ typedef struct entry {
     int in_retry;
     int recheck;               /* retry without counting a delivery (see outbox__consumer_schedule_recheck) */
     int handler_running;
+    int completing;            /* its effect is applied: the retry sends the dedup complete again */
+    uint64_t complete_by;      /* loop ms: past it the processing key has expired, no more tries */
     char *entry_id, *msg_id;
     char *db_field;            /* the entry's db field, or NULL */
     char *db_id;               /* "<db>:<id>" when the message names its database, else NULL */
@@ -142,6 +144,8 @@ entry *outbox__consumer_entry_find(outbox_consumer *c, const char *entry_id);
 void outbox__consumer_entry_free(entry *e);
 void outbox__consumer_schedule_retry(entry *e, const char *why);
 void outbox__consumer_schedule_recheck(entry *e, const char *why);
+/* dispatch.c: the dedup complete of an applied entry, (again) now. */
+void outbox__consumer_complete(entry *e);
 void outbox__consumer_ack(entry *e);
 void outbox__consumer_dead_letter(entry *e, const char *reason);
 

@@ -297,6 +297,10 @@ static void on_retry_timer(uv_timer_t *t)
             outbox__consumer_schedule_retry(e, "not connected");
             continue;
         }
+        if (e->completing) {
+            outbox__consumer_complete(e); /* its effect is applied: only the complete is left */
+            continue;
+        }
         {
             /* XCLAIM to ourselves with no idle condition: counts a delivery
              * and returns the entry if it is still pending; with JUSTID it

@@ -22,21 +22,56 @@ static void run_handler(entry *e)
     c->s.handler(c, &e->dv, c->s.data);
 }
 
+/* A complete that got no answer (the connection broke or went silent)
+ * may not have reached Redis: the processing key would then expire after
+ * the lease and a redelivery apply the effect again. */
+static int unanswered(int status)
+{
+    return status == OUTBOX_ECLOSED || status == OUTBOX_ETIMEDOUT || status == OUTBOX_ECONNECT ||
+           status == OUTBOX_EPROTO;
+}
+
 static void on_completed(outbox_dedup *d, int status, outbox_dedup_result r, void *data)
 {
     entry *e = data;
+    outbox_consumer *c = e->c;
     (void)d;
     (void)r;
-    if (status == OUTBOX_ELEASE)
-        LOG(e->c, OUTBOX_LOG_WARN,
+    if (unanswered(status) && c->state == CS_RUNNING && uv_now(c->loop) < e->complete_by) {
+        /* Sent again, on the retry timer, until it is answered or the
+         * processing key would have expired. */
+        if (!e->completing)
+            LOG(c, OUTBOX_LOG_INFO, "msg=\"dedup complete unanswered, sent again until answered\" id=%s err=%s",
+                e->msg_id, outbox_err_name(status));
+        e->completing = 1;
+        e->recheck = 1;
+        outbox__consumer_schedule_retry(e, "dedup complete unanswered");
+        return;
+    }
+    if (status == OUTBOX_ELEASE && e->completing)
+        LOG(c, OUTBOX_LOG_WARN,
+            "msg=\"dedup complete sent again found the processing key gone: the unanswered one was applied, or "
+            "the lease expired (then a redelivery may apply the effect twice)\" id=%s",
+            e->msg_id);
+    else if (status == OUTBOX_ELEASE)
+        LOG(c, OUTBOX_LOG_WARN,
             "msg=\"dedup lease expired before complete: the effect may be applied twice; raise the dedup lease\" "
             "id=%s",
             e->msg_id);
     else if (status != 0)
-        LOG(e->c, OUTBOX_LOG_WARN,
+        LOG(c, OUTBOX_LOG_WARN,
             "msg=\"dedup complete failed: a redelivery will apply the effect again after the lease\" id=%s err=%s",
             e->msg_id, outbox_err_name(status));
+    e->completing = 0;
     outbox__consumer_ack(e);
+}
+
+void outbox__consumer_complete(entry *e)
+{
+    outbox_consumer *c = e->c;
+    int rc = outbox_dedup_complete(c->dedup, c->stream, outbox__consumer_dedup_id(e), on_completed, e);
+    if (rc != 0)
+        on_completed(c->dedup, rc, 0, e);
 }
 
 static void on_abandoned(outbox_dedup *d, int status, outbox_dedup_result r, void *data)
@@ -173,9 +208,10 @@ void outbox_consumer_done(outbox_consumer *c, const outbox_delivery *dv, int sta
     if (status == 0) {
         c->st.applied++;
         if (c->s.dedup == OUTBOX_DEDUP_REDIS) {
-            rc = outbox_dedup_complete(c->dedup, c->stream, outbox__consumer_dedup_id(e), on_completed, e);
-            if (rc != 0)
-                on_completed(c->dedup, rc, 0, e);
+            /* A margin under the lease: a complete sent later could find
+             * another consumer's processing key. */
+            e->complete_by = uv_now(c->loop) + c->s.dedup_lease_ms - c->s.dedup_lease_ms / 10;
+            outbox__consumer_complete(e);
         } else {
             outbox__consumer_ack(e);
         }
