@@ -158,6 +158,7 @@ int outbox_consumer_create(outbox_consumer **out, uv_loop_t *loop, const outbox_
     if (!c->s.on_drained)
         c->s.on_drained = stop_when_drained;
     c->hooks.dispatch = outbox__consumer_dispatch;
+    c->hooks.complete = outbox__consumer_complete;
     c->hooks.entry_gone = entry_gone;
     c->log.fn = s->log;
     c->log.data = s->log_data;

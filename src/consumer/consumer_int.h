@@ -56,6 +56,7 @@ typedef struct entry {
 /* The calls that run back up the file order (see the top). */
 typedef struct consumer_hooks {
     void (*dispatch)(entry *e);             /* a retried entry goes to the handler again */
+    void (*complete)(entry *e);             /* an applied entry's dedup complete, sent again */
     void (*entry_gone)(outbox_consumer *c); /* an entry was freed: read more, a stop may finish */
 } consumer_hooks;
 

@@ -298,7 +298,7 @@ static void on_retry_timer(uv_timer_t *t)
             continue;
         }
         if (e->completing) {
-            outbox__consumer_complete(e); /* its effect is applied: only the complete is left */
+            c->hooks.complete(e); /* its effect is applied: only the complete is left */
             continue;
         }
         {
