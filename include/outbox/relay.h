@@ -267,6 +267,10 @@ typedef struct outbox_relay_settings {
      * rest. With drain, drain_timeout_ms counts the wait too. outbox-relay
      * sets it (and with --drain exits 1 at once instead of waiting). */
     int wait_for_db;
+    /* A group's /metrics: the backlog and oldest pending age of at most
+     * this many databases, those with the largest backlog, and of all the
+     * others together (db="other"); default 20, 0: only "other". */
+    unsigned metrics_db_limit;
 } outbox_relay_settings;
 
 /* Fills s with the defaults documented above (db_path, redis_url NULL). */
@@ -474,8 +478,11 @@ OUTBOX_API int outbox_relay_nodes_get(outbox_relay *r, outbox_relay_node_stats *
  * counters summed over databases, outbox_inflight, outbox_redis_connected)
  * and /healthz (503 only for Redis: unreachable for health_redis_down_ms,
  * or not usable as configured; a failing database is named in the body of
- * a 200). Not in this version: per-database backlog series, per-database
- * stream names.
+ * a 200), and outbox_database_backlog / outbox_database_oldest_pending_seconds
+ * for the metrics_db_limit databases with the largest backlog and for the
+ * rest together (db="other"): each database's figures as last seen, those
+ * of its relay while it is open (at most about a second old), 0 once it
+ * drained; a database never opened yet is not counted.
  * A database is opened (its schema checked, migrated if older, its
  * statements prepared) on a libuv worker thread, never on the loop; a lock
  * met there makes it fail, to be tried again. Loop thread, all of it.

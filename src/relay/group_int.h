@@ -89,6 +89,10 @@ struct gdb {
     int p_e;
     int64_t p_left[3], p_next_due, p_next_lease;
     char p_why[300];
+    /* Its backlog as /metrics last saw it (group_ops.c): its relay's
+     * figures while open, 0 once it drained; fig_known 0 until then. */
+    int fig_known;
+    int64_t fig_backlog, fig_oldest_ms;
 };
 
 typedef struct gdir {

@@ -6,6 +6,7 @@
  * HEALTH_NAMES_MAX failing ones named. Loop thread.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "group_int.h"
@@ -26,6 +27,79 @@ static void prom_label(outbox__sbuf *b, const char *v)
         else
             outbox__sbuf_printf(b, "%c", *v);
     }
+}
+
+/* Each database's backlog as last seen: an open one's from its relay's
+ * figures (read on a worker thread, at most about a second old: a call
+ * that finds them older starts a refresh, and a later scrape sees it). */
+static void refresh_figures(outbox_relay_group *g)
+{
+    for (size_t i = 0; i < g->ndbs; i++) {
+        gdb *d = g->dbs[i];
+        outbox_relay_stats rs;
+        if (d->state != G_OPEN || outbox_relay_stats_get(d->r, &rs) != 0 || rs.pending < 0 || rs.sending < 0)
+            continue;
+        d->fig_known = 1;
+        d->fig_backlog = rs.pending + rs.sending;
+        d->fig_oldest_ms = rs.oldest_pending_ms;
+    }
+}
+
+static int by_backlog(const void *a, const void *b)
+{
+    const gdb *x = *(const gdb *const *)a, *y = *(const gdb *const *)b;
+    if (x->fig_backlog != y->fig_backlog)
+        return x->fig_backlog > y->fig_backlog ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* The metrics_db_limit databases with the largest backlog by name, the
+ * others together as db="other": as many series as that, whatever the
+ * number of databases. */
+static void backlog_series(outbox_relay_group *g, outbox__sbuf *b)
+{
+    const gdb **top = NULL;
+    size_t n = 0, named;
+    int64_t other = 0, other_oldest = 0;
+    refresh_figures(g);
+    if (g->ndbs && !(top = malloc(g->ndbs * sizeof *top))) {
+        b->oom = 1;
+        return;
+    }
+    for (size_t i = 0; i < g->ndbs; i++)
+        if (g->dbs[i]->fig_known)
+            top[n++] = g->dbs[i];
+    if (n)
+        qsort(top, n, sizeof *top, by_backlog);
+    named = n < g->tmpl.metrics_db_limit ? n : g->tmpl.metrics_db_limit;
+    while (named > 0 && top[named - 1]->fig_backlog == 0)
+        named--; /* a database with nothing to do is not worth a series */
+    for (size_t i = named; i < n; i++) {
+        other += top[i]->fig_backlog;
+        if (top[i]->fig_oldest_ms > other_oldest)
+            other_oldest = top[i]->fig_oldest_ms;
+    }
+    outbox__sbuf_printf(b, "# HELP outbox_database_backlog Rows pending or being sent, of the %u databases with the "
+                           "largest backlog, and of the others together (db=\"other\"), as last seen.\n"
+                           "# TYPE outbox_database_backlog gauge\n",
+                        g->tmpl.metrics_db_limit);
+    for (size_t i = 0; i < named; i++) {
+        outbox__sbuf_printf(b, "outbox_database_backlog{db=\"");
+        prom_label(b, top[i]->name);
+        outbox__sbuf_printf(b, "\"} %lld\n", (long long)top[i]->fig_backlog);
+    }
+    outbox__sbuf_printf(b, "outbox_database_backlog{db=\"other\"} %lld\n", (long long)other);
+    outbox__sbuf_printf(b, "# HELP outbox_database_oldest_pending_seconds Age of the oldest due pending row, of the "
+                           "same databases, and the oldest of the others (db=\"other\").\n"
+                           "# TYPE outbox_database_oldest_pending_seconds gauge\n");
+    for (size_t i = 0; i < named; i++) {
+        outbox__sbuf_printf(b, "outbox_database_oldest_pending_seconds{db=\"");
+        prom_label(b, top[i]->name);
+        outbox__sbuf_printf(b, "\"} %.3f\n", (double)top[i]->fig_oldest_ms / 1000.0);
+    }
+    outbox__sbuf_printf(b, "outbox_database_oldest_pending_seconds{db=\"other\"} %.3f\n",
+                        (double)other_oldest / 1000.0);
+    free(top);
 }
 
 static void group_metrics(outbox_relay_group *g, outbox__sbuf *b)
@@ -62,6 +136,7 @@ static void group_metrics(outbox_relay_group *g, outbox__sbuf *b)
                         "# TYPE outbox_redis_connected gauge\noutbox_redis_connected %d\n",
                         (unsigned long long)st.inflight, (unsigned long long)st.published_total,
                         (unsigned long long)st.failed_total, (unsigned long long)st.dead_total, st.redis_connected);
+    backlog_series(g, b);
 }
 
 void outbox__group_on_http(void *data, outbox__http_req *req, const char *path)

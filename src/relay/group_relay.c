@@ -49,6 +49,9 @@ static void on_relay_drained(outbox_relay *r, void *data)
     d->busy_since = 0;
     d->logged[0] = '\0';
     d->idle_since = uv_now(g->loop);
+    /* Nothing due, leased, in flight or waiting for a retry. */
+    d->fig_known = 1;
+    d->fig_backlog = d->fig_oldest_ms = 0;
     d->idle_mark = r->stats.published_total + r->stats.failed_total + r->stats.dead_total;
     if (g->tmpl.drain) {
         d->drained = 1;

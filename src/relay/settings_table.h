@@ -75,6 +75,9 @@
       "tenant:%db:outbox:%topic for a stream per tenant")                                                            \
     X("max-open-dbs", UINT, max_open_dbs, 0, 1024, 1, 1000000, "N", NULL,                                             \
       "with --db-dir: databases open at once at most, the least recently used idle one closed first")               \
+    X("metrics-db-limit", UINT, metrics_db_limit, 0, 20, 0, 100000, "N", NULL,                                       \
+      "with --db-dir: /metrics names the backlog and oldest pending age of this many databases with the largest "   \
+      "backlog, and of the others together as db=\"other\"")                                                        \
     X("redis", STR, redis_url, OUTBOX__OPT_REQUIRED, NULL, 0, 0, "URL", NULL,                                         \
       "redis:// or rediss:// (TLS) [[user]:password@]host[:port][/db], unix:///path/to/sock[?db=N], "               \
       "redis-sentinel:// or rediss-sentinel:// [[user]:password@]host[:port][,host[:port]...][/db]#master, or "     \

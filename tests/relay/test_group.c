@@ -704,6 +704,54 @@ static void two_daemons(void)
         free(two_paths[i]);
 }
 
+/* /metrics names the backlog of the --metrics-db-limit databases with the
+ * largest one and sums the rest as db="other". Redis is unreachable, so the
+ * backlogs stay as committed while the relays hold them. */
+static void metrics_backlog(void)
+{
+    char *dir = keep(th_path(root, "backlogs")), *relay = keep(th_bin("tools/relay/outbox-relay"));
+    char listen[32], url[64], *log = keep(th_path(root, "backlogs.log")), *body = NULL;
+    const char *dbs[3] = {"big", "small", "tiny"};
+    const int rows[3] = {300, 3, 1};
+    int hp = th_free_port(), code = -1, seen = 0;
+    pid_t pid;
+    mkdir(dir, 0755);
+    for (int i = 0; i < 3; i++) {
+        char file[32];
+        sqlite3 *db;
+        snprintf(file, sizeof file, "%s.db", dbs[i]);
+        db = rt_open(keep(rt_make_db(dir, file)));
+        rt_insert_rows(db, dbs[i], 0, rows[i], "orders", 0);
+        sqlite3_close_v2(db);
+    }
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", hp);
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", th_free_port());
+    {
+        char *argv[] = {relay, "run", "--db-dir", dir, "--redis", url, "--metrics-listen", listen,
+                        "--metrics-db-limit", "1", NULL};
+        pid = th_spawn(argv, NULL, log, log);
+    }
+    for (int i = 0; i < 400 * th_slow() && !seen; i++) {
+        free(body);
+        body = NULL;
+        code = ot_http_get(hp, "/metrics", &body);
+        seen = code == 200 && body && strstr(body, "outbox_database_backlog{db=\"big\"} 300\n") &&
+               strstr(body, "outbox_database_backlog{db=\"other\"} 4\n");
+        if (!seen)
+            th_sleep_ms(25);
+    }
+    ok(seen, "/metrics: the largest backlog by name (big 300), the other two summed (other 4)");
+    if (!seen)
+        th_diag_tail("metrics", body, 30);
+    ok(body && !strstr(body, "db=\"small\"") && !strstr(body, "db=\"tiny\""),
+       "no series of its own for a database beyond --metrics-db-limit 1");
+    ok(body && strstr(body, "outbox_database_oldest_pending_seconds{db=\"big\"} ") &&
+           strstr(body, "outbox_database_oldest_pending_seconds{db=\"other\"} "),
+       "the oldest pending age of big and of the others");
+    free(body);
+    is_int(th_stop(pid, SIGTERM, 20000), 0, "stops cleanly");
+}
+
 int main(void)
 {
     if (th_redis_start(&srv, 0, NULL) != 0) {
@@ -719,6 +767,7 @@ int main(void)
     same_ids(1);
     per_tenant_streams();
     daemon_cli();
+    metrics_backlog();
     daemon_kills();
     two_daemons();
     uv_loop_close(&loop);
