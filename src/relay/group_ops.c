@@ -163,7 +163,7 @@ void outbox__group_on_http(void *data, outbox__http_req *req, const char *path)
         }
         /* A tenant that cannot be read is its own problem, not the
          * process's: named, the answer still 200. */
-        outbox__sbuf_printf(&b, "databases %zu open %zu closed %zu outbox__group_failed %zu not_outbox %zu\n", st.databases,
+        outbox__sbuf_printf(&b, "databases %zu open %zu closed %zu failed %zu not_outbox %zu\n", st.databases,
                             st.open, st.closed, st.failed, st.not_outbox);
         for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++)
             if (g->dbs[i]->state == G_FAILED) {

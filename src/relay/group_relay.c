@@ -115,7 +115,7 @@ static void on_settle(uv_timer_t *t)
     while (i < g->ndbs) {
         gdb *d = g->dbs[i];
         if (d->settle) {
-            settled(d); /* may outbox__group_drop d: the array changes at i */
+            settled(d); /* may drop d: the array changes at i */
             continue;
         }
         i++;

@@ -46,7 +46,7 @@ static void snap_both(gdb *d, fsnap *db, fsnap *wal)
     snprintf(w, sizeof w, "%s-wal", d->path);
     snap(w, wal);
     /* An empty -wal is no -wal: the last connection to close removes it,
-     * a reader that opens the database (a outbox__group_probe) creates it. A commit
+     * a reader that opens the database (a probe) creates it. A commit
      * writes at least a header and a frame. */
     if (wal->ok && wal->size == 0)
         memset(wal, 0, sizeof *wal);
@@ -279,7 +279,7 @@ static void on_file(outbox_relay_group *g, gdir *dr, const char *file)
         /* At start one line says how many; later each one found. */
         GLOG(g, g->starting ? OUTBOX_LOG_DEBUG : OUTBOX_LOG_INFO, "msg=\"database found\" database=%s path=%s",
              d->name, d->path);
-        /* A drain opens every database anyway: no outbox__group_probe first. */
+        /* A drain opens every database anyway: no probe first. */
         if (g->tmpl.drain) {
             outbox__group_remember(d);
             outbox__group_want(d);
@@ -307,15 +307,15 @@ static void on_file(outbox_relay_group *g, gdir *dr, const char *file)
         }
         break;
     case G_PROBING:
-        /* Changed since the outbox__group_probe began: its answer may be too old. */
+        /* Changed since the probe began: its answer may be too old. */
         if (changed(d))
             d->dirty = 1;
         break;
     case G_CLOSING:
-        break; /* a outbox__group_probe follows the close */
+        break; /* a probe follows the close */
     case G_OPEN:
         d->last_used = uv_now(g->loop);
-        outbox__wake_look(d->r); /* its own outbox__group_watch (wake.c) is the group's */
+        outbox__wake_look(d->r); /* its own watch (wake.c) is the group's */
         break;
     default:
         break; /* queued, or failed: its retry comes */
@@ -380,7 +380,7 @@ int outbox__group_watch(outbox_relay_group *g, gdir *dr)
     e = uv_fs_event_start(&dr->ev, on_dir_event, dr->path, 0);
     if (e != 0) {
         uv_close((uv_handle_t *)&dr->ev, NULL);
-        GLOG(g, OUTBOX_LOG_ERROR, "msg=\"cannot outbox__group_watch the directory\" dir=%s error=\"%s\"", dr->path,
+        GLOG(g, OUTBOX_LOG_ERROR, "msg=\"cannot watch the directory\" dir=%s error=\"%s\"", dr->path,
              uv_strerror(e));
         return OUTBOX_EIO;
     }

@@ -480,6 +480,8 @@ static void daemon_cli(void)
         }
         is_int(code, 200, "/healthz of the group: 200 with a failing database");
         ok(body && strstr(body, "failing: zz:"), "/healthz names it");
+        ok(body && strstr(body, " open ") && strstr(body, " closed ") && strstr(body, " failed 1 not_outbox 0\n"),
+           "/healthz counts the databases by state (databases N open N closed N failed N not_outbox N)");
         free(body);
         body = NULL;
         code = ot_http_get(hp, "/metrics", &body);
