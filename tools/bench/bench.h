@@ -386,6 +386,12 @@ int sc_dbdir_fair(bench *b, bench_report *r);
  * command, for profiling. tag names its log, relay-<tag>.log. */
 int bench_relay_drain(bench *b, const char *db, const char *tag, const char *const *extra, double *secs,
                       struct rusage *ru, bench_rss *peak, char *err, size_t errlen);
+/* The same run of the relay daemon with args of the caller's (after the
+ * binary: "run", "--db-dir", DIR, ...) and no check of a database after:
+ * wall seconds, resource usage, peak memory with peak; fails when it does
+ * not exit 0. */
+int bench_relay_run(bench *b, const char *const *args, const char *tag, double *secs, struct rusage *ru,
+                    bench_rss *peak, char *err, size_t errlen);
 
 /* One of the two places a drain_tls or drain_cluster run compares: a
  * standalone server (rc) or a cluster, and the relay options that reach it. */

@@ -11,8 +11,8 @@
 
 #include "bench.h"
 
-int bench_relay_drain(bench *b, const char *db, const char *tag, const char *const *extra, double *secs,
-                      struct rusage *ru, bench_rss *peak, char *err, size_t errlen)
+int bench_relay_run(bench *b, const char *const *args, const char *tag, double *secs, struct rusage *ru,
+                    bench_rss *peak, char *err, size_t errlen)
 {
     char wrapbuf[1024];
     const char *argv[48];
@@ -20,21 +20,13 @@ int bench_relay_drain(bench *b, const char *db, const char *tag, const char *con
     int a = 0, status = 0;
     pid_t pid;
     uint64_t t0;
-    long long left;
 
     snprintf(name, sizeof name, "relay-%s.log", tag);
     bench_path(b, logpath, sizeof logpath, name);
     a = bench_wrap_argv(argv, wrapbuf, sizeof wrapbuf);
     argv[a++] = b->relay_bin;
-    argv[a++] = "--db";
-    argv[a++] = db;
-    argv[a++] = "--redis";
-    argv[a++] = b->redis_url;
-    argv[a++] = "--drain";
-    argv[a++] = "--log-level";
-    argv[a++] = "warn";
-    for (; extra && *extra && a < 46; extra++)
-        argv[a++] = *extra;
+    for (; args && *args && a < 46; args++)
+        argv[a++] = *args;
     argv[a] = NULL;
     t0 = bench_mono_us();
     if (bench_spawn(argv, NULL, logpath, &pid) != 0) {
@@ -51,6 +43,20 @@ int bench_relay_drain(bench *b, const char *db, const char *tag, const char *con
         snprintf(err, errlen, "relay %s: %s", bench_status_text(status, st, sizeof st), tail);
         return -1;
     }
+    return 0;
+}
+
+int bench_relay_drain(bench *b, const char *db, const char *tag, const char *const *extra, double *secs,
+                      struct rusage *ru, bench_rss *peak, char *err, size_t errlen)
+{
+    const char *args[40] = {"--db", db, "--redis", b->redis_url, "--drain", "--log-level", "warn"};
+    int a = 7;
+    long long left;
+    for (; extra && *extra && a < 39; extra++)
+        args[a++] = *extra;
+    args[a] = NULL;
+    if (bench_relay_run(b, args, tag, secs, ru, peak, err, errlen) != 0)
+        return -1;
     left = bench_count_state(db, 0) + bench_count_state(db, 1);
     if (left != 0) {
         snprintf(err, errlen, "relay drained but %lld rows are still pending or sending", left);

@@ -70,40 +70,11 @@ static int copies(const char *src, const char *dir, long count, char *err, size_
 static int drain_dir(bench *b, const char *dir, const char *tag, double *secs, double *cpu, char *err,
                      size_t errlen)
 {
-    char logpath[PATH_MAX + 64], name[64], st[32], tail[400];
-    const char *argv[16];
+    const char *args[] = {"run", "--db-dir", dir, "--redis", b->redis_url, "--drain", "--log-level", "warn", NULL};
     struct rusage ru;
-    int a = 0, status = 0;
-    pid_t pid;
-    uint64_t t0;
-    snprintf(name, sizeof name, "relay-%s.log", tag);
-    bench_path(b, logpath, sizeof logpath, name);
-    argv[a++] = b->relay_bin;
-    argv[a++] = "run";
-    argv[a++] = "--db-dir";
-    argv[a++] = dir;
-    argv[a++] = "--redis";
-    argv[a++] = b->redis_url;
-    argv[a++] = "--drain";
-    argv[a++] = "--log-level";
-    argv[a++] = "warn";
-    argv[a] = NULL;
-    t0 = bench_mono_us();
-    if (bench_spawn(argv, NULL, logpath, &pid) != 0) {
-        snprintf(err, errlen, "cannot start outbox-relay: %s", strerror(errno));
+    if (bench_relay_run(b, args, tag, secs, &ru, NULL, err, errlen) != 0)
         return -1;
-    }
-    if (bench_wait(pid, &status, &ru, 3600000) != 0) {
-        snprintf(err, errlen, "relay did not finish within an hour");
-        return -1;
-    }
-    *secs = (double)(bench_mono_us() - t0) / 1e6;
     *cpu = bench_ru_cpu_s(&ru);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        bench_tail_file(logpath, tail, sizeof tail, 3);
-        snprintf(err, errlen, "relay %s: %s", bench_status_text(status, st, sizeof st), tail);
-        return -1;
-    }
     return 0;
 }
 
