@@ -11,6 +11,20 @@
 
 #include "ops/metrics.h"
 
+void outbox__prom_label_value(outbox__sbuf *b, const char *v)
+{
+    while (*v) {
+        size_t n = strcspn(v, "\\\"\n");
+        if (n)
+            outbox__sbuf_printf(b, "%.*s", (int)n, v);
+        v += n;
+        if (*v) {
+            outbox__sbuf_printf(b, "\\%c", *v == '\n' ? 'n' : *v);
+            v++;
+        }
+    }
+}
+
 void outbox__hist_init(outbox__hist *h, const double *bounds, size_t n)
 {
     memset(h, 0, sizeof *h);

@@ -1,6 +1,7 @@
 /*
- * metrics.h: Prometheus text exposition helpers (internal): histograms
- * with fixed buckets and per-topic counters, written into an outbox__sbuf.
+ * metrics.h: Prometheus text exposition helpers (internal): label values,
+ * histograms with fixed buckets and per-topic counters, written into an
+ * outbox__sbuf.
  */
 #ifndef OUTBOX_SRC_METRICS_H
 #define OUTBOX_SRC_METRICS_H
@@ -11,6 +12,11 @@
 #include "util/sbuf.h"
 
 #define OUTBOX_HIST_MAX_BUCKETS 24
+
+/* A label value in the exposition format, appended to b: backslash, double
+ * quote and newline escaped (any byte can come from a row, a topic written
+ * past the schema's checks, a database's file name). */
+void outbox__prom_label_value(outbox__sbuf *b, const char *v);
 
 typedef struct outbox__hist {
     const double *bounds; /* upper bounds, increasing; +Inf implied */

@@ -10,24 +10,13 @@
 #include <string.h>
 
 #include "group_int.h"
+#include "ops/metrics.h"
 
 /* ---- /metrics and /healthz ------------------------------------------------- */
 
 /* Failing databases named in /metrics and /healthz, at most: the number
  * of series stays bounded whatever the number of databases. */
 #define HEALTH_NAMES_MAX 20
-
-static void prom_label(outbox__sbuf *b, const char *v)
-{
-    for (; *v; v++) {
-        if (*v == '\\' || *v == '"')
-            outbox__sbuf_printf(b, "\\%c", *v);
-        else if (*v == '\n')
-            outbox__sbuf_printf(b, "\\n");
-        else
-            outbox__sbuf_printf(b, "%c", *v);
-    }
-}
 
 /* Each database's backlog as last seen: an open one's from its relay's
  * figures (read on a worker thread, at most about a second old: a call
@@ -85,7 +74,7 @@ static void backlog_series(outbox_relay_group *g, outbox__sbuf *b)
                         g->tmpl.metrics_db_limit);
     for (size_t i = 0; i < named; i++) {
         outbox__sbuf_printf(b, "outbox_database_backlog{db=\"");
-        prom_label(b, top[i]->name);
+        outbox__prom_label_value(b, top[i]->name);
         outbox__sbuf_printf(b, "\"} %lld\n", (long long)top[i]->fig_backlog);
     }
     outbox__sbuf_printf(b, "outbox_database_backlog{db=\"other\"} %lld\n", (long long)other);
@@ -94,7 +83,7 @@ static void backlog_series(outbox_relay_group *g, outbox__sbuf *b)
                            "# TYPE outbox_database_oldest_pending_seconds gauge\n");
     for (size_t i = 0; i < named; i++) {
         outbox__sbuf_printf(b, "outbox_database_oldest_pending_seconds{db=\"");
-        prom_label(b, top[i]->name);
+        outbox__prom_label_value(b, top[i]->name);
         outbox__sbuf_printf(b, "\"} %.3f\n", (double)top[i]->fig_oldest_ms / 1000.0);
     }
     outbox__sbuf_printf(b, "outbox_database_oldest_pending_seconds{db=\"other\"} %.3f\n",
@@ -119,7 +108,7 @@ static void group_metrics(outbox_relay_group *g, outbox__sbuf *b)
     for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++)
         if (g->dbs[i]->state == G_FAILED) {
             outbox__sbuf_printf(b, "outbox_database_failing{db=\"");
-            prom_label(b, g->dbs[i]->name);
+            outbox__prom_label_value(b, g->dbs[i]->name);
             outbox__sbuf_printf(b, "\"} 1\n");
             named++;
         }

@@ -105,23 +105,6 @@ static void dbstat_done(uv_work_t *w, int status)
     r->hooks.stop_check(r);
 }
 
-/* A label value in the exposition format: backslash, double quote and
- * newline escaped. A row with an invalid topic (written past the schema's
- * checks) is dead-lettered under its own topic, so any byte can get here. */
-static void prom_label_value(outbox__sbuf *b, const char *v)
-{
-    while (*v) {
-        size_t n = strcspn(v, "\\\"\n");
-        if (n)
-            outbox__sbuf_printf(b, "%.*s", (int)n, v);
-        v += n;
-        if (*v) {
-            outbox__sbuf_printf(b, "\\%c", *v == '\n' ? 'n' : *v);
-            v++;
-        }
-    }
-}
-
 /* One per-topic counter family. Topics beyond the table's limit are counted
  * in the shared "_other" entry, which must be shown too or the family's sum
  * would fall short of the total; a real topic of that name gets its sum, so
@@ -148,7 +131,7 @@ static void topic_family(outbox__sbuf *b, const outbox_relay *r, const char *nam
             continue;
         }
         outbox__sbuf_printf(b, "%s{topic=\"", name);
-        prom_label_value(b, ts->topic);
+        outbox__prom_label_value(b, ts->topic);
         outbox__sbuf_printf(b, "\"} %llu\n", (unsigned long long)v);
     }
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "ops/http.h"
+#include "ops/metrics.h"
 #include "metrics.h"
 #include "util/sbuf.h"
 #include "ops/web_config.h"
@@ -30,27 +31,13 @@ struct consume_metrics {
     void *close_data;
 };
 
-/* A label value in the exposition format: backslash, double quote and
- * newline escaped. */
-static void label_value(outbox__sbuf *b, const char *v)
-{
-    for (; *v; v++) {
-        if (*v == '\\' || *v == '"')
-            outbox__sbuf_printf(b, "\\%c", *v);
-        else if (*v == '\n')
-            outbox__sbuf_puts(b, "\\n");
-        else
-            outbox__sbuf_printf(b, "%c", *v);
-    }
-}
-
 static void family(outbox__sbuf *b, const consume_metrics *m, const char *name, const char *type, const char *help,
                    long long v)
 {
     outbox__sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s{stream=\"", name, help, name, type, name);
-    label_value(b, m->stream);
+    outbox__prom_label_value(b, m->stream);
     outbox__sbuf_puts(b, "\",group=\"");
-    label_value(b, m->group);
+    outbox__prom_label_value(b, m->group);
     outbox__sbuf_printf(b, "\"} %lld\n", v);
 }
 
