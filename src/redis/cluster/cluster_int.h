@@ -31,6 +31,7 @@ struct outbox__cluster_node {
     unsigned failures;   /* connect failures in a row */
     ccmd *wait_head, *wait_tail; /* queued until its connection is up */
     int master;        /* serves slots in the current map */
+    int was_master;    /* ... in the map before it (map.c, while a new one is taken) */
     int probe_wait;    /* a refresh waits for this node's connect */
     uint64_t said_down; /* loop ms of its last CLUSTERDOWN (0: none): asked for the map last (map.c) */
     uint64_t moved, ask, tryagain, errors;

@@ -26,11 +26,17 @@ static void try_next(outbox__cluster *c);
 #define SAID_DOWN_MS 10000
 #define SAID_DOWN_REFRESH_MS 200
 
+/* n answered CLUSTERDOWN in the last SAID_DOWN_MS. */
+static int said_down(const outbox__cluster_node *n, uint64_t now)
+{
+    return n->said_down && now - n->said_down < SAID_DOWN_MS;
+}
+
 static int said_down_lately(const outbox__cluster *c)
 {
     uint64_t now = uv_now(c->loop);
     for (size_t i = 0; i < c->nnodes; i++)
-        if (c->nodes[i]->said_down && now - c->nodes[i]->said_down < SAID_DOWN_MS)
+        if (said_down(c->nodes[i], now))
             return 1;
     return 0;
 }
@@ -61,14 +67,12 @@ static void refresh_failed(outbox__cluster *c)
 
 static void refresh_done(outbox__cluster *c, const outbox__cluster_node *from, const uint16_t *slots)
 {
-    size_t masters = 0, covered = 0, moved = 0, nwas = c->nnodes;
-    int *was = calloc(nwas ? nwas : 1, sizeof *was);
+    size_t masters = 0, covered = 0, moved = 0;
     for (size_t s = 0; s < OUTBOX__SLOTS; s++)
         moved += c->slots[s] != slots[s];
     memcpy(c->slots, slots, sizeof c->slots);
     for (size_t i = 0; i < c->nnodes; i++) {
-        if (was)
-            was[i] = c->nodes[i]->master;
+        c->nodes[i]->was_master = c->nodes[i]->master;
         c->nodes[i]->master = 0;
     }
     for (size_t s = 0; s < OUTBOX__SLOTS; s++)
@@ -87,12 +91,10 @@ static void refresh_done(outbox__cluster *c, const outbox__cluster_node *from, c
                 c->what, from->name, masters, covered, moved);
     /* A master that lost every slot: what waits on its connection is handed
      * back now (outbox__cluster_node_retire). Not at the first map: nothing
-     * was routed yet. Their callbacks may add nodes (a MOVED): only those
-     * known before are looked at. */
-    for (size_t i = 0; was && c->ready && i < nwas; i++)
-        if (was[i] && !c->nodes[i]->master)
+     * was routed yet. A node their callbacks add (a MOVED) was no master. */
+    for (size_t i = 0; c->ready && i < c->nnodes; i++)
+        if (c->nodes[i]->was_master && !c->nodes[i]->master)
             outbox__cluster_node_retire(c, c->nodes[i]);
-    free(was);
     if (!c->ready || c->down_reported) {
         c->ready = 1;
         c->down_reported = 0;
@@ -289,7 +291,7 @@ static void start_refresh(outbox__cluster *c)
         for (size_t i = 0; i < c->nnodes; i++) {
             const outbox__cluster_node *n = c->nodes[i];
             int up = n->state == NS_UP;
-            int said = n->said_down && uv_now(c->loop) - n->said_down < SAID_DOWN_MS;
+            int said = said_down(n, uv_now(c->loop));
             if ((pass == 0 && up && !said && n->master) || (pass == 1 && up && !said && !n->master) ||
                 (pass == 2 && !up) || (pass == 3 && up && said))
                 order[k++] = i;
