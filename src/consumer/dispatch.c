@@ -44,7 +44,6 @@ static void on_completed(outbox_dedup *d, int status, outbox_dedup_result r, voi
             LOG(c, OUTBOX_LOG_INFO, "msg=\"dedup complete unanswered, sent again until answered\" id=%s err=%s",
                 e->msg_id, outbox_err_name(status));
         e->completing = 1;
-        e->recheck = 1;
         outbox__consumer_schedule_retry(e, "dedup complete unanswered");
         return;
     }
