@@ -11,43 +11,59 @@
 
 #include "claim.h"
 
-static bslot *bslot_find(claim_ctx *x, const char *topic, const char *key, size_t klen)
+static bslot *bslot_find(claim_ctx *x, const cand *c)
 {
-    size_t i = (size_t)outbox__key_hash(topic, key, klen) & (x->scap - 1);
+    size_t i = (size_t)c->khash & (x->scap - 1);
     while (x->slots[i].gen == x->gen) {
         const cand *o = &x->cs[x->slots[i].first];
-        if (outbox__same_key(o->topic, o->key, o->klen, topic, key, klen))
+        if (o->khash == c->khash && outbox__same_key(o->topic, o->key, o->klen, c->topic, c->key, c->klen))
             return &x->slots[i];
         i = (i + 1) & (x->scap - 1);
     }
     return &x->slots[i];
 }
 
+/* Adds a row as a candidate (its strings copied into the claim's arena). */
+static int add_cand_row(claim_ctx *x, const outbox__row *v, enum cand_source source)
+{
+    cand *c;
+    if (x->n == x->cap || !v->topic)
+        return OUTBOX_ENOMEM; /* sized for the most a claim looks at; a NULL topic: a failed conversion */
+    c = &x->cs[x->n];
+    memset(c, 0, sizeof *c);
+    c->seq = v->seq;
+    c->topic = outbox__claim_arena_dup(&x->r->cw.arena, v->topic, v->tl);
+    c->key = v->key ? outbox__claim_arena_dup(&x->r->cw.arena, v->key, v->klen) : NULL;
+    c->klen = v->klen;
+    /* Hashed once here: the batch's key slots, the key map (here and on
+     * the loop, m->km_hash) and the other relays' keys all use it. */
+    if (c->key)
+        c->khash = outbox__key_hash(c->topic, c->key, c->klen);
+    c->token = v->token;
+    c->available_at = v->available_at;
+    c->created_at = v->created_at;
+    c->source = source;
+    c->prev = -1;
+    if (!c->topic || (v->key && !c->key))
+        return OUTBOX_ENOMEM;
+    x->n++;
+    return 0;
+}
+
 /* Adds the current row of st (seq, topic, key, lease_token, available_at,
  * created_at) as a candidate. */
 static int add_cand(claim_ctx *x, sqlite3_stmt *st, enum cand_source source)
 {
-    const char *topic = (const char *)sqlite3_column_text(st, 1);
-    const char *key = sqlite3_column_type(st, 2) == SQLITE_NULL ? NULL : (const char *)sqlite3_column_text(st, 2);
-    size_t klen = key ? (size_t)sqlite3_column_bytes(st, 2) : 0;
-    cand *c;
-    if (x->n == x->cap || !topic)
-        return OUTBOX_ENOMEM; /* sized for the most a claim looks at; a NULL topic: a failed conversion */
-    c = &x->cs[x->n];
-    memset(c, 0, sizeof *c);
-    c->seq = sqlite3_column_int64(st, 0);
-    c->topic = outbox__claim_arena_dup(&x->r->cw.arena, topic, strlen(topic));
-    c->key = key ? outbox__claim_arena_dup(&x->r->cw.arena, key, klen) : NULL;
-    c->klen = klen;
-    c->token = sqlite3_column_int64(st, 3);
-    c->available_at = sqlite3_column_int64(st, 4);
-    c->created_at = sqlite3_column_int64(st, 5);
-    c->source = source;
-    c->prev = -1;
-    if (!c->topic || (key && !c->key))
-        return OUTBOX_ENOMEM;
-    x->n++;
-    return 0;
+    outbox__row v;
+    v.topic = (const char *)sqlite3_column_text(st, 1);
+    v.tl = (size_t)sqlite3_column_bytes(st, 1);
+    v.key = sqlite3_column_type(st, 2) == SQLITE_NULL ? NULL : (const char *)sqlite3_column_text(st, 2);
+    v.klen = v.key ? (size_t)sqlite3_column_bytes(st, 2) : 0;
+    v.seq = sqlite3_column_int64(st, 0);
+    v.token = sqlite3_column_int64(st, 3);
+    v.available_at = sqlite3_column_int64(st, 4);
+    v.created_at = sqlite3_column_int64(st, 5);
+    return add_cand_row(x, &v, source);
 }
 
 /* bs: the candidate's key slot (NULL for a row without a key). */
@@ -144,7 +160,7 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
         return D_HELD;
     /* This relay's own newest message of the key (a batch's rows are in no
      * index): a waiting row older than it waits for it to finish. */
-    km = outbox__win_key_get(r, c->topic, c->key, c->klen);
+    km = outbox__win_key_get_hashed(r, c->khash, c->topic, c->key, c->klen);
     if (km && km->seq > c->seq && c->source != S_NEW && c->source != S_TAKEN)
         return D_HELD_OURS;
     if (km && km->seq >= c->seq)
@@ -197,7 +213,7 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
         return D_AFTER;
     }
     if (pstate == OUTBOX_STATE_SENDING && mine && outbox__win_seq_has(r, pseq)) {
-        msg *m = outbox__win_key_get(r, c->topic, c->key, c->klen);
+        msg *m = outbox__win_key_get_hashed(r, c->khash, c->topic, c->key, c->klen);
         d = D_HELD_OURS;
         /* Its state changes on the loop thread meanwhile: only the chain is
          * decided here, unit_done settles it (settle_chain). */
@@ -222,7 +238,7 @@ static int consider(claim_ctx *x, int idx)
     bslot *bs = NULL;
 
     if (c->klen) {
-        bs = bslot_find(x, c->topic, c->key, c->klen);
+        bs = bslot_find(x, c);
         if (bs->gen != x->gen) {
             bs->gen = x->gen;
             bs->first = idx;
@@ -324,20 +340,22 @@ static int scan_taken(claim_ctx *x)
     return e;
 }
 
-/* Where OUTBOX__SQL_NEW has a row's columns for outbox__encode_row (its
- * lease_token and attempts before the claim). */
+/* Where OUTBOX__SQL_NEW has a row's columns (its lease_token and attempts
+ * before the claim). */
 static const outbox__row_cols walk_cols = {.seq = 0, .id = 6, .topic = 1, .key = 2, .payload = 7, .headers = 8,
-                                           .created_at = 5, .token = 3, .attempts = 9, .replay_count = 10};
+                                           .created_at = 5, .token = 3, .attempts = 9, .replay_count = 10,
+                                           .available_at = 4};
 
 /* A new row chosen: its message, from the walk's row. It goes in the new
  * batch lease, token 1 and one attempt more (OUTBOX__SQL_BATCH_NEW), which
  * claim_chosen writes once the walks are done; under the write lock the
  * row stays as the walk read it. */
-static int encode_new(claim_ctx *x, sqlite3_stmt *st, cand *c)
+static int encode_new(claim_ctx *x, const outbox__row *v, cand *c)
 {
     msg *m;
-    int e = outbox__encode_row(x->r, st, &walk_cols, &m);
+    int e = outbox__encode(x->r, v, &m);
     if (m) {
+        m->km_hash = c->khash;
         m->token = 1;
         m->attempts++;
         c->m = m;
@@ -360,6 +378,7 @@ static int scan_pending(claim_ctx *x)
     sqlite3_stmt *w = Q(r, q_due), *n = Q(r, q_new);
     int64_t limit = (int64_t)x->want * 4, nread = 0, last = 0;
     int rw, rn, rc;
+    outbox__row row;
 
     rc = outbox__relay_step_done(r, Q(r, q_stray));
     if (rc != 0)
@@ -390,11 +409,17 @@ static int scan_pending(claim_ctx *x)
                        (rn == SQLITE_ROW && (sqlite3_column_int64(n, 4) < sqlite3_column_int64(w, 4) ||
                                              (sqlite3_column_int64(n, 4) == sqlite3_column_int64(w, 4) &&
                                               sqlite3_column_int64(n, 0) < sqlite3_column_int64(w, 0))));
-        rc = add_cand(x, take_new ? n : w, take_new ? S_NEW : S_WAITING);
+        if (take_new) {
+            /* The walk's row is read once, for the decision and the message. */
+            outbox__row_read(n, &walk_cols, &row);
+            rc = add_cand_row(x, &row, S_NEW);
+        } else {
+            rc = add_cand(x, w, S_WAITING);
+        }
         if (rc == 0)
             rc = consider(x, (int)x->n - 1);
         if (rc == 0 && take_new && x->encode && x->cs[x->n - 1].fate == C_CHOSEN)
-            rc = encode_new(x, n, &x->cs[x->n - 1]);
+            rc = encode_new(x, &row, &x->cs[x->n - 1]);
         if (rc != 0)
             break;
         if (take_new) {
@@ -474,6 +499,7 @@ static int take_row(claim_ctx *x, sqlite3_stmt *st, const int64_t *index, relay_
     c = &x->cs[hit[1]];
     e = outbox__encode_row(x->r, st, &outbox__claim_cols, &m);
     if (m) {
+        m->km_hash = c->khash;
         m->took_over = c->source == S_EXPIRED || c->source == S_TAKEN;
         c->m = m;
         if (b)

@@ -22,6 +22,7 @@ struct cand {
     int64_t seq;
     const char *topic, *key; /* in the claim's arena */
     size_t klen;
+    uint64_t khash;     /* outbox__key_hash of topic and key (keyed rows) */
     int64_t token;      /* lease_token: 0 = never claimed */
     int64_t available_at, created_at;
     enum cand_source source;

@@ -148,7 +148,7 @@ int outbox__claim_foreign_min(claim_ctx *x, const cand *c, int64_t *seq)
     }
     if (!x->fk_len)
         return 0;
-    h = outbox__key_hash(c->topic, c->key, c->klen);
+    h = c->khash;
     for (i = (size_t)h & (x->fk_cap - 1); x->fk[i].topic; i = (i + 1) & (x->fk_cap - 1))
         if (x->fk[i].hash == h && outbox__same_key(x->fk[i].topic, x->fk[i].key, x->fk[i].klen, c->topic, c->key, c->klen)) {
             *seq = x->fk[i].seq;

@@ -36,13 +36,6 @@ char *outbox__safe_text(const char *s, size_t len)
 /* ------------------------------------------------------------------ */
 /* claim */
 
-/* The fields of a row that the envelope and the checks need. */
-typedef struct rowview {
-    const char *id, *topic, *key;
-    const void *payload, *headers;
-    size_t klen, plen, hlen;
-    int64_t created_at;
-} rowview;
 
 /*
  * Messages live in chunks: one malloc for many messages (each with its
@@ -162,7 +155,7 @@ static size_t bulk_size(size_t len)
     return 1 + dec_len(len) + 2 + len + 2;
 }
 
-static void envelope_of(const outbox_relay *r, const rowview *c, outbox_envelope *e)
+static void envelope_of(const outbox_relay *r, const outbox__row *c, outbox_envelope *e)
 {
     memset(e, 0, sizeof *e);
     e->version = OUTBOX_ENVELOPE_VERSION;
@@ -192,7 +185,7 @@ static size_t command_size(const outbox_relay *r, size_t idl, size_t tl, size_t 
 
 /* Writes the command at p, the envelope straight into its last argument;
  * returns the end. */
-static char *put_command(const outbox_relay *r, const rowview *c, const outbox_envelope *e, char *p, size_t idl,
+static char *put_command(const outbox_relay *r, const outbox__row *c, const outbox_envelope *e, char *p, size_t idl,
                          size_t tl, size_t envlen, const char *maxlen, size_t mlen)
 {
     size_t pl = strlen(r->cfg.stream_prefix);
@@ -230,7 +223,7 @@ static char *put_command(const outbox_relay *r, const rowview *c, const outbox_e
 
 /* Checks a row written by plain SQL against what the relay can publish;
  * returns NULL or a reason to dead-letter it. */
-static const char *row_problem(const outbox_relay *r, const rowview *v, char *buf, size_t len)
+static const char *row_problem(const outbox_relay *r, const outbox__row *v, char *buf, size_t len)
 {
     if (v->plen > r->cfg.s.max_payload) {
         snprintf(buf, len, "payload is %zu bytes, the relay's limit is %zu", v->plen, r->cfg.s.max_payload);
@@ -248,40 +241,62 @@ static const char *row_problem(const outbox_relay *r, const rowview *v, char *bu
 }
 
 const outbox__row_cols outbox__claim_cols = {.seq = 0, .id = 1, .topic = 2, .key = 3, .payload = 4, .headers = 5,
-                                              .created_at = 6, .token = 7, .attempts = 8, .replay_count = 9};
+                                              .created_at = 6, .token = 7, .attempts = 8, .replay_count = 9,
+                                              .available_at = -1};
+
+void outbox__row_read(sqlite3_stmt *st, const outbox__row_cols *cols, outbox__row *v)
+{
+    /* Each column once: every sqlite3_column_* call costs about as much as
+     * a short memcpy, and a row is read for a claim and its encoding. */
+    v->id = (const char *)sqlite3_column_text(st, cols->id);
+    v->idl = (size_t)sqlite3_column_bytes(st, cols->id);
+    v->topic = (const char *)sqlite3_column_text(st, cols->topic);
+    v->tl = (size_t)sqlite3_column_bytes(st, cols->topic);
+    v->key = NULL;
+    v->klen = 0;
+    if (sqlite3_column_type(st, cols->key) != SQLITE_NULL) {
+        v->key = (const char *)sqlite3_column_text(st, cols->key);
+        v->klen = (size_t)sqlite3_column_bytes(st, cols->key);
+    }
+    v->payload = sqlite3_column_blob(st, cols->payload);
+    v->plen = (size_t)sqlite3_column_bytes(st, cols->payload);
+    v->headers = NULL;
+    v->hlen = 0;
+    if (sqlite3_column_type(st, cols->headers) != SQLITE_NULL) {
+        v->headers = sqlite3_column_blob(st, cols->headers);
+        v->hlen = (size_t)sqlite3_column_bytes(st, cols->headers);
+    }
+    v->seq = sqlite3_column_int64(st, cols->seq);
+    v->created_at = sqlite3_column_int64(st, cols->created_at);
+    v->token = sqlite3_column_int64(st, cols->token);
+    v->attempts = sqlite3_column_int64(st, cols->attempts);
+    v->replay_count = sqlite3_column_int64(st, cols->replay_count);
+    v->available_at = cols->available_at >= 0 ? sqlite3_column_int64(st, cols->available_at) : 0;
+}
 
 int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, const outbox__row_cols *cols, msg **out)
 {
-    rowview v;
+    outbox__row v;
+    outbox__row_read(st, cols, &v);
+    return outbox__encode(r, &v, out);
+}
+
+int outbox__encode(outbox_relay *r, const outbox__row *row, msg **out)
+{
+    const outbox__row *v = row;
     outbox_envelope e;
-    size_t idl, tl, envlen = 0, cmdlen = 0, mlen = 0;
+    size_t idl = v->idl, tl = v->tl, envlen = 0, cmdlen = 0, mlen = 0;
     msg *m;
     char why[256], maxlen[24], *p;
     const char *problem, *ml = NULL;
 
     *out = NULL;
-    memset(&v, 0, sizeof v);
-    v.id = (const char *)sqlite3_column_text(st, cols->id);
-    idl = (size_t)sqlite3_column_bytes(st, cols->id);
-    v.topic = (const char *)sqlite3_column_text(st, cols->topic);
-    tl = (size_t)sqlite3_column_bytes(st, cols->topic);
-    if (sqlite3_column_type(st, cols->key) != SQLITE_NULL) {
-        v.key = (const char *)sqlite3_column_text(st, cols->key);
-        v.klen = (size_t)sqlite3_column_bytes(st, cols->key);
-    }
-    v.payload = sqlite3_column_blob(st, cols->payload);
-    v.plen = (size_t)sqlite3_column_bytes(st, cols->payload);
-    if (sqlite3_column_type(st, cols->headers) != SQLITE_NULL) {
-        v.headers = sqlite3_column_blob(st, cols->headers);
-        v.hlen = (size_t)sqlite3_column_bytes(st, cols->headers);
-    }
-    v.created_at = sqlite3_column_int64(st, cols->created_at);
-    if (!v.id || !v.topic)
+    if (!v->id || !v->topic)
         return OUTBOX_ENOMEM; /* NOT NULL columns: only a failed text conversion is NULL */
     /* Never publishable: dead in this same transaction (no command). */
-    problem = row_problem(r, &v, why, sizeof why);
+    problem = row_problem(r, v, why, sizeof why);
     if (!problem) {
-        envelope_of(r, &v, &e);
+        envelope_of(r, v, &e);
         envlen = outbox__envelope_size(&e);
         if (r->cfg.s.maxlen) {
             mlen = (size_t)snprintf(maxlen, sizeof maxlen, "%llu", (unsigned long long)r->cfg.s.maxlen);
@@ -293,24 +308,24 @@ int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, const outbox__row_cols
             cmdlen = command_size(r, idl, tl, envlen, ml, mlen);
     }
     /* The message, its id, topic and key (NUL-terminated), its command. */
-    m = msg_alloc(r, idl + 1 + tl + 1 + v.klen + 1 + cmdlen);
+    m = msg_alloc(r, idl + 1 + tl + 1 + v->klen + 1 + cmdlen);
     if (!m)
         return OUTBOX_ENOMEM;
     m->r = r;
-    m->seq = sqlite3_column_int64(st, cols->seq);
-    m->token = sqlite3_column_int64(st, cols->token);
-    m->attempts = sqlite3_column_int64(st, cols->attempts);
-    m->replay_count = sqlite3_column_int64(st, cols->replay_count);
-    m->created_at = v.created_at;
+    m->seq = v->seq;
+    m->token = v->token;
+    m->attempts = v->attempts;
+    m->replay_count = v->replay_count;
+    m->created_at = v->created_at;
     m->id = (char *)(m + 1);
-    memcpy(m->id, v.id, idl + 1);
+    memcpy(m->id, v->id, idl + 1);
     m->topic = m->id + idl + 1;
-    memcpy(m->topic, v.topic, tl + 1);
+    memcpy(m->topic, v->topic, tl + 1);
     m->key = m->topic + tl + 1;
-    if (v.klen)
-        memcpy(m->key, v.key, v.klen);
-    m->key[v.klen] = '\0';
-    m->klen = v.klen;
+    if (v->klen)
+        memcpy(m->key, v->key, v->klen);
+    m->key[v->klen] = '\0';
+    m->klen = v->klen;
     m->state = MSG_HELD;
     *out = m;
     if (problem) {
@@ -326,8 +341,8 @@ int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, const outbox__row_cols
         m->envlen = envlen;
         return 0;
     }
-    p = m->key + v.klen + 1;
+    p = m->key + v->klen + 1;
     m->cmd = p;
-    m->cmdlen = (size_t)(put_command(r, &v, &e, p, idl, tl, envlen, ml, mlen) - p);
+    m->cmdlen = (size_t)(put_command(r, v, &e, p, idl, tl, envlen, ml, mlen) - p);
     return 0;
 }

@@ -97,7 +97,7 @@ struct msg {
     char *id, *topic, *key; /* in the same allocation; key "" when unkeyed */
     size_t klen;
     msg *km_next;     /* key map bucket */
-    uint64_t km_hash; /* outbox__key_hash of topic and key, set when it enters the key map */
+    uint64_t km_hash; /* outbox__key_hash of topic and key: set by the claim, or when it enters the key map */
     int in_keymap;
     msg *chain_after; /* claimed behind this message of an earlier batch (linked after commit) */
     char *env;        /* idempotent mode: the envelope, sent with its stream's batch */
@@ -266,7 +266,11 @@ struct relay_window {
     /* The newest message held of each key (see outbox__keymap_put). */
     msg **keymap;
     size_t keymap_cap, keymap_len;
-    /* In-flight seqs, to tell our own leases from expired ones. */
+    /* In-flight seqs of the rows under a lease of their own, to tell our
+     * own leases from expired ones. A batch lease's rows are not in it:
+     * their rows are never leased on their own (state 1) while we hold
+     * them, and the leases the set answers for (outbox_leased, a keyed
+     * row's predecessor of state 1) are per-row ones. */
     int64_t *seqset;
     size_t seqset_cap, seqset_len, seqset_tombs;
     /* The batch leases this relay holds (claimed and committed). */
@@ -404,6 +408,11 @@ struct relay_stats {
     uint64_t checkpoints_total;
     outbox__topics topics;
     outbox__hist h_latency, h_claim_size, h_claim_secs, h_stall;
+    /* The wall clock for h_latency, read again at each loop turn and every
+     * LATENCY_CLOCK_USES marks within one (window.c). */
+    int64_t clock_ms;
+    uint64_t clock_turn;
+    unsigned clock_uses;
 };
 
 /* Database figures for /metrics, /healthz and outbox_relay_stats_get. */
@@ -566,17 +575,30 @@ int outbox__relay_step_done(outbox_relay *r, sqlite3_stmt *st);
 char *outbox__safe_text(const char *s, size_t len);
 /* The same into out, which has room for len + 1 bytes (s may be out). */
 char *outbox__safe_text_into(char *out, const char *s, size_t len);
-/* Where a statement has the columns of a row to send (outbox__encode_row). */
+/* Where a statement has the columns of a row to send (outbox__encode_row);
+ * available_at -1 when it has none. */
 typedef struct outbox__row_cols {
-    int seq, id, topic, key, payload, headers, created_at, token, attempts, replay_count;
+    int seq, id, topic, key, payload, headers, created_at, token, attempts, replay_count, available_at;
 } outbox__row_cols;
 /* As OUTBOX__SQL_CLAIM and OUTBOX__SQL_BATCH_ROWS return them. */
 extern const outbox__row_cols outbox__claim_cols;
-/* Builds *out from the current row of st (its columns at cols): the row's
- * fields and its XADD command (the envelope alone in idempotent mode). A
- * row the relay cannot publish gets outcome OUT_DEAD and the reason as its
- * result. Returns 0 or OUTBOX_ENOMEM (*out, if set, is the caller's to free
- * either way). */
+/* A row's columns, read once (outbox__row_read): the strings and blobs are
+ * SQLite's, valid until the statement steps or resets. key and headers are
+ * NULL when the column is; available_at 0 when cols has none. */
+typedef struct outbox__row {
+    const char *id, *topic, *key;
+    const void *payload, *headers;
+    size_t idl, tl, klen, plen, hlen;
+    int64_t seq, token, attempts, created_at, replay_count, available_at;
+} outbox__row;
+void outbox__row_read(sqlite3_stmt *st, const outbox__row_cols *cols, outbox__row *v);
+/* Builds *out from a row read by outbox__row_read: the row's fields and its
+ * XADD command (the envelope alone in idempotent mode). A row the relay
+ * cannot publish gets outcome OUT_DEAD and the reason as its result.
+ * Returns 0 or OUTBOX_ENOMEM (*out, if set, is the caller's to free either
+ * way). outbox__encode_row reads the current row of st (its columns at
+ * cols) and encodes it. */
+int outbox__encode(outbox_relay *r, const outbox__row *v, msg **out);
 int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, const outbox__row_cols *cols, msg **out);
 /* Messages and their commands are carved out of shared chunks, each freed
  * when its last message is: gives m's share back (any thread). */
@@ -599,6 +621,8 @@ uint64_t outbox__key_hash(const char *topic, const char *key, size_t klen);
 int outbox__same_key(const char *t1, const char *k1, size_t l1, const char *t2, const char *k2, size_t l2);
 /* The newest message held of a key, or NULL. */
 msg *outbox__win_key_get(outbox_relay *r, const char *topic, const char *key, size_t klen);
+/* The same with the key's outbox__key_hash already computed. */
+msg *outbox__win_key_get_hashed(outbox_relay *r, uint64_t h, const char *topic, const char *key, size_t klen);
 /* Makes m its key's newest message. Without memory for the table it is left
  * out: its successors then wait for its mark, which is slower, not wrong. */
 void outbox__win_key_put(outbox_relay *r, msg *m);

@@ -500,7 +500,8 @@ static void unit_done(uv_work_t *w, int status)
         msg *c = u->claimed[i];
         if (c->batch)
             outbox__batch_live(r, c->batch);
-        outbox__win_seq_add(r, c->seq);
+        else
+            outbox__win_seq_add(r, c->seq); /* a lease of its own (see r->win.seqset) */
         r->win.inflight++;
         if (c->took_over)
             LOG(r, OUTBOX_LOG_INFO, "msg=\"took over an expired lease\" id=%s seq=%lld token=%lld", c->id,
