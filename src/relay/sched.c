@@ -35,6 +35,14 @@
  * application's writer never waits much longer for the lock. */
 #define TXN_BUDGET_NS 4000000u
 
+/* With no other writer in sight (no other connection committed in the last
+ * CONTENDED_MS and none is attached), the lock gap comes once units held
+ * the lock for LONE_BUDGET_NS, and lasts the least a timer gives (1 ms): a
+ * writer that shows up meanwhile waits for it once, at most about that
+ * long, and its commit brings the gaps of TXN_BUDGET_NS back. */
+#define LONE_BUDGET_NS 50000000u
+#define CONTENDED_MS 1000u
+
 static void on_scan(uv_timer_t *t);
 static void on_busy_retry(uv_timer_t *t);
 static void do_work(outbox_relay *r);
@@ -474,18 +482,20 @@ static void unit_done(uv_work_t *w, int status)
      * application connection is attached: its busy handler wakes the moment
      * a unit ends (docs/ARCHITECTURE.md, "The lock gap"). */
     {
-        uint64_t ns = u->t_end - u->t0, ms = 0;
+        uint64_t ns = u->t_end - u->t0, ms = 0, loop_now = uv_now(r->loop);
+        int attached = __atomic_load_n(&r->lock.attached, __ATOMIC_RELAXED) != 0;
+        int contended = attached || (r->wake.foreign_commit_ms && loop_now - r->wake.foreign_commit_ms < CONTENDED_MS);
         if (r->sched.last_end_ns && u->t0 - r->sched.last_end_ns >= 1000000)
             r->sched.held_ns = 0; /* the lock was free for 1 ms or more since the last unit */
         r->sched.held_ns += ns;
         r->sched.last_end_ns = u->t_end;
-        if (ns < 1000000 && __atomic_load_n(&r->lock.attached, __ATOMIC_RELAXED) != 0) {
+        if (ns < 1000000 && attached) {
             r->sched.held_ns = 0;
-        } else if (r->sched.held_ns >= TXN_BUDGET_NS || r->sched.unsent) {
+        } else if (r->sched.held_ns >= (contended ? TXN_BUDGET_NS : LONE_BUDGET_NS) || r->sched.unsent) {
             /* After every unit while claimed messages could not be sent (a
              * node down): their rows, handed back, would be claimed again
              * at once, unit after unit. */
-            ms = r->sched.held_ns / 4000000;
+            ms = contended ? r->sched.held_ns / 4000000 : 1;
             if (!ms)
                 ms = 1;
             r->sched.held_ns = 0;
