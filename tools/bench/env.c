@@ -424,6 +424,17 @@ int bench_redis_benchmark_user(bench *b, long n, double *rps, char *err, size_t 
     return bench_redis_benchmark_to(b, &t, n, 4, 64, BENCH_USER_PAYLOAD, rps, &p50, err, errlen);
 }
 
+int bench_redis_benchmark_user_shape(bench *b, long n, size_t envelope_len, double *rps, char *err, size_t errlen)
+{
+    /* -r replaces __rand_int__ with 12 digits: streams outbox:bench.t000000000000 to ...7. */
+    const bench_bm_target t = {b->sock, NULL, 0, 0, "outbox:bench.t__rand_int__", BENCH_TOPICS, 0};
+    double p50;
+    int rc = bench_redis_benchmark_to(b, &t, n, 4, 64, envelope_len, rps, &p50, err, errlen);
+    for (int k = 0; k < BENCH_TOPICS; k++)
+        freeReplyObject(bench_redis(b, "DEL outbox:bench.t%012d", k));
+    return rc;
+}
+
 int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int clients, int pipeline,
                              size_t envelope_len, double *rps, double *p50_ms, char *err, size_t errlen)
 {
