@@ -2,6 +2,7 @@
  * Opening databases, and creating / migrating / checking the outbox schema.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -232,49 +233,6 @@ int outbox_db_is_durable(sqlite3 *db)
     return level >= 2;
 }
 
-/* Looks at the outbox table: 0 if it does not exist (*exists = 0), or
- * exists with every required column; OUTBOX_EFOREIGN naming a missing
- * column. */
-static int inspect_table(sqlite3 *db, int *exists, char *err, size_t errlen)
-{
-    sqlite3_stmt *st = NULL;
-    unsigned found = 0;
-    size_t i;
-    int rc, ncols = 0;
-
-    *exists = 0;
-    rc = sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info('outbox')", -1, &st, NULL);
-    if (rc != SQLITE_OK) {
-        set_err(err, errlen, "cannot inspect table outbox: %s", sqlite3_errmsg(db));
-        return outbox__sqlite_code(rc);
-    }
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-        const char *name = (const char *)sqlite3_column_text(st, 0);
-        ncols++;
-        for (i = 0; name && i < OUTBOX_ARRAY_LEN(required_columns); i++)
-            if (strcmp(name, required_columns[i]) == 0)
-                found |= 1u << i;
-    }
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE) {
-        set_err(err, errlen, "cannot inspect table outbox: %s", sqlite3_errmsg(db));
-        return outbox__sqlite_code(rc);
-    }
-    if (ncols == 0)
-        return 0;
-    *exists = 1;
-    for (i = 0; i < OUTBOX_ARRAY_LEN(required_columns); i++) {
-        if (!(found & (1u << i))) {
-            set_err(err, errlen,
-                    "table 'outbox' exists but is not an outbox table: it has no column '%s' "
-                    "(another program's table? rename it or use another database)",
-                    required_columns[i]);
-            return OUTBOX_EFOREIGN;
-        }
-    }
-    return 0;
-}
-
 /* Schema 1 -> 2: per-key ordering looks at a key's previous row only, through
  * an index that claims and marks do not write to. Its outbox_key (every
  * keyed row) is not built here: the steps up to the current version run in
@@ -495,13 +453,59 @@ static const struct {
                   {migrate_6_to_7, NULL}};
 _Static_assert(sizeof migrations / sizeof migrations[0] == OUTBOX_SCHEMA_VERSION, "a migration per version");
 
-/* Reads user_version and the table; shared by apply and check. */
+/* The tables a version has besides outbox (from 5, 6 and 7 on). */
+static const char *const side_tables[] = {"outbox_cursor", "outbox_batch", "outbox_gone", "outbox_tally"};
+
+/* What examine reads, in one statement (a relay of many databases opens
+ * each one, and five statements here cost it more than its claim): the
+ * schema version, the outbox table's columns (count, and a bit per required
+ * column found, names compared exactly) and a bit per side table present.
+ * Built once from required_columns and side_tables. */
+static char examine_sql[2048];
+static pthread_once_t examine_once = PTHREAD_ONCE_INIT;
+
+static void examine_sql_build(void)
+{
+    size_t i, n = 0;
+    n += (size_t)snprintf(examine_sql + n, sizeof examine_sql - n,
+                          "SELECT (SELECT user_version FROM pragma_user_version), "
+                          "(SELECT count(*) FROM pragma_table_info('outbox')), "
+                          "(SELECT total(CASE name");
+    for (i = 0; i < OUTBOX_ARRAY_LEN(required_columns); i++)
+        n += (size_t)snprintf(examine_sql + n, sizeof examine_sql - n, " WHEN '%s' THEN %lu", required_columns[i],
+                              1ul << i);
+    n += (size_t)snprintf(examine_sql + n, sizeof examine_sql - n,
+                          " END) FROM pragma_table_info('outbox')), (SELECT total(CASE name");
+    for (i = 0; i < OUTBOX_ARRAY_LEN(side_tables); i++)
+        n += (size_t)snprintf(examine_sql + n, sizeof examine_sql - n, " WHEN '%s' THEN %lu", side_tables[i], 1ul << i);
+    snprintf(examine_sql + n, sizeof examine_sql - n, " END) FROM sqlite_schema WHERE type = 'table')");
+}
+
+/* Reads user_version and the table; shared by apply and check. *exists:
+ * the outbox table is there (with every required column, else
+ * OUTBOX_EFOREIGN naming the first one missing). */
 static int examine(sqlite3 *db, int64_t *version, int *exists, char *err, size_t errlen)
 {
-    int e = outbox__sqlite_int(db, "PRAGMA user_version", version);
-    if (e != 0) {
+    sqlite3_stmt *st = NULL;
+    uint64_t cols = 0, tables = 0;
+    int64_t ncols = 0;
+    size_t i;
+    int rc;
+
+    *exists = 0;
+    pthread_once(&examine_once, examine_sql_build);
+    rc = sqlite3_prepare_v2(db, examine_sql, -1, &st, NULL);
+    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        *version = sqlite3_column_int64(st, 0);
+        ncols = sqlite3_column_int64(st, 1);
+        cols = (uint64_t)sqlite3_column_int64(st, 2);
+        tables = (uint64_t)sqlite3_column_int64(st, 3);
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_OK) {
         set_err(err, errlen, "cannot read the schema version: %s", sqlite3_errmsg(db));
-        return e;
+        return outbox__sqlite_code(rc);
     }
     if (*version > OUTBOX_SCHEMA_VERSION) {
         set_err(err, errlen,
@@ -510,9 +514,17 @@ static int examine(sqlite3 *db, int64_t *version, int *exists, char *err, size_t
                 (long long)*version, OUTBOX_SCHEMA_VERSION);
         return OUTBOX_ESCHEMANEWER;
     }
-    e = inspect_table(db, exists, err, errlen);
-    if (e != 0)
-        return e;
+    if (ncols > 0) {
+        *exists = 1;
+        for (i = 0; i < OUTBOX_ARRAY_LEN(required_columns); i++)
+            if (!(cols & (1ull << i))) {
+                set_err(err, errlen,
+                        "table 'outbox' exists but is not an outbox table: it has no column '%s' "
+                        "(another program's table? rename it or use another database)",
+                        required_columns[i]);
+                return OUTBOX_EFOREIGN;
+            }
+    }
     if (*version == 0 && *exists) {
         set_err(err, errlen,
                 "table 'outbox' exists but was not created by outbox (schema version 0): "
@@ -525,19 +537,13 @@ static int examine(sqlite3 *db, int64_t *version, int *exists, char *err, size_t
         return OUTBOX_EFOREIGN;
     }
     if (*version >= 5) {
-        static const char *const tables[] = {"outbox_cursor", "outbox_batch", "outbox_gone", "outbox_tally"};
-        size_t i, ntables = *version >= 7 ? 4u : *version >= 6 ? 2u : 1u;
-        for (i = 0; i < ntables; i++) {
-            int64_t n = 0;
-            char q[128];
-            snprintf(q, sizeof q, "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = '%s'", tables[i]);
-            e = outbox__sqlite_int(db, q, &n);
-            if (e != 0 || n == 0) {
+        size_t ntables = *version >= 7 ? 4u : *version >= 6 ? 2u : 1u;
+        for (i = 0; i < ntables; i++)
+            if (!(tables & (1ull << i))) {
                 set_err(err, errlen, "schema version is %lld but table '%s' is missing (dropped by hand?)",
-                        (long long)*version, tables[i]);
-                return e != 0 ? e : OUTBOX_EFOREIGN;
+                        (long long)*version, side_tables[i]);
+                return OUTBOX_EFOREIGN;
             }
-        }
     }
     return 0;
 }
