@@ -134,7 +134,7 @@ enum decision {
 static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **after, int *rc)
 {
     outbox_relay *r = x->r;
-    sqlite3_stmt *st = Q(r, q_key_prev);
+    sqlite3_stmt *st = NULL; /* prepared only when looked up (a group's relay prepares when first used) */
     int64_t pseq, pstate = 0, ptoken = 0, pavail = 0, fseq;
     int mine = 0, lc = bs->last_chosen;
     msg *km;
@@ -159,13 +159,15 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
     if (*rc != 0 || fseq < c->seq)
         return D_HELD;
     /* This relay's own newest message of the key (a batch's rows are in no
-     * index): a waiting row older than it waits for it to finish. */
-    km = outbox__win_key_get_hashed(r, c->khash, c->topic, c->key, c->klen);
+     * index): a waiting row older than it waits for it to finish. A simple
+     * claim knows that every message it still has is finished (its mark is
+     * in this transaction). */
+    km = x->simple ? NULL : outbox__win_key_get_hashed(r, c->khash, c->topic, c->key, c->klen);
     if (km && km->seq > c->seq && c->source != S_NEW && c->source != S_TAKEN)
         return D_HELD_OURS;
     if (km && km->seq >= c->seq)
         km = NULL; /* not before it (the same row's last claim, its mark just written) */
-    if (!km && !r->win.keymap_cap && r->win.batches)
+    if (!km && !x->simple && !r->win.keymap_cap && r->win.batches)
         return D_HELD_OURS; /* no key map (out of memory): our batches' keys are unknown */
     if (x->key_rows == KEYS_UNKNOWN) {
         int64_t any;
@@ -177,6 +179,7 @@ static enum decision decide(claim_ctx *x, cand *c, bslot *bs, int *prev, msg **a
     if (x->key_rows == KEYS_NONE) {
         step = SQLITE_DONE; /* no leased or waiting keyed row at all */
     } else {
+        st = Q(r, q_key_prev);
         sqlite3_bind_text(st, 1, c->topic, -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 2, c->key, (int)c->klen, SQLITE_STATIC);
         sqlite3_bind_int64(st, 3, c->seq);
@@ -275,9 +278,13 @@ static int move_cursor(claim_ctx *x)
     int rc;
     if (to == INT64_MAX) {
         /* Every new row seen: the next one comes after the last row. */
-        rc = outbox__relay_step_int(r, Q(r, q_top), 0, &top);
-        if (rc != 0)
-            return rc;
+        if (x->simple) {
+            top = x->top;
+        } else {
+            rc = outbox__relay_step_int(r, Q(r, q_top), 0, &top);
+            if (rc != 0)
+                return rc;
+        }
         to = top + 1;
     }
     if (to <= x->new_from && !x->cursor_missing)
@@ -363,6 +370,38 @@ static int encode_new(claim_ctx *x, const outbox__row *v, cand *c)
     return e;
 }
 
+/* Where the walk of new rows starts, from a row whose first two columns
+ * are the cursor (NULL when its row is gone) and the row after the last
+ * batch (NULL when there is none): OUTBOX__SQL_CURSOR, OUTBOX__SQL_PLAN. */
+static void cursor_from(claim_ctx *x, sqlite3_stmt *st)
+{
+    int64_t after_batches = sqlite3_column_int64(st, 1); /* 0 when NULL */
+    x->cursor_missing = sqlite3_column_type(st, 0) == SQLITE_NULL;
+    x->new_from = sqlite3_column_int64(st, 0);
+    if (after_batches > x->new_from)
+        x->new_from = after_batches;
+}
+
+int outbox__claim_plan(outbox_relay *r, int64_t now, claim_plan *p)
+{
+    sqlite3_stmt *st = Q(r, q_plan);
+    int rc;
+    sqlite3_bind_int64(st, 1, now);
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+        p->cursor_null = sqlite3_column_type(st, 0) == SQLITE_NULL;
+        p->cursor = sqlite3_column_int64(st, 0);
+        p->after_batches = sqlite3_column_int64(st, 1);
+        p->rows_busy = sqlite3_column_int(st, 2) != 0;
+        p->batches_leased = sqlite3_column_int(st, 3) != 0;
+        p->top = sqlite3_column_int64(st, 4);
+        p->next_lease = sqlite3_column_type(st, 5) == SQLITE_NULL ? INT64_MAX : sqlite3_column_int64(st, 5);
+        p->new_left = p->top >= (p->after_batches > p->cursor ? p->after_batches : p->cursor);
+    }
+    sqlite3_reset(st);
+    return rc == SQLITE_ROW ? 0 : outbox__relay_sqlerr(r, rc);
+}
+
 /*
  * Walks the waiting rows that are due (outbox_due) and the new rows (the
  * table from outbox_cursor.new_from) together, oldest available_at first,
@@ -375,34 +414,38 @@ static int encode_new(claim_ctx *x, const outbox__row *v, cand *c)
 static int scan_pending(claim_ctx *x)
 {
     outbox_relay *r = x->r;
-    sqlite3_stmt *w = Q(r, q_due), *n = Q(r, q_new);
+    sqlite3_stmt *w = x->simple ? NULL : Q(r, q_due), *n = Q(r, q_new);
     int64_t limit = (int64_t)x->want * 4, nread = 0, last = 0;
     int rw, rn, rc;
     outbox__row row;
 
-    rc = outbox__relay_step_done(r, Q(r, q_stray));
-    if (rc != 0)
-        return rc;
-    if (sqlite3_changes(r->db.conn) > 0)
-        x->key_rows = KEYS_UNKNOWN; /* they are waiting rows now, in outbox_key */
-    rc = sqlite3_step(Q(r, q_cursor));
-    if (rc == SQLITE_ROW) {
-        int64_t after_batches = sqlite3_column_int64(Q(r, q_cursor), 1); /* 0 when NULL */
-        x->cursor_missing = sqlite3_column_type(Q(r, q_cursor), 0) == SQLITE_NULL;
-        x->new_from = sqlite3_column_int64(Q(r, q_cursor), 0);
-        if (after_batches > x->new_from)
-            x->new_from = after_batches;
+    if (!x->simple) {
+        /* (A simple claim read the cursor with the plan, and no row is
+         * stray or waiting.) */
+        rc = outbox__relay_step_done(r, Q(r, q_stray));
+        if (rc != 0)
+            return rc;
+        if (sqlite3_changes(r->db.conn) > 0)
+            x->key_rows = KEYS_UNKNOWN; /* they are waiting rows now, in outbox_key */
+        rc = sqlite3_step(Q(r, q_cursor));
+        if (rc == SQLITE_ROW)
+            cursor_from(x, Q(r, q_cursor));
+        sqlite3_reset(Q(r, q_cursor));
+        if (rc != SQLITE_ROW)
+            return outbox__relay_sqlerr(r, rc);
     }
-    sqlite3_reset(Q(r, q_cursor));
-    if (rc != SQLITE_ROW)
-        return outbox__relay_sqlerr(r, rc);
     rc = 0;
-    sqlite3_bind_int64(w, 1, x->now);
-    sqlite3_bind_int64(w, 2, limit);
     sqlite3_bind_int64(n, 1, limit);
     sqlite3_bind_int64(n, 2, x->new_from);
     rn = sqlite3_step(n);
-    rw = sqlite3_step(w);
+    if (x->simple) {
+        w = NULL;
+        rw = SQLITE_DONE;
+    } else {
+        sqlite3_bind_int64(w, 1, x->now);
+        sqlite3_bind_int64(w, 2, limit);
+        rw = sqlite3_step(w);
+    }
     x->new_pos = rn == SQLITE_ROW ? sqlite3_column_int64(n, 0) : INT64_MAX;
     while (x->nchosen < x->want && (rw == SQLITE_ROW || rn == SQLITE_ROW)) {
         int take_new = rw != SQLITE_ROW ||
@@ -437,7 +480,8 @@ static int scan_pending(claim_ctx *x)
         rc = outbox__relay_sqlerr(r, rw);
     if (rc == 0 && rn != SQLITE_ROW && rn != SQLITE_DONE)
         rc = outbox__relay_sqlerr(r, rn);
-    sqlite3_reset(w);
+    if (w)
+        sqlite3_reset(w);
     sqlite3_reset(n);
     if (rc == 0)
         rc = move_cursor(x);
@@ -447,7 +491,7 @@ static int scan_pending(claim_ctx *x)
 /* Writes the new due times that defer collected. */
 static int write_deferred(claim_ctx *x)
 {
-    sqlite3_stmt *st = Q(x->r, q_defer);
+    sqlite3_stmt *st;
     size_t i;
     int rc;
     for (i = 0; i < x->ndefer; i++) {
@@ -466,6 +510,7 @@ static int write_deferred(claim_ctx *x)
             if (sqlite3_changes(x->r->db.conn) > 0)
                 continue;
         }
+        st = Q(x->r, q_defer);
         sqlite3_bind_int64(st, 1, seq);
         sqlite3_bind_int64(st, 2, x->defer[2 * i + 1]);
         rc = outbox__relay_step_done(x->r, st);
@@ -657,6 +702,39 @@ static int select_rows(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now
     x->want = want;
     /* The strings of the previous claim's candidates go. */
     outbox__claim_arena_reset(&r->cw.arena);
+    if (r->cw.holds_nothing) {
+        /* Holding nothing, the relay asks whether anything but new rows is
+         * there: if not, the walk of new rows is the whole claim, and it
+         * prepares and runs a third of the statements (a database of a
+         * group opens for a few rows, and preparing them was most of its
+         * cost). */
+        claim_plan p;
+        rc = outbox__claim_plan(r, now, &p);
+        if (rc != 0)
+            return rc;
+        if (!p.rows_busy && !p.batches_leased) {
+            x->simple = 1;
+            x->top = p.top;
+            x->cursor_missing = p.cursor_null;
+            x->new_from = p.after_batches > p.cursor ? p.after_batches : p.cursor;
+            x->key_rows = KEYS_NONE; /* no leased or waiting row */
+            x->fk_loaded = 1;        /* no other batch leased */
+            rc = outbox__claim_arrays(r, (size_t)want * 4 + 1);
+            if (rc != 0)
+                return rc;
+            x->cap = r->cw.cap;
+            x->cs = r->cw.cs;
+            x->chosen = r->cw.chosen;
+            x->defer = r->cw.defer;
+            x->slots = r->cw.slots;
+            x->scap = r->cw.scap;
+            x->gen = r->cw.gen;
+            rc = scan_pending(x);
+            if (rc == 0)
+                rc = write_deferred(x);
+            return rc;
+        }
+    }
     rc = outbox__claim_find_taken(x, &ntaken);
     if (rc != 0)
         return rc;

@@ -89,9 +89,29 @@ typedef struct claim_ctx {
      * first keyed row that needs it: KEYS_UNKNOWN, KEYS_NONE, KEYS_SOME. */
     int key_rows;
     int encode; /* the new rows chosen get their messages (outbox__claim) */
+    /* Nothing but new rows in the database and nothing held by this relay
+     * (OUTBOX__SQL_PLAN): only the walk of new rows, and a keyed row waits
+     * for nothing but the rows of its key before it in this batch. top is
+     * the last seq then (0: none). */
+    int simple;
+    int64_t top;
 } claim_ctx;
 
 enum { KEYS_UNKNOWN, KEYS_NONE, KEYS_SOME };
+
+/* OUTBOX__SQL_PLAN's answer. */
+typedef struct claim_plan {
+    int cursor_null;               /* the cursor's row is gone */
+    int64_t cursor, after_batches; /* 0 when NULL */
+    int rows_busy;                 /* a row leased, waiting or stray */
+    int batches_leased;            /* a batch leased (ours or another relay's) */
+    int64_t top;                   /* the last seq, 0 if none */
+    int new_left;                  /* a row from the cursor on (new, unless written oddly: see check_drained) */
+    int64_t next_lease;            /* the first batch lease to expire after now, INT64_MAX if none */
+} claim_plan;
+/* Reads the plan on the relay's connection (in a unit's transaction, or on
+ * its own) as of now (unix ms). 0 or OUTBOX_E*. */
+int outbox__claim_plan(outbox_relay *r, int64_t now, claim_plan *p);
 
 /* ---- claim_batch.c ---- */
 

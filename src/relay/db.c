@@ -55,6 +55,7 @@ static const struct {
     STMT(q_next_due, OUTBOX__SQL_NEXT_DUE),
     STMT(q_next_lease, OUTBOX__SQL_NEXT_LEASE),
     STMT(q_drain, OUTBOX__SQL_DRAIN),
+    STMT(q_plan, OUTBOX__SQL_PLAN),
 #undef STMT
 };
 

@@ -229,7 +229,7 @@ void outbox__group_probe(gdb *d)
 
 /* Something happened to file in dir: a new database, a commit to a closed
  * one, one deleted. */
-static void on_file(outbox_relay_group *g, gdir *dr, const char *file)
+static void on_file(outbox_relay_group *g, gdir *dr, const char *file, int events)
 {
     char path[4200], base[4096];
     size_t n = strlen(file);
@@ -250,6 +250,14 @@ static void on_file(outbox_relay_group *g, gdir *dr, const char *file)
     d = outbox__group_find_path(g, path);
     if (!d && (!dr->watched || !matches(g, base)))
         return;
+    if (d && d->state == G_OPEN && events == UV_CHANGE) {
+        /* A write to an open database (its relay's own commits write too):
+         * its relay looks whether another connection committed; the file
+         * is still there (a removal comes as a rename). */
+        d->last_used = uv_now(g->loop);
+        outbox__wake_look(d->r);
+        return;
+    }
     if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
         if (!d || d->added)
             return; /* an added database that is missing fails when it opens */
@@ -332,21 +340,20 @@ void outbox__group_scan_dir(outbox_relay_group *g, gdir *dr)
     }
     while ((de = readdir(dh)) != NULL)
         if (de->d_name[0] != '.' && matches(g, de->d_name))
-            on_file(g, dr, de->d_name);
+            on_file(g, dr, de->d_name, UV_RENAME);
     closedir(dh);
 }
 
 static void on_dir_event(uv_fs_event_t *h, const char *file, int events, int status)
 {
     gdir *dr = h->data;
-    (void)events;
     if (status != 0 || !file) {
         /* Lost events (the kernel's queue overflowed): look at everything. */
         if (dr->watched)
             outbox__group_scan_dir(dr->g, dr);
         return;
     }
-    on_file(dr->g, dr, file);
+    on_file(dr->g, dr, file, events);
 }
 
 gdir *outbox__group_dir_for(outbox_relay_group *g, const char *path, size_t len)

@@ -288,6 +288,7 @@ int outbox__relay_create_on(outbox_relay **out, uv_loop_t *loop, const outbox_re
         r->redis.shared = 1;
     }
     r->hooks.schedule = outbox__sched_schedule;
+    r->hooks.parked = outbox__sched_parked;
     r->hooks.stop_check = stop_check;
     r->hooks.closed = handle_closed;
     r->hooks.db_opened = on_db_opened;
@@ -358,7 +359,10 @@ static void begin(outbox_relay *r)
     LOG(r, LOG_LIFE(r), "msg=started worker=%s db=%s redis=%s batch=%u inflight=%u", r->cfg.worker_id,
         r->cfg.db_path, r->cfg.url_desc, r->cfg.s.batch, r->cfg.s.inflight);
     outbox__link_start(r);
-    outbox__sched_arm_scan(r, 0);
+    /* The first unit: a kick, which a link already up (a group's) also
+     * asks for, so that the two make one unit, not a second one behind
+     * the first (a scan timer of 0 ms did). The scan timer follows it. */
+    outbox__sched_schedule(r);
     /* A group's relay was opened for a commit whose directory events came
      * while it opened (the group hands events only to running relays):
      * looks again shortly, as after any change to the WAL. */

@@ -147,6 +147,7 @@ enum rc_state { RC_NONE, RC_INITIALISED, RC_STARTED, RC_CLOSING };
 /* The calls that run back up the module order (see the top). */
 typedef struct relay_hooks {
     void (*schedule)(outbox_relay *r);   /* run a unit of work soon */
+    void (*parked)(outbox_relay *r);     /* a batch's published messages wait: a unit within PARKED_MS */
     void (*stop_check)(outbox_relay *r); /* a stop in progress may be able to finish */
     void (*closed)(outbox_relay *r);     /* one of the relay's handles finished closing */
     void (*db_opened)(outbox_relay *r);  /* the wait for the database is over: it is open */
@@ -171,7 +172,7 @@ struct relay_db {
         *q_data_version, *q_next_due, *q_next_lease, *q_drain, *q_cursor, *q_cursor_set, *q_top, *q_stray,
         *q_batch_new, *q_batch_rows, *q_batch_cands, *q_batch_expired, *q_batch_take, *q_batch_drop, *q_batch_leased,
         *q_batch_keys, *q_batch_leave, *q_batch_published, *q_batch_failed, *q_batch_release,
-        *q_batch_row_published, *q_key_any, *q_begin, *q_commit;
+        *q_batch_row_published, *q_key_any, *q_begin, *q_commit, *q_plan;
     int last_rc; /* the SQLite code of the last failure that a step helper mapped (db.c) */
 };
 
@@ -295,6 +296,9 @@ struct relay_claim_ws {
     struct msg_chunk *mchunk; /* where new messages go (encode.c) */
     struct fkey *fk; /* other relays' batch keys (claim.c) */
     size_t fk_cap;
+    /* Set by the unit before its claim: this relay holds no message but
+     * those whose marks the unit wrote (claim.c may then read the plan). */
+    int holds_nothing;
 };
 
 /* One unit of work: filled by the loop thread (outbox__sched_do_work), run
@@ -325,6 +329,7 @@ struct relay_sched {
     uv_timer_t scan_timer; /* fallback scan and next-due wake-up */
     uv_timer_t busy_timer; /* database locked or failing: retry */
     uv_timer_t drain_timer; /* drain mode: drain_timeout_ms */
+    uv_timer_t parked_timer; /* a batch's published messages wait for the rest of it: flushed in time */
     uv_work_t work;
     struct relay_unit unit;
     int running;              /* a unit is on a worker thread */
@@ -647,8 +652,9 @@ int outbox__win_group_next(const msg *m);
 /* Queues, as marks of their own rows, the published messages that have
  * waited at least ms for the rest of their batch (a batch held up by a
  * chained or slow message): a relay killed meanwhile would leave them to be
- * published again. */
-void outbox__win_flush_parked(outbox_relay *r, uint64_t ms);
+ * published again. Returns 1 if a batch's messages still wait, for less
+ * than ms. */
+int outbox__win_flush_parked(outbox_relay *r, uint64_t ms);
 /* Frees the published messages still waiting for the rest of their batch
  * (destroy after a stop that gave up on replies). */
 void outbox__win_free_parked(outbox_relay *r);
@@ -794,6 +800,10 @@ int outbox__wake_own_wal_hook(void *arg, sqlite3 *db, const char *name, int page
 
 /* Initialises the scheduling timers; returns how many. Closes them with cb. */
 int outbox__sched_init(outbox_relay *r);
+/* A batch's first published message parked (window.c, through the parked
+ * hook): a unit runs within PARKED_MS, which marks them on their own rows
+ * if the batch is still not done (outbox__win_flush_parked). */
+void outbox__sched_parked(outbox_relay *r);
 void outbox__sched_close(outbox_relay *r, uv_close_cb cb);
 /* Runs a unit soon (after the lock gap); the hooks.schedule target. */
 void outbox__sched_schedule(outbox_relay *r);

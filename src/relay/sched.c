@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "claim.h"
 #include "relay_int.h"
 
 /* Published messages of a batch wait for the rest of it at most this long
@@ -57,17 +58,24 @@ void outbox__sched_arm_scan(outbox_relay *r, uint64_t delay)
 }
 
 /* After a claim that found less than it wanted: sleep until the next row
- * becomes due or the next foreign lease expires, at most scan_interval. */
-static void arm_next_due(outbox_relay *r, int64_t now)
+ * becomes due or the next foreign lease expires, at most scan_interval.
+ * p: the plan, when it says no row is leased or waiting (then the next
+ * thing due is a batch lease's expiry, which it has). */
+static void arm_next_due(outbox_relay *r, int64_t now, const claim_plan *p)
 {
     int64_t due, lease, next;
-    sqlite3_bind_int64(Q(r, q_next_due), 1, now);
-    sqlite3_bind_int64(Q(r, q_next_lease), 1, now);
-    /* INT64_MAX: none, or the query failed (then the scan interval). */
-    if (outbox__relay_step_int(r, Q(r, q_next_due), INT64_MAX, &due) != 0)
+    if (p) {
         due = INT64_MAX;
-    if (outbox__relay_step_int(r, Q(r, q_next_lease), INT64_MAX, &lease) != 0)
-        lease = INT64_MAX;
+        lease = p->next_lease;
+    } else {
+        sqlite3_bind_int64(Q(r, q_next_due), 1, now);
+        sqlite3_bind_int64(Q(r, q_next_lease), 1, now);
+        /* INT64_MAX: none, or the query failed (then the scan interval). */
+        if (outbox__relay_step_int(r, Q(r, q_next_due), INT64_MAX, &due) != 0)
+            due = INT64_MAX;
+        if (outbox__relay_step_int(r, Q(r, q_next_lease), INT64_MAX, &lease) != 0)
+            lease = INT64_MAX;
+    }
     next = due < lease ? due : lease;
     if (next == INT64_MAX || next - now > (int64_t)r->cfg.s.scan_interval_ms)
         outbox__sched_arm_scan(r, r->cfg.s.scan_interval_ms);
@@ -95,13 +103,17 @@ static int drain_left(outbox_relay *r, int64_t now, int64_t limit, int64_t left[
  * waiting for a retry included (they are claimed again when due: the scan
  * timer is armed for the next due row). Rows delayed by the application do
  * not count (see OUTBOX__SQL_DRAIN). */
-static void check_drained(outbox_relay *r, int64_t now)
+static void check_drained(outbox_relay *r, int64_t now, const claim_plan *p)
 {
     int64_t left[3];
     if (!r->cfg.s.drain || r->sched.drained || r->sched.drain_error || r->state != R_RUNNING || r->win.inflight ||
         r->win.marks_head)
         return;
-    if (drain_left(r, now, 1, left) != 0 || left[0] + left[1] + left[2] > 0)
+    /* Nothing but new rows (the plan), and the cursor past the last one:
+     * done. A row past the cursor is new unless written with a state of its
+     * own, which the full count tells. */
+    if (!(p && !p->batches_leased && !p->new_left) &&
+        (drain_left(r, now, 1, left) != 0 || left[0] + left[1] + left[2] > 0))
         return;
     r->sched.drained = 1;
     LOG(r, LOG_LIFE(r), "msg=drained published=%llu dead=%llu", (unsigned long long)r->stats.published_total,
@@ -350,6 +362,9 @@ static void unit_txn(outbox_relay *r)
         u->want_claim = u->want > 0;
     }
     if (u->want_claim) {
+        /* This relay holds nothing but the messages whose marks this unit
+         * wrote (all of them): the claim may take the simple way (claim.c). */
+        r->cw.holds_nothing = u->held == 0 && u->rest == 0 && u->nwritten == 0;
         /* As many rows as the rest of the budget fits, from the cost of a
          * claimed row in recent claims; at least 32. */
         uint64_t spent = uv_hrtime() - u->t0;
@@ -587,8 +602,12 @@ static void unit_done(uv_work_t *w, int status)
             outbox__sched_schedule(r);
         }
     } else if (r->state == R_RUNNING) {
-        arm_next_due(r, u->now);
-        check_drained(r, u->now);
+        /* One look at the plan may answer both: with no row leased or
+         * waiting, what comes due next, and whether a drain is over. */
+        claim_plan plan;
+        int rows_idle = outbox__claim_plan(r, u->now, &plan) == 0 && !plan.rows_busy;
+        arm_next_due(r, u->now, rows_idle ? &plan : NULL);
+        check_drained(r, u->now, rows_idle ? &plan : NULL);
     }
     r->sched.again = 0;
     if (r->cfg.s.idempotent)
@@ -621,7 +640,11 @@ static void do_work(outbox_relay *r)
     /* Nothing before the database opened (R_WAITING, or a stop since). */
     if (uv_is_active((uv_handle_t *)&r->sched.busy_timer) || r->state == R_STOPPED || !r->stop.began)
         return;
-    outbox__win_flush_parked(r, r->cfg.s.idempotent ? PARKED_IDEM_MS : PARKED_MS);
+    if (outbox__win_flush_parked(r, r->cfg.s.idempotent ? PARKED_IDEM_MS : PARKED_MS)) {
+        /* Parked later than the timer's batch: looked at again in time. */
+        uv_timer_stop(&r->sched.parked_timer);
+        outbox__sched_parked(r);
+    }
     /* The marks written below leave the window in this same transaction,
      * so their room can be claimed now; otherwise a window emptied by one
      * batch of marks would wait for the scan timer. */
@@ -719,6 +742,20 @@ static void on_kick(uv_timer_t *t)
     do_work(t->data);
 }
 
+static void on_parked(uv_timer_t *t)
+{
+    outbox__sched_schedule(t->data);
+}
+
+void outbox__sched_parked(outbox_relay *r)
+{
+    if (r->state == R_STOPPED || uv_is_active((uv_handle_t *)&r->sched.parked_timer))
+        return;
+    /* One more millisecond: the flush takes batches parked PARKED_MS or
+     * longer, by the loop's clock. */
+    uv_timer_start(&r->sched.parked_timer, on_parked, (r->cfg.s.idempotent ? PARKED_IDEM_MS : PARKED_MS) + 1, 0);
+}
+
 void outbox__sched_schedule(outbox_relay *r)
 {
     if (r->state == R_STOPPED || !r->stop.began)
@@ -745,10 +782,12 @@ int outbox__sched_init(outbox_relay *r)
     uv_timer_init(r->loop, &r->sched.scan_timer);
     uv_timer_init(r->loop, &r->sched.busy_timer);
     uv_timer_init(r->loop, &r->sched.drain_timer);
-    r->sched.kick_timer.data = r->sched.scan_timer.data = r->sched.busy_timer.data = r->sched.drain_timer.data = r;
+    uv_timer_init(r->loop, &r->sched.parked_timer);
+    r->sched.kick_timer.data = r->sched.scan_timer.data = r->sched.busy_timer.data = r->sched.drain_timer.data =
+        r->sched.parked_timer.data = r;
     if (r->cfg.s.drain && r->cfg.s.drain_timeout_ms)
         uv_timer_start(&r->sched.drain_timer, on_drain_timeout, r->cfg.s.drain_timeout_ms, 0);
-    return 4;
+    return 5;
 }
 
 void outbox__sched_close(outbox_relay *r, uv_close_cb cb)
@@ -757,4 +796,5 @@ void outbox__sched_close(outbox_relay *r, uv_close_cb cb)
     uv_close((uv_handle_t *)&r->sched.scan_timer, cb);
     uv_close((uv_handle_t *)&r->sched.busy_timer, cb);
     uv_close((uv_handle_t *)&r->sched.drain_timer, cb);
+    uv_close((uv_handle_t *)&r->sched.parked_timer, cb);
 }

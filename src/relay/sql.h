@@ -173,6 +173,24 @@
     "SELECT min(coalesce((SELECT min(lease_until) FROM outbox WHERE state = 1 AND lease_until > ?1), "               \
     "9223372036854775807), coalesce((SELECT min(lease_until) FROM outbox_batch WHERE state = 1 "                    \
     "AND lease_until > ?1), 9223372036854775807))"
+/* What the database holds besides new rows, read before a claim while this
+ * relay holds nothing, and after a unit that found no more rows: the cursor
+ * (NULL if its row is gone), the row after the last batch (NULL if none),
+ * whether any row is leased, waiting (due or not) or stray, whether any
+ * batch is leased (each through its partial index: outbox_leased,
+ * outbox_due, outbox_stray, outbox_batch_leased), the last seq, and the
+ * first expiry of a batch lease after ?1 (NULL if none). When nothing but
+ * new rows is there, a claim needs only the walk of new rows (claim.c,
+ * simple) and a drain is over once the cursor is past the last seq; with no
+ * row leased or waiting, the next thing due is a batch lease's expiry. */
+#define OUTBOX__SQL_PLAN                                                                                              \
+    "SELECT (SELECT new_from FROM outbox_cursor), " OUTBOX__SQL_LAST_HI ", "                                         \
+    "EXISTS(SELECT 1 FROM outbox WHERE state = 1) "                                                                  \
+    "OR EXISTS(SELECT 1 FROM outbox WHERE state = 0 AND available_at > created_at) "                                 \
+    "OR EXISTS(SELECT 1 FROM outbox WHERE state = 0 AND available_at <= created_at AND lease_token > 0), "           \
+    "EXISTS(SELECT 1 FROM outbox_batch WHERE state = 1), "                                                           \
+    "(SELECT max(seq) FROM outbox), "                                                                                 \
+    "(SELECT min(lease_until) FROM outbox_batch WHERE state = 1 AND lease_until > ?1)"
 /* Drain mode: what is left to do by ?1, each count stopping at ?2 rows (-1:
  * no limit): rows due (new rows, stray rows, due waiting rows), rows waiting
  * for a retry (claimed before: lease_token > 0, pending, not due yet), and

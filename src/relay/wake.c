@@ -166,7 +166,16 @@ static void on_wal_recheck(uv_timer_t *t)
  */
 void outbox__wake_look(outbox_relay *r)
 {
-    if (r->state != R_RUNNING || outbox__wake_dv_changed(r))
+    if (r->state != R_RUNNING)
+        return;
+    if (uv_is_active((uv_handle_t *)&r->wake.wal_timer) && uv_timer_get_due_in(&r->wake.wal_timer) <= 1) {
+        /* A look is due within a millisecond anyway (a burst of events,
+         * most of them the relay's own writes): it comes, then the
+         * re-checks start over from it. */
+        r->wake.wal_rechecks = 0;
+        return;
+    }
+    if (outbox__wake_dv_changed(r))
         return;
     r->wake.wal_rechecks = 0;
     uv_timer_start(&r->wake.wal_timer, on_wal_recheck, 1, 0);

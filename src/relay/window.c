@@ -207,6 +207,8 @@ void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char 
             } else {
                 b->published = m;
                 b->parked_since = uv_now(r->loop);
+                if (b->ndone < b->n && r->hooks.parked)
+                    r->hooks.parked(r);
             }
             b->published_tail = m;
         } else {
@@ -224,6 +226,12 @@ void outbox__win_queue_mark(outbox_relay *r, msg *m, enum outcome o, const char 
             } else {
                 m->batch_lead = 1;
             }
+        } else if (o == OUT_PUBLISHED) {
+            /* Parked in its batch: nothing for a unit to write yet, and
+             * its room in the window comes back with the batch's mark (a
+             * unit per reply claimed nothing, a transaction each; a
+             * parked batch left waiting is flushed by the next unit). */
+            return;
         }
     } else {
         enqueue(r, m);
@@ -237,12 +245,15 @@ int outbox__win_group_next(const msg *m)
     return n && n->batch && n->batch == m->batch && !n->batch_lead && !n->own_published && n->outcome == OUT_PUBLISHED;
 }
 
-void outbox__win_flush_parked(outbox_relay *r, uint64_t ms)
+int outbox__win_flush_parked(outbox_relay *r, uint64_t ms)
 {
     relay_batch *b;
     uint64_t now = uv_now(r->loop);
+    int left = 0;
     for (b = r->win.batches; b; b = b->next_live) {
         msg *p = b->published, *next;
+        if (p && now - b->parked_since < ms)
+            left = 1;
         if (!p || now - b->parked_since < ms)
             continue;
         b->published = b->published_tail = NULL;
@@ -254,6 +265,7 @@ void outbox__win_flush_parked(outbox_relay *r, uint64_t ms)
             enqueue(r, p);
         }
     }
+    return left;
 }
 
 void outbox__win_free_parked(outbox_relay *r)

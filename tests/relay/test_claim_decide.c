@@ -27,6 +27,15 @@
  * lease, a takeover's new token, a key's second message linked behind the
  * first, and rows with an invalid topic or payload dead-lettered in the same
  * transaction without holding back their key.
+ *
+ * Every case runs twice: as a relay holding messages, and as one holding
+ * nothing (r->cw.holds_nothing), which asks the plan first and, when the
+ * database has nothing but new rows, takes the simple way (the walk of new
+ * rows alone). The decisions must be the same either way: where a case has
+ * leased, waiting or stray rows, or another relay's batch, the plan sends
+ * the claim the full way; the simple cases (unkeyed rows, a key twice in a
+ * batch, rows created in the future, invalid rows) take the simple way,
+ * which the second run checks it did.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +49,9 @@
 
 #define ME "relay-me"
 #define OTHER "relay-other"
+
+/* The second run: the relay says it holds nothing (see the top). */
+static int holds_nothing;
 
 /* A case's world: a database file in a temp dir and a relay made by hand
  * on it (only what the claim reads: settings, worker id, statements, the
@@ -71,6 +83,7 @@ static void world_start(world *w, int idempotent)
     r->cfg.s.stream_prefix = r->cfg.stream_prefix;
     r->cfg.s.idempotent = idempotent;
     r->cfg.s.max_payload = 100;
+    r->cw.holds_nothing = holds_nothing;
     r->db.conn = rt_open(w->path);
     if (outbox__relay_db_prepare(r, err, sizeof err) != 0)
         bail("prepare: %s", err);
@@ -244,6 +257,7 @@ static void test_unkeyed(void)
                x.cs[i].source == S_NEW;
     ok(all && x.n == 2, "unkeyed: each one new, chosen, behind nothing, not deferred");
     is_int(cursor_of(&w), 6, "unkeyed: every row seen: the cursor after the last row");
+    is_int(x.simple, holds_nothing, "unkeyed: the simple way iff the relay holds nothing");
     is_int(x.ndefer, 0, "unkeyed: nothing made to wait");
     world_end(&w);
 }
@@ -278,6 +292,7 @@ static void test_failing_head(void)
     is_int(fate_of(&x, u), C_CHOSEN, "failing head: the unkeyed row goes");
     is_int(avail_of(&w, head), 5000, "failing head: the head's own retry time is untouched");
     is_int(cursor_of(&w), 5, "failing head: the cursor moves past every row seen");
+    is_int(x.simple, 0, "failing head: a waiting row: the full way");
     world_end(&w);
 }
 
@@ -300,6 +315,7 @@ static void test_same_key_in_batch(void)
     ok(cb && cb->prev == cand_index(&x, a) && !cb->after, "one key twice: the second is behind the first (prev)");
     ok(cc && cc->prev == -1 && !cc->after, "one key twice: another key's row is behind nothing");
     is_int(x.ndefer, 0, "one key twice: nothing made to wait");
+    is_int(x.simple, holds_nothing, "one key twice: the simple way iff the relay holds nothing");
     world_end(&w);
 }
 
@@ -457,6 +473,7 @@ static void test_future_head(void)
     is_int(avail_of(&w, head), 5001, "future head: the first row made a waiting row due when it was created");
     is_int(avail_of(&w, next), 5001, "future head: the next row due no earlier");
     is_int(fate_of(&x, u), C_CHOSEN, "future head: the unkeyed row goes");
+    is_int(x.simple, holds_nothing, "future head: only new rows: the simple way iff the relay holds nothing");
     world_end(&w);
 }
 
@@ -655,7 +672,7 @@ static void test_stray_key(void)
     world_end(&w);
 }
 
-int main(void)
+static void cases(void)
 {
     test_unkeyed();
     test_failing_head();
@@ -672,5 +689,13 @@ int main(void)
     test_taken_batch();
     test_stray_key();
     test_claim_full();
+}
+
+int main(void)
+{
+    for (holds_nothing = 0; holds_nothing < 2; holds_nothing++) {
+        diag("%s", holds_nothing ? "holding nothing: the plan first" : "holding messages: the full claim");
+        cases();
+    }
     return tap_done();
 }
