@@ -719,7 +719,12 @@ static int select_rows(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now
             x->new_from = p.after_batches > p.cursor ? p.after_batches : p.cursor;
             x->key_rows = KEYS_NONE; /* no leased or waiting row */
             x->fk_loaded = 1;        /* no other batch leased */
-            rc = outbox__claim_arrays(r, (size_t)want * 4 + 1);
+            /* The walk sees the rows from the cursor to the last at most:
+             * a database of a few rows gets arrays of its size, not the
+             * claim's largest (a quarter of a megabyte, zeroed). */
+            rc = outbox__claim_arrays(r, p.top >= x->new_from && (uint64_t)(p.top - x->new_from) < (uint64_t)want * 4
+                                             ? (size_t)(p.top - x->new_from) + 2
+                                             : (size_t)want * 4 + 1);
             if (rc != 0)
                 return rc;
             x->cap = r->cw.cap;

@@ -2,7 +2,6 @@
  * Opening databases, and creating / migrating / checking the outbox schema.
  */
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -456,29 +455,29 @@ _Static_assert(sizeof migrations / sizeof migrations[0] == OUTBOX_SCHEMA_VERSION
 /* The tables a version has besides outbox (from 5, 6 and 7 on). */
 static const char *const side_tables[] = {"outbox_cursor", "outbox_batch", "outbox_gone", "outbox_tally"};
 
-/* What examine reads, in one statement (a relay of many databases opens
- * each one, and five statements here cost it more than its claim): the
- * schema version, the outbox table's columns (count, and a bit per required
- * column found, names compared exactly) and a bit per side table present.
- * Built once from required_columns and side_tables. */
-static char examine_sql[2048];
-static pthread_once_t examine_once = PTHREAD_ONCE_INIT;
-
-static void examine_sql_build(void)
+/* Runs sql, reading the names in column col of its rows: bit i of *found
+ * for each one equal to names[i]; *nrows (if given) the rows. 0 or
+ * OUTBOX_E*. */
+static int names_of(sqlite3 *db, const char *sql, int col, const char *const *names, size_t n, uint64_t *found,
+                    int64_t *nrows)
 {
-    size_t i, n = 0;
-    n += (size_t)snprintf(examine_sql + n, sizeof examine_sql - n,
-                          "SELECT (SELECT user_version FROM pragma_user_version), "
-                          "(SELECT count(*) FROM pragma_table_info('outbox')), "
-                          "(SELECT total(CASE name");
-    for (i = 0; i < OUTBOX_ARRAY_LEN(required_columns); i++)
-        n += (size_t)snprintf(examine_sql + n, sizeof examine_sql - n, " WHEN '%s' THEN %lu", required_columns[i],
-                              1ul << i);
-    n += (size_t)snprintf(examine_sql + n, sizeof examine_sql - n,
-                          " END) FROM pragma_table_info('outbox')), (SELECT total(CASE name");
-    for (i = 0; i < OUTBOX_ARRAY_LEN(side_tables); i++)
-        n += (size_t)snprintf(examine_sql + n, sizeof examine_sql - n, " WHEN '%s' THEN %lu", side_tables[i], 1ul << i);
-    snprintf(examine_sql + n, sizeof examine_sql - n, " END) FROM sqlite_schema WHERE type = 'table')");
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    size_t i;
+    *found = 0;
+    if (nrows)
+        *nrows = 0;
+    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *name = (const char *)sqlite3_column_text(st, col);
+        if (nrows)
+            (*nrows)++;
+        for (i = 0; name && i < n; i++)
+            if (strcmp(name, names[i]) == 0)
+                *found |= 1ull << i;
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_DONE || rc == SQLITE_OK ? 0 : outbox__sqlite_code(rc);
 }
 
 /* Reads user_version and the table; shared by apply and check. *exists:
@@ -486,26 +485,30 @@ static void examine_sql_build(void)
  * OUTBOX_EFOREIGN naming the first one missing). */
 static int examine(sqlite3 *db, int64_t *version, int *exists, char *err, size_t errlen)
 {
-    sqlite3_stmt *st = NULL;
     uint64_t cols = 0, tables = 0;
     int64_t ncols = 0;
     size_t i;
-    int rc;
+    int e;
 
     *exists = 0;
-    pthread_once(&examine_once, examine_sql_build);
-    rc = sqlite3_prepare_v2(db, examine_sql, -1, &st, NULL);
-    if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-        *version = sqlite3_column_int64(st, 0);
-        ncols = sqlite3_column_int64(st, 1);
-        cols = (uint64_t)sqlite3_column_int64(st, 2);
-        tables = (uint64_t)sqlite3_column_int64(st, 3);
-        rc = SQLITE_OK;
-    }
-    sqlite3_finalize(st);
-    if (rc != SQLITE_OK) {
+    e = outbox__sqlite_int(db, "PRAGMA user_version", version);
+    if (e != 0) {
         set_err(err, errlen, "cannot read the schema version: %s", sqlite3_errmsg(db));
-        return outbox__sqlite_code(rc);
+        return e;
+    }
+    /* The table's columns, and the side tables present in one query (a
+     * relay of many databases opens each one: these were seven statements,
+     * and through pragma_table_info()'s virtual table). */
+    e = names_of(db, "PRAGMA table_info='outbox'", 1, required_columns, OUTBOX_ARRAY_LEN(required_columns), &cols,
+                 &ncols);
+    if (e == 0)
+        e = names_of(db,
+                     "SELECT name FROM sqlite_schema WHERE type = 'table' AND name IN "
+                     "('outbox_cursor', 'outbox_batch', 'outbox_gone', 'outbox_tally')",
+                     0, side_tables, OUTBOX_ARRAY_LEN(side_tables), &tables, NULL);
+    if (e != 0) {
+        set_err(err, errlen, "cannot inspect table outbox: %s", sqlite3_errmsg(db));
+        return e;
     }
     if (*version > OUTBOX_SCHEMA_VERSION) {
         set_err(err, errlen,

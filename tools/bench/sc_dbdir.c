@@ -19,9 +19,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "relay/sql.h"
 
 /* ------------------------------------------------------------------ */
 /* shared */
@@ -118,17 +120,113 @@ static size_t entry_latencies(bench *b, const char *stream, const char *prefix, 
 /* ------------------------------------------------------------------ */
 /* dbdir: many small backlogs vs one database holding them all */
 
+/* Thread CPU seconds (the floor runs on the calling thread). */
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* One database the least way the relay can: opened as the relay opens it
+ * (a group's connection: no checkpoint at close), its schema read, the
+ * plan (src/relay/sql.h), the walk of its new rows reading what is sent,
+ * one batch lease and the cursor in one transaction, the batch marked
+ * published in another, closed. No Redis, no encoding. */
+static int floor_db(const char *path, long *rows, char *err, size_t errlen)
+{
+    static const char *const sql[] = {OUTBOX__SQL_PLAN, OUTBOX__SQL_NEW, OUTBOX__SQL_BATCH_NEW,
+                                      OUTBOX__SQL_CURSOR_SET, OUTBOX__SQL_BATCH_PUBLISHED};
+    sqlite3 *h = NULL;
+    sqlite3_stmt *st[5] = {NULL};
+    int64_t lo = -1, hi = -1, from;
+    int rc = SQLITE_OK, i, ok = 0;
+
+    if (sqlite3_open_v2(path, &h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK)
+        goto fail;
+    sqlite3_db_config(h, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)NULL);
+    if (sqlite3_exec(h, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        goto fail;
+    for (i = 0; i < 4; i++)
+        if (sqlite3_prepare_v3(h, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st[i], NULL) != SQLITE_OK)
+            goto fail;
+    sqlite3_bind_int64(st[0], 1, 0);
+    if (sqlite3_step(st[0]) != SQLITE_ROW || sqlite3_column_int(st[0], 2) || sqlite3_column_int(st[0], 3))
+        goto fail; /* not a database of new rows only: not what the scenario built */
+    from = sqlite3_column_int64(st[0], 0) > sqlite3_column_int64(st[0], 1) ? sqlite3_column_int64(st[0], 0)
+                                                                           : sqlite3_column_int64(st[0], 1);
+    sqlite3_bind_int64(st[1], 1, 1000000);
+    sqlite3_bind_int64(st[1], 2, from);
+    while ((rc = sqlite3_step(st[1])) == SQLITE_ROW) {
+        /* What a message is made of (outbox__row_read reads these). */
+        for (i = 0; i < 11; i++)
+            (void)sqlite3_column_bytes(st[1], i);
+        hi = sqlite3_column_int64(st[1], 0);
+        if (lo < 0)
+            lo = hi;
+        (*rows)++;
+    }
+    if (rc != SQLITE_DONE || lo < 0)
+        goto fail;
+    sqlite3_bind_int64(st[2], 1, lo);
+    sqlite3_bind_int64(st[2], 2, hi);
+    sqlite3_bind_text(st[2], 3, "bench-floor", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st[2], 4, INT64_MAX / 2);
+    sqlite3_bind_int64(st[3], 1, hi + 1);
+    if (sqlite3_step(st[2]) != SQLITE_DONE || sqlite3_step(st[3]) != SQLITE_DONE ||
+        sqlite3_exec(h, "COMMIT", NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v3(h, sql[4], -1, SQLITE_PREPARE_PERSISTENT, &st[4], NULL) != SQLITE_OK ||
+        sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
+        goto fail;
+    sqlite3_bind_int64(st[4], 1, lo);
+    sqlite3_bind_text(st[4], 2, "bench-floor", -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st[4], 3, 1);
+    sqlite3_bind_int64(st[4], 4, 1);
+    if (sqlite3_step(st[4]) != SQLITE_DONE || sqlite3_changes(h) != 1 ||
+        sqlite3_exec(h, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        goto fail;
+    ok = 1;
+fail:
+    if (!ok)
+        snprintf(err, errlen, "SQL floor: %.300s: %.180s", path, h ? sqlite3_errmsg(h) : "cannot open");
+    for (i = 0; i < 5; i++)
+        sqlite3_finalize(st[i]);
+    sqlite3_close_v2(h);
+    return ok ? 0 : -1;
+}
+
+/* The floor over every database of dir (t00000.db ...): thread CPU
+ * seconds, and the rows it walked. */
+static int floor_dir(const char *dir, long ndb, double *cpu_s, long *rows, char *err, size_t errlen)
+{
+    char p[PATH_MAX + 64];
+    double c0 = thread_cpu_s();
+    *rows = 0;
+    for (long i = 0; i < ndb; i++) {
+        snprintf(p, sizeof p, "%.4000s/t%05ld.db", dir, i);
+        if (floor_db(p, rows, err, errlen) != 0)
+            return -1;
+    }
+    *cpu_s = thread_cpu_s() - c0;
+    return 0;
+}
+
 int sc_dbdir(bench *b, bench_report *r)
 {
     long ndb = b->quick ? 200 : 1000, rows = 100, total = ndb * rows;
     bench_shape sh = {BENCH_PAYLOAD, b->keys};
     char tmpl[PATH_MAX + 32], big[PATH_MAX + 32], bigcopy[PATH_MAX + 64], dir[PATH_MAX + 32], onedir[PATH_MAX + 32],
         err[512], tag[32];
-    char dirs[2][2][PATH_MAX + 40], suffix[8];
+    char dirs[2][2][PATH_MAX + 40], suffix[8], floordir[PATH_MAX + 40];
+    double floor_cpu = 0, floor_bound, floor_msgs_bound;
+    long floor_rows = 0;
+    int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
     double best_many = 0, best_one = 0, cpu_many = 0, cpu_one = 0, ratio;
     int round, rc = -1;
 
     memset(dirs, 0, sizeof dirs);
+    floordir[0] = '\0';
     snprintf(r->title, sizeof r->title,
              "--db-dir --drain of %ld databases x %ld rows vs of one database of %ld rows (--db-dir with one "
              "file), same run, best of 2 alternating",
@@ -148,6 +246,11 @@ int sc_dbdir(bench *b, bench_report *r)
      * minutes when it creates a file (recently_deleted), and the
      * databases' -wal and -shm files created by the drain paid for the
      * previous round's removals (BENCHMARKS.md, "Many databases"). */
+    snprintf(floordir, sizeof floordir, "%s-floor", dir);
+    if (copies(tmpl, floordir, ndb, err, sizeof err) != 0) {
+        bench_fail(r, "%s", err);
+        goto done;
+    }
     for (round = 0; round < 2; round++) {
         snprintf(suffix, sizeof suffix, "-%d", round & 1);
         snprintf(dirs[round][0], sizeof dirs[round][0], "%s%s", dir, suffix);
@@ -187,12 +290,34 @@ int sc_dbdir(bench *b, bench_report *r)
             }
         }
     }
+    bench_progress(b, "dbdir: SQL floor");
+    if (floor_dir(floordir, ndb, &floor_cpu, &floor_rows, err, sizeof err) != 0 || floor_rows != total) {
+        if (floor_rows != total && !err[0])
+            snprintf(err, sizeof err, "SQL floor: walked %ld rows, not %ld", floor_rows, total);
+        bench_fail(r, "%s", err);
+        goto done;
+    }
     ratio = best_many / best_one;
+    /* The floor's CPU shared by both CPUs at best (Redis and the relay's
+     * messages need some of them too): the most the many databases allow. */
+    floor_bound = (double)total / (floor_cpu / (double)ncpu) / best_one;
+    /* ... and with the relay's work per message as the one database's drain
+     * spent it (its SQL counted twice: a bound, not a forecast). */
+    floor_msgs_bound = (double)total / ((floor_cpu + cpu_one) / (double)ncpu) / best_one;
     bench_row_add(r, "many databases", NULL, V_NONE, "%.0f msg/s, relay CPU %.1f us/msg, %.2f ms per database",
                   best_many, cpu_many * 1e6 / (double)total, cpu_many * 1e3 / (double)ndb);
     bench_row_add(r, "one database", NULL, V_NONE, "%.0f msg/s, relay CPU %.1f us/msg", best_one,
                   cpu_one * 1e6 / (double)total);
     bench_row_add(r, "many / one", ">= 0.5", ratio >= 0.5 ? V_PASS : V_FAIL, "%.3f", ratio);
+    bench_row_add(r, "SQL floor per database", NULL, V_NONE, "%.2f ms CPU", floor_cpu * 1e3 / (double)ndb);
+    bench_row_add(r, "  many / one at most", NULL, V_NONE, "%.2f (the floor on %d CPUs), %.2f (and the messages)",
+                  floor_bound, ncpu, floor_msgs_bound);
+    bench_note(r, "SQL floor: the databases of a copy walked one after the other on one thread the least way the "
+                  "relay can (sqlite3_open_v2, the schema read by the first statement, OUTBOX__SQL_PLAN, the walk "
+                  "of new rows reading every column it sends, one batch lease and the cursor in one transaction, "
+                  "the batch published in another, no checkpoint at close; no Redis, no encoding), its CPU shared "
+                  "by all CPUs at best: the many databases cannot drain faster than that, whatever the relay "
+                  "does. And the messages: the floor's CPU plus the relay's CPU of the one database's drain.");
     bench_json_int(r, "databases", ndb);
     bench_json_int(r, "rows_per_db", rows);
     bench_json_num(r, "many_per_s", best_many, 0);
@@ -201,12 +326,16 @@ int sc_dbdir(bench *b, bench_report *r)
     bench_json_num(r, "one_cpu_s", cpu_one, 3);
     bench_json_num(r, "ratio", ratio, 3);
     bench_json_num(r, "target_ratio", 0.5, 1);
+    bench_json_num(r, "sql_floor_ms_per_db", floor_cpu * 1e3 / (double)ndb, 3);
+    bench_json_num(r, "sql_floor_ratio_bound", floor_bound, 3);
+    bench_json_num(r, "sql_floor_msgs_ratio_bound", floor_msgs_bound, 3);
     rc = 0;
 done:
     for (round = 0; round < 2; round++) {
         remove_dir(dirs[round][0]);
         remove_dir(dirs[round][1]);
     }
+    remove_dir(floordir);
     bench_unlink_db(tmpl);
     bench_unlink_db(big);
     return rc;
