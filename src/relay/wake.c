@@ -168,10 +168,12 @@ void outbox__wake_look(outbox_relay *r)
 {
     if (r->state != R_RUNNING)
         return;
-    if (uv_is_active((uv_handle_t *)&r->wake.wal_timer) && uv_timer_get_due_in(&r->wake.wal_timer) <= 1) {
-        /* A look is due within a millisecond anyway (a burst of events,
-         * most of them the relay's own writes): it comes, then the
-         * re-checks start over from it. */
+    if (r->redis.shared && uv_is_active((uv_handle_t *)&r->wake.wal_timer) &&
+        uv_timer_get_due_in(&r->wake.wal_timer) <= 1) {
+        /* A group's relay: a look is due within a millisecond anyway (the
+         * group's watch hands on every write, most of them the relay's
+         * own): it comes, then the re-checks start over from it. A relay
+         * of its own pauses its watch while it writes, and looks at once. */
         r->wake.wal_rechecks = 0;
         return;
     }
