@@ -688,6 +688,23 @@ done:
     return e;
 }
 
+/* Arrays for cap candidates (outbox__claim_arrays), lent to x. */
+static int use_arrays(claim_ctx *x, size_t cap)
+{
+    outbox_relay *r = x->r;
+    int rc = outbox__claim_arrays(r, cap);
+    if (rc != 0)
+        return rc;
+    x->cap = r->cw.cap;
+    x->cs = r->cw.cs;
+    x->chosen = r->cw.chosen;
+    x->defer = r->cw.defer;
+    x->slots = r->cw.slots;
+    x->scap = r->cw.scap;
+    x->gen = r->cw.gen;
+    return 0;
+}
+
 /* outbox__claim_select; encode: the new rows chosen get their messages
  * (encode_new), as a claim needs them. */
 static int select_rows(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now, int encode)
@@ -722,19 +739,11 @@ static int select_rows(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now
             /* The walk sees the rows from the cursor to the last at most:
              * a database of a few rows gets arrays of its size, not the
              * claim's largest (a quarter of a megabyte, zeroed). */
-            rc = outbox__claim_arrays(r, p.top >= x->new_from && (uint64_t)(p.top - x->new_from) < (uint64_t)want * 4
-                                             ? (size_t)(p.top - x->new_from) + 2
-                                             : (size_t)want * 4 + 1);
-            if (rc != 0)
-                return rc;
-            x->cap = r->cw.cap;
-            x->cs = r->cw.cs;
-            x->chosen = r->cw.chosen;
-            x->defer = r->cw.defer;
-            x->slots = r->cw.slots;
-            x->scap = r->cw.scap;
-            x->gen = r->cw.gen;
-            rc = scan_pending(x);
+            rc = use_arrays(x, p.top >= x->new_from && (uint64_t)(p.top - x->new_from) < (uint64_t)want * 4
+                                   ? (size_t)(p.top - x->new_from) + 2
+                                   : (size_t)want * 4 + 1);
+            if (rc == 0)
+                rc = scan_pending(x);
             if (rc == 0)
                 rc = write_deferred(x);
             return rc;
@@ -744,16 +753,9 @@ static int select_rows(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now
     if (rc != 0)
         return rc;
     /* expired (want) + a taken-over batch + waiting (4 want) + new (4 want) */
-    rc = outbox__claim_arrays(r, (size_t)want * 9 + 1 + (size_t)ntaken);
+    rc = use_arrays(x, (size_t)want * 9 + 1 + (size_t)ntaken);
     if (rc != 0)
         return rc;
-    x->cap = r->cw.cap;
-    x->cs = r->cw.cs;
-    x->chosen = r->cw.chosen;
-    x->defer = r->cw.defer;
-    x->slots = r->cw.slots;
-    x->scap = r->cw.scap;
-    x->gen = r->cw.gen;
     /* Expired leases first: they are the oldest work (the batch's rows are
      * older than any other claimed row of their keys). */
     rc = scan_taken(x);
