@@ -102,7 +102,7 @@ enum { KEYS_UNKNOWN, KEYS_NONE, KEYS_SOME };
 /* OUTBOX__SQL_PLAN's answer. */
 typedef struct claim_plan {
     int cursor_null;               /* the cursor's row is gone */
-    int64_t cursor, after_batches; /* 0 when NULL */
+    int64_t new_from;              /* where the walk of new rows starts (the cursor, or after the last batch) */
     int rows_busy;                 /* a row leased, waiting or stray */
     int batches_leased;            /* a batch leased (ours or another relay's) */
     int64_t top;                   /* the last seq, 0 if none */
@@ -139,6 +139,9 @@ int outbox__claim_find_taken(claim_ctx *x, int64_t *nrows);
  * Returns 0 or an OUTBOX_E* code (the transaction must then be rolled back).
  */
 int outbox__claim_select(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now);
+/* The same, and with encode the new rows chosen get their messages
+ * (c->m), as outbox__claim (claim_write.c) needs them. */
+int outbox__claim_choose(claim_ctx *x, outbox_relay *r, unsigned want, int64_t now, int encode);
 
 /* Makes r->cw hold cap candidates and starts a new generation of key slots.
  * 0 or OUTBOX_ENOMEM. */

@@ -36,7 +36,6 @@ char *outbox__safe_text(const char *s, size_t len)
 /* ------------------------------------------------------------------ */
 /* claim */
 
-
 /*
  * Messages live in chunks: one malloc for many messages (each with its
  * strings and its XADD command beside it), freed when the last of them is.
@@ -281,9 +280,8 @@ int outbox__encode_row(outbox_relay *r, sqlite3_stmt *st, const outbox__row_cols
     return outbox__encode(r, &v, out);
 }
 
-int outbox__encode(outbox_relay *r, const outbox__row *row, msg **out)
+int outbox__encode(outbox_relay *r, const outbox__row *v, msg **out)
 {
-    const outbox__row *v = row;
     outbox_envelope e;
     size_t idl = v->idl, tl = v->tl, envlen = 0, cmdlen = 0, mlen = 0;
     msg *m;

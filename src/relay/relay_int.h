@@ -16,8 +16,8 @@
  *                    idempotent publishing
  *   link.c           the relay's Redis: a target (redis/target.h), one node,
  *                    Sentinel or a cluster behind one interface
- *   claim.c  claim_batch.c
- *                    choosing and claiming rows; batch leases' keys and takeovers
+ *   claim.c  claim_write.c  claim_batch.c
+ *                    choosing rows, claiming them; batch leases' keys and takeovers
  *   marks.c          writing and accounting marks
  *   encode.c  window.c  db.c  settings.c
  *                    row checks and commands; the in-flight window; the
@@ -624,10 +624,8 @@ void outbox__win_seq_del(outbox_relay *r, int64_t seq);
 /* A key's hash and equality (topic and key together). */
 uint64_t outbox__key_hash(const char *topic, const char *key, size_t klen);
 int outbox__same_key(const char *t1, const char *k1, size_t l1, const char *t2, const char *k2, size_t l2);
-/* The newest message held of a key, or NULL. */
-msg *outbox__win_key_get(outbox_relay *r, const char *topic, const char *key, size_t klen);
-/* The same with the key's outbox__key_hash already computed. */
-msg *outbox__win_key_get_hashed(outbox_relay *r, uint64_t h, const char *topic, const char *key, size_t klen);
+/* The newest message held of a key (h its outbox__key_hash), or NULL. */
+msg *outbox__win_key_get(outbox_relay *r, uint64_t h, const char *topic, const char *key, size_t klen);
 /* Makes m its key's newest message. Without memory for the table it is left
  * out: its successors then wait for its mark, which is slower, not wrong. */
 void outbox__win_key_put(outbox_relay *r, msg *m);

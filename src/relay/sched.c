@@ -24,6 +24,11 @@
 #define PARKED_MS 20
 #define PARKED_IDEM_MS 250
 
+static uint64_t parked_ms(const outbox_relay *r)
+{
+    return r->cfg.s.idempotent ? PARKED_IDEM_MS : PARKED_MS;
+}
+
 /* Marks handed to one unit at most (see do_work); the unit stops writing
  * them earlier when its budget runs out (TXN_BUDGET_NS). A published
  * batch's marks cost one write, so a queue shorter than this goes whole,
@@ -640,7 +645,7 @@ static void do_work(outbox_relay *r)
     /* Nothing before the database opened (R_WAITING, or a stop since). */
     if (uv_is_active((uv_handle_t *)&r->sched.busy_timer) || r->state == R_STOPPED || !r->stop.began)
         return;
-    if (outbox__win_flush_parked(r, r->cfg.s.idempotent ? PARKED_IDEM_MS : PARKED_MS)) {
+    if (outbox__win_flush_parked(r, parked_ms(r))) {
         /* Parked later than the timer's batch: looked at again in time. */
         uv_timer_stop(&r->sched.parked_timer);
         outbox__sched_parked(r);
@@ -753,7 +758,7 @@ void outbox__sched_parked(outbox_relay *r)
         return;
     /* One more millisecond: the flush takes batches parked PARKED_MS or
      * longer, by the loop's clock. */
-    uv_timer_start(&r->sched.parked_timer, on_parked, (r->cfg.s.idempotent ? PARKED_IDEM_MS : PARKED_MS) + 1, 0);
+    uv_timer_start(&r->sched.parked_timer, on_parked, parked_ms(r) + 1, 0);
 }
 
 void outbox__sched_schedule(outbox_relay *r)

@@ -252,10 +252,12 @@ int outbox__win_flush_parked(outbox_relay *r, uint64_t ms)
     int left = 0;
     for (b = r->win.batches; b; b = b->next_live) {
         msg *p = b->published, *next;
-        if (p && now - b->parked_since < ms)
-            left = 1;
-        if (!p || now - b->parked_since < ms)
+        if (!p)
             continue;
+        if (now - b->parked_since < ms) {
+            left = 1;
+            continue;
+        }
         b->published = b->published_tail = NULL;
         for (; p; p = next) {
             next = p->next;
@@ -361,12 +363,7 @@ static msg **keymap_link(outbox_relay *r, uint64_t h, const char *topic, const c
     return l;
 }
 
-msg *outbox__win_key_get(outbox_relay *r, const char *topic, const char *key, size_t klen)
-{
-    return outbox__win_key_get_hashed(r, outbox__key_hash(topic, key, klen), topic, key, klen);
-}
-
-msg *outbox__win_key_get_hashed(outbox_relay *r, uint64_t h, const char *topic, const char *key, size_t klen)
+msg *outbox__win_key_get(outbox_relay *r, uint64_t h, const char *topic, const char *key, size_t klen)
 {
     return r->win.keymap_cap ? *keymap_link(r, h, topic, key, klen) : NULL;
 }
