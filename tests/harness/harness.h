@@ -94,6 +94,11 @@ int th_relay_runv(int timeout_ms, char **err, const char *db, const char *url, v
 
 /* A loopback TCP port nobody listens on right now (-1 on error). */
 int th_free_port(void);
+/* A loopback port where a connect is refused for as long as *fd stays open
+ * (bound, not listening): nobody else can take it meanwhile, as a port
+ * from th_free_port can be by another test running beside. close(*fd)
+ * when done. -1 on failure. */
+int th_refused_port(int *fd);
 
 /* Starts argv in the background (stdout/stderr appended to the given file
  * paths, which may be the same, or inherited when NULL); returns the pid or

@@ -27,20 +27,38 @@
 
 /* Another process could take the port before redis-server binds it;
  * th_redis_start retries in that case. */
-int th_free_port(void)
+/* A loopback port bound (not listening) by *fd, or -1. */
+static int bound_port(int *fd)
 {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
-    if (fd < 0)
+    int port = -1;
+    *fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (*fd < 0)
         return -1;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    if (bind(*fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(*fd, (struct sockaddr *)&a, &len) == 0)
         port = ntohs(a.sin_port);
-    close(fd);
+    if (port < 0) {
+        close(*fd);
+        *fd = -1;
+    }
     return port;
+}
+
+int th_free_port(void)
+{
+    int fd, port = bound_port(&fd);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+int th_refused_port(int *fd)
+{
+    return bound_port(fd);
 }
 
 static int write_config(th_redis *r)

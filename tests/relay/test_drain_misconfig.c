@@ -272,9 +272,12 @@ static void redis_down(void)
 {
     char url[64], *path, *err = NULL;
     sqlite3 *db = fresh_db("down", &path);
-    int st;
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", th_free_port());
+    int st, fd, port = th_refused_port(&fd);
+    if (port < 0)
+        bail("cannot bind a loopback port");
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
     st = rt_relay_run(30000 * th_slow(), &err, path, url, "--drain", "--drain-timeout-ms", "1500", NULL);
+    close(fd);
     is_int(st, 1, "redis down: not a configuration error, the drain waits for its timeout (exit 1)");
     ok(err && !strstr(err, "drain failed") && !strstr(err, "publishing held"), "redis down: nothing held");
     free(err);

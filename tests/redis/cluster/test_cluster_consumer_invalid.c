@@ -104,6 +104,7 @@ static void test_cli(void)
 
 static void test_api(void)
 {
+    int refused_fd = -1, refused;
     uv_loop_t loop;
     outbox_consumer_settings cs;
     outbox_dedup_settings ds;
@@ -158,12 +159,16 @@ static void test_api(void)
     is_int(outbox_dedup_create(&d, &loop, &ds, err, sizeof err), OUTBOX_EINVAL, "dedup: TLS settings with redis-cluster://");
     ok(strstr(err, "TLS settings given but the Redis URL is not rediss://") != NULL, "  err: %s", err);
     ds.tls.server_name = NULL;
-    snprintf(url, sizeof url, "redis-cluster://127.0.0.1:%d", th_free_port());
+    refused = th_refused_port(&refused_fd);
+    if (refused < 0)
+        bail("cannot bind a loopback port");
+    snprintf(url, sizeof url, "redis-cluster://127.0.0.1:%d", refused);
     ds.redis_url = url;
     ds.log_level = OUTBOX_LOG_ERROR; /* the refused connects are no news here */
     is_int(outbox_dedup_create(&d, &loop, &ds, err, sizeof err), 0, "dedup: a good Cluster URL (connects later)");
     ok(!outbox_dedup_connected(d), "  not connected: nobody listens there");
     outbox_dedup_destroy(d, NULL, NULL);
+    close(refused_fd);
     is_int(uv_run(&loop, UV_RUN_DEFAULT), 0, "nothing left on the loop");
     is_int(uv_loop_close(&loop), 0, "the loop closes");
 }

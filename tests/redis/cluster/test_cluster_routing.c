@@ -567,8 +567,10 @@ static void test_unreachable(void)
 {
     world w;
     rec r;
-    int port = th_free_port();
+    int fd, port = th_refused_port(&fd);
     char url[64];
+    if (port < 0)
+        bail("cannot bind a loopback port");
     snprintf(url, sizeof url, "redis-cluster://127.0.0.1:%d", port);
     memset(&w, 0, sizeof w);
     world_open(&w, url, 0);
@@ -580,6 +582,7 @@ static void test_unreachable(void)
        outbox__cluster_errstr(w.c));
     is_int(get(&w, "foo", &r, 0), OUTBOX_ESTATE, "unreachable: commands refused before a map");
     is_int(world_close(&w), 0, "unreachable: loop closed cleanly");
+    close(fd);
 }
 
 /* The daemon refuses a bad cluster URL at start, exit 2, naming the
