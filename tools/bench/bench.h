@@ -236,8 +236,10 @@ int bench_redis_benchmark_user(bench *b, long n, double *rps, char *err, size_t 
 /* The same parameters (-c 4 -P 64) with the drain's own entry: an id of 36
  * characters and an envelope of envelope_len bytes, over BENCH_TOPICS
  * streams (-r): what Redis takes from any producer of the relay's entries
- * (BENCHMARKS.md, "The entry's own ceiling"). */
-int bench_redis_benchmark_user_shape(bench *b, long n, size_t envelope_len, double *rps, char *err, size_t errlen);
+ * (BENCHMARKS.md, "The entry's own ceiling"). *redis_us, unless NULL:
+ * Redis's CPU per XADD meanwhile (-1 if unreadable). */
+int bench_redis_benchmark_user_shape(bench *b, long n, size_t envelope_len, double *rps, double *redis_us, char *err,
+                                     size_t errlen);
 int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int clients, int pipeline,
                              size_t envelope_len, double *rps, double *p50_ms, char *err, size_t errlen);
 
