@@ -314,7 +314,7 @@ static void on_timer(uv_timer_t *t)
                     /* It kept working: its drain is armed again. */
                     d->idle_since = 0;
                     d->last_used = now;
-                    outbox__sched_drain_rearm(r);
+                    outbox__drain_rearm(r);
                 } else {
                     outbox__group_close_db(d);
                 }

@@ -53,7 +53,7 @@ static void on_redis_down(outbox_relay *r, int status)
  * configuration underneath it; a drain cannot finish that way and ends. */
 static void on_redis_problem(outbox_relay *r)
 {
-    outbox__sched_drain_fail(r, OUTBOX_ECONFIG);
+    outbox__drain_fail(r, OUTBOX_ECONFIG);
 }
 
 /* One handle (or the Redis connection) closed: the stop ends with the last. */

@@ -11,6 +11,7 @@
  *                    units of work and their timers; metrics, HTTP,
  *                    database figures; retention; attached connections;
  *                    waiting for a database on a full disk or locked
+ *   drain.c          drain mode: when a drain is over, its timeout, its result
  *   wake.c  publish.c  idem_publish.c
  *                    WAL watch, data_version and checkpoints; XADD and WAIT;
  *                    idempotent publishing
@@ -344,7 +345,7 @@ struct relay_sched {
     unsigned stop_failures;   /* units in a row that failed while stopping */
     int drained;              /* drain mode: on_drained was called */
     int drain_timed_out;      /* drain mode: on_drained was called because drain_timeout_ms expired */
-    int drain_error;          /* drain mode: the drain cannot finish (outbox__sched_drain_fail), 0 otherwise */
+    int drain_error;          /* drain mode: the drain cannot finish (outbox__drain_fail), 0 otherwise */
     uint64_t fail_since;      /* loop ms units began to fail with an error other than a lock; 0 once one commits */
     uint64_t fail_logged;     /* loop ms that failure was last logged */
     char fail_why[160];       /* its error, for the log and /healthz */
@@ -807,18 +808,29 @@ void outbox__sched_close(outbox_relay *r, uv_close_cb cb);
 void outbox__sched_schedule(outbox_relay *r);
 /* Schedules a unit after delay ms (at most the scan interval). */
 void outbox__sched_arm_scan(outbox_relay *r, uint64_t delay);
+/* The relay connection's busy handler: waits only inside a unit. */
+int outbox__sched_busy_handler(void *arg, int count);
+
+/* ---- drain.c ---- */
+
+/* Starts the drain's timeout (drain_timeout_ms), in drain mode. */
+void outbox__drain_start(outbox_relay *r);
+/* After a unit that found no more rows: in drain mode, the drain is over
+ * (on_drained) once nothing is in flight or queued and no row is left,
+ * rows waiting for a retry included, rows delayed by the application not.
+ * p: the plan when it says no row is leased or waiting, else NULL. */
+struct claim_plan;
+void outbox__drain_check(outbox_relay *r, int64_t now, const struct claim_plan *p);
 /* Drain mode: the drain cannot finish (code, e.g. OUTBOX_ECONFIG: Redis
  * cannot be used as configured) and ends on the next loop turn, as
  * drain_timeout_ms would end it: on_drained, with
  * outbox_relay_drain_result() returning code. A no-op without drain mode or
  * once the drain ended. */
-void outbox__sched_drain_fail(outbox_relay *r, int code);
+void outbox__drain_fail(outbox_relay *r, int code);
 /* Drain mode: a drain that ended (on_drained called) is armed again, and a
  * unit runs soon to see whether it is over again (a group's relay that
  * kept working while it lingered). */
-void outbox__sched_drain_rearm(outbox_relay *r);
-/* The relay connection's busy handler: waits only inside a unit. */
-int outbox__sched_busy_handler(void *arg, int count);
+void outbox__drain_rearm(outbox_relay *r);
 
 /* ---- dbwait.c ---- */
 
