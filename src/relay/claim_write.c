@@ -64,6 +64,17 @@ static int batch_rows(claim_ctx *x, relay_batch *b, const int64_t *index)
     return e;
 }
 
+/* The expired batch lease the claim took (x->taken) kept none of its rows:
+ * each has a state of its own (made to wait by this claim, or settled one
+ * by one before). Its record goes: left leased, it would count as leased
+ * work for ever, and a drain would never end. */
+static int drop_taken(claim_ctx *x)
+{
+    outbox_relay *r = x->r;
+    sqlite3_bind_int64(Q(r, q_batch_drop), 1, x->t_lo);
+    return outbox__relay_step_done(r, Q(r, q_batch_drop));
+}
+
 /*
  * Claims the chosen rows: the new rows in one batch lease (one record for
  * the range from the first to the last of them: every other row of that
@@ -129,9 +140,7 @@ static int claim_chosen(claim_ctx *x, relay_batch **bs, size_t *nb)
         if (e == 0)
             e = batch_rows(x, b, index);
     } else if (x->taken) {
-        /* None of its rows stayed in it: every one has a state of its own. */
-        sqlite3_bind_int64(Q(r, q_batch_drop), 1, x->t_lo);
-        e = outbox__relay_step_done(r, Q(r, q_batch_drop));
+        e = drop_taken(x);
     }
     if (e == 0 && hi > 0) {
         sqlite3_stmt *n = Q(r, q_batch_new);
@@ -195,6 +204,8 @@ int outbox__claim(outbox_relay *r, unsigned want, int64_t now, msg ***out, size_
     rc = outbox__claim_choose(&x, r, want, now, 1);
     if (rc == 0)
         *ndeferred = x.ndefer;
+    if (rc == 0 && x.nchosen == 0 && x.taken)
+        rc = drop_taken(&x); /* and nothing else was chosen: claim_chosen does not run */
     if (rc != 0 || x.nchosen == 0)
         goto done;
     rc = claim_chosen(&x, bs, &nb);

@@ -7,6 +7,9 @@
  *   with exactly its rows still as written, publishes them once, marks the
  *   batch published with one write, and leaves the other rows as they were
  *   (the due one is published on its own).
+ * - An emptied batch: an expired batch lease none of whose rows is in it
+ *   any more is dropped by a claim that takes nothing else, and a drain
+ *   ends.
  * - A batch with a failed keyed head: the first rows of two keys fail
  *   (their stream refuses XADDs) while the rest of the batch is published;
  *   the failed rows leave the batch with their own state, their keys' later
@@ -141,6 +144,42 @@ static void half_marked_takeover(void)
     free(path);
 }
 
+/* An expired batch lease none of whose rows is in it any more (each was
+ * published on its own, or made to wait by a takeover that claimed nothing
+ * else, then published on its own): a claim drops the record, and a drain
+ * ends. It counted as leased for ever, and a drain never ended. */
+static void emptied_batch(void)
+{
+    char *path, *err = NULL;
+    sqlite3 *db = fresh("emptied.db", &path);
+    int64_t now = rt_unix_ms();
+    int st;
+
+    rt_insert_rows(db, "e", 0, 8, "emptied", 2);
+    th_sql_exec(db, "UPDATE outbox_cursor SET new_from = 9");
+    th_sql_exec(db,
+                "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) "
+                "VALUES (1, 8, 1, 'gone', 1, %lld, 1)",
+                (long long)(now - 1000));
+    th_sql_exec(db, "UPDATE outbox SET state = 2, lease_token = 2, attempts = 2, published_at = %lld, "
+                    "stream_id = '1-' || seq",
+                (long long)now);
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2 AND batch IS NULL"), 8,
+           "emptied: every row of the batch's range has a state of its own");
+    st = rt_relay_run(30000 * th_slow(), &err, path, srv.url, "--drain", "--drain-timeout-ms", "10000", "--worker-id",
+                      "taker", NULL);
+    is_int(st, 0, "emptied: --drain exits 0, not at its timeout");
+    if (st != 0 && err)
+        th_diag_tail("relay", err, 10);
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_batch"), 0, "emptied: the record is gone");
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 2 AND stream_id = '1-' || seq"), 8,
+           "emptied: its rows are as they were");
+    is_int(th_xlen(c, "outbox:emptied"), 0, "emptied: nothing sent again");
+    free(err);
+    sqlite3_close_v2(db);
+    free(path);
+}
+
 typedef struct khead {
     sqlite3 *db;
 } khead;
@@ -252,6 +291,7 @@ int main(void)
     dir = th_tmpdir();
     c = th_redis_client(&srv);
     half_marked_takeover();
+    emptied_batch();
     failed_keyed_head();
     retention_across_batches();
     redisFree(c);
