@@ -451,7 +451,11 @@ OUTBOX_API int outbox_relay_nodes_get(outbox_relay *r, outbox_relay_node_stats *
  * Commits to a closed database are seen through a watch on its directory
  * (inotify: one watch per directory, whatever the number of databases),
  * within milliseconds; a row delayed by the application or waiting for its
- * retry reopens it when it becomes due. At most max_open_dbs databases are
+ * retry reopens it when it becomes due, a lease that runs out (its holder
+ * died) when it does, and so do published rows that
+ * retention deletes (a 24th of retention_ms after they come due, between
+ * 1 s and 1 h, so that one reopening deletes a span of them; not in drain
+ * mode). At most max_open_dbs databases are
  * open at once (the least recently used idle one is closed first; when none
  * is idle, one that ran for a second or more hands its rows back and waits
  * for its turn again), and each open database's in-flight window is

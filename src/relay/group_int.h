@@ -34,6 +34,13 @@
 #define PROBES_MAX 2          /* probes on worker threads at once */
 #define HELD_RETRY_MS 10000   /* Redis cannot be used as configured: databases tried again */
 #define BUSY_MAX 32           /* databases opened and not drained yet, at most: the rest wait their turn */
+/* A closed database's published rows that retention deletes reopen it this
+ * long after the oldest comes due, a 24th of the retention between these
+ * bounds: every reopening deletes all that is due by then, so a database
+ * that went quiet after a span of publishing reopens at most every
+ * RET_SLACK_MAX_MS until its rows are gone (with the default day, hourly). */
+#define RET_SLACK_MIN_MS 1000
+#define RET_SLACK_MAX_MS 3600000
 
 enum gstate {
     G_IDLE,     /* closed; wake_at may say when it has work */
@@ -88,6 +95,8 @@ struct gdb {
     uv_work_t work;
     int p_e;
     int64_t p_left[3], p_next_due, p_next_lease;
+    int64_t p_oldest_published; /* with retention: its oldest published row's time, INT64_MAX: none */
+    int p_expired;              /* a lease expired: a dead relay's rows to take over */
     char p_why[300];
     /* Its backlog as /metrics last saw it (group_ops.c): its relay's
      * figures while open, 0 once it drained; fig_known 0 until then. */

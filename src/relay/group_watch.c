@@ -99,7 +99,8 @@ static void probe_work(uv_work_t *w)
     int e, rc;
     d->p_why[0] = '\0';
     d->p_left[0] = d->p_left[1] = d->p_left[2] = 0;
-    d->p_next_due = d->p_next_lease = INT64_MAX;
+    d->p_next_due = d->p_next_lease = d->p_oldest_published = INT64_MAX;
+    d->p_expired = 0;
     e = outbox_db_open(d->path, OUTBOX_OPEN_READONLY, &db, d->p_why, sizeof d->p_why);
     d->p_noschema = 0;
     if (e == 0)
@@ -138,8 +139,47 @@ static void probe_work(uv_work_t *w)
             st = NULL;
         }
     }
+    if (e == 0) {
+        /* An expired lease is work outside a drain too (a drain counts it
+         * among the leased rows): its holder died, and nothing else would
+         * bring its rows back before a commit to this database. */
+        rc = sqlite3_prepare_v2(db, OUTBOX__SQL_EXPIRED_LEASE, -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+            sqlite3_bind_int64(st, 1, now);
+            rc = sqlite3_step(st);
+        }
+        if (rc == SQLITE_ROW) {
+            d->p_expired = sqlite3_column_int(st, 0) != 0;
+        } else {
+            snprintf(d->p_why, sizeof d->p_why, "%s", sqlite3_errmsg(db));
+            e = rc == SQLITE_BUSY ? OUTBOX_EBUSY : OUTBOX_ESQLITE;
+        }
+        sqlite3_finalize(st);
+        st = NULL;
+    }
+    if (e == 0 && d->g->tmpl.retention_ms && !d->g->tmpl.drain) {
+        /* Retention deletes published rows of an open database only: when
+         * a closed one's come due, it is opened for them (probe_done). A
+         * failure here leaves them for the next probe. */
+        if (sqlite3_prepare_v2(db, OUTBOX__SQL_RETENTION_OLDEST, -1, &st, NULL) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL)
+            d->p_oldest_published = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+        st = NULL;
+    }
     sqlite3_close_v2(db);
     d->p_e = e;
+}
+
+/* When retention has rows of a closed database to delete (unix ms), or
+ * INT64_MAX: none. */
+static int64_t retention_due(const gdb *d)
+{
+    int64_t ret = (int64_t)d->g->tmpl.retention_ms, slack = ret / 24;
+    if (d->p_oldest_published == INT64_MAX)
+        return INT64_MAX;
+    slack = slack < RET_SLACK_MIN_MS ? RET_SLACK_MIN_MS : slack > RET_SLACK_MAX_MS ? RET_SLACK_MAX_MS : slack;
+    return d->p_oldest_published + ret + slack;
 }
 
 static void probe_next(outbox_relay_group *g);
@@ -167,17 +207,22 @@ static void probe_done(uv_work_t *w, int status)
         outbox__group_want(d);
     } else if (d->p_e != 0) {
         outbox__group_failed(d, d->p_e, d->p_why);
-    } else if (d->p_left[0] > 0 || (g->tmpl.drain && (d->p_left[1] > 0 || d->p_left[2] > 0)) || d->dirty) {
-        GLOG(g, OUTBOX_LOG_DEBUG, "msg=\"database has work\" database=%s due=%lld waiting_retry=%lld leased=%lld "
-                                  "changed=%d", d->name, (long long)d->p_left[0], (long long)d->p_left[1],
-             (long long)d->p_left[2], d->dirty);
+    } else if (d->p_left[0] > 0 || d->p_expired || (g->tmpl.drain && (d->p_left[1] > 0 || d->p_left[2] > 0)) ||
+               d->dirty || retention_due(d) <= now) {
+        GLOG(g, OUTBOX_LOG_DEBUG,
+             "msg=\"database has work\" database=%s due=%lld waiting_retry=%lld leased=%lld expired_lease=%d "
+             "changed=%d retention=%d",
+             d->name, (long long)d->p_left[0], (long long)d->p_left[1], (long long)d->p_left[2], d->p_expired,
+             d->dirty, retention_due(d) <= now);
         d->dirty = 0;
         outbox__group_want(d);
     } else {
-        int64_t next = d->p_next_due < d->p_next_lease ? d->p_next_due : d->p_next_lease;
-        d->wake_at = next != INT64_MAX && (d->p_left[1] > 0 || d->p_left[2] > 0 || d->p_next_due != INT64_MAX)
-                         ? next
-                         : 0;
+        int64_t next = d->p_next_due < d->p_next_lease ? d->p_next_due : d->p_next_lease, ret = retention_due(d);
+        if (!(d->p_left[1] > 0 || d->p_left[2] > 0 || d->p_next_due != INT64_MAX))
+            next = INT64_MAX;
+        if (ret < next)
+            next = ret;
+        d->wake_at = next != INT64_MAX ? next : 0;
         if (d->wake_at)
             outbox__group_arm(g, d->wake_at > now ? (uint64_t)(d->wake_at - now) : 0);
         if (g->tmpl.drain)

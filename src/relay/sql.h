@@ -173,6 +173,11 @@
     "SELECT min(coalesce((SELECT min(lease_until) FROM outbox WHERE state = 1 AND lease_until > ?1), "               \
     "9223372036854775807), coalesce((SELECT min(lease_until) FROM outbox_batch WHERE state = 1 "                    \
     "AND lease_until > ?1), 9223372036854775807))"
+/* Whether a lease expired by ?1 (its holder died or stalled): work for any
+ * relay, through outbox_leased and outbox_batch_leased. */
+#define OUTBOX__SQL_EXPIRED_LEASE                                                                                     \
+    "SELECT EXISTS (SELECT 1 FROM outbox WHERE state = 1 AND lease_until <= ?1) "                                    \
+    "OR EXISTS (SELECT 1 FROM outbox_batch WHERE state = 1 AND lease_until <= ?1)"
 /* What the database holds besides new rows, read before a claim while this
  * relay holds nothing, and after a unit that found no more rows: the cursor
  * (NULL if its row is gone), the row after the last batch (NULL if none),

@@ -12,10 +12,13 @@
  * corrupt one among them: every healthy one drained, the corrupt one named.
  * The daemon: --db-dir --drain exits 1 naming the corrupt file, 0 without
  * it; --db with --db-dir is a usage error; killed with SIGKILL three times
- * over 40 databases, one of them overwritten meanwhile: nothing of the
- * others lost, their order per key kept; two daemons on one directory:
+ * over 40 databases, one of them overwritten meanwhile: a daemon that is
+ * not draining takes over every lease they left, and nothing of the
+ * others is lost, their order per key kept; two daemons on one directory:
  * every row once, in order per key. Idempotent mode: markers per
  * database, so the same id in two databases is appended for each.
+ * Retention: published rows of closed databases, due long ago or coming
+ * due later, are deleted though nothing is written to those databases.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -437,6 +440,76 @@ static void per_tenant_streams(void)
     uv_run(&loop, UV_RUN_NOWAIT);
 }
 
+/* Retention of closed databases: published rows that come due while
+ * nothing else opens their database reopen it, and go. */
+static sqlite3 *ret_dbs[2];
+static int ret_gone(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 2; i++)
+        if (th_sql_int(ret_dbs[i], "SELECT (SELECT count(*) FROM outbox) + (SELECT count(*) FROM outbox_batch)"))
+            return 0;
+    return 1;
+}
+
+static void closed_retention(void)
+{
+    char *dir = keep(th_path(root, "ret")), err[512];
+    static const char *const files[2] = {"old.db", "soon.db"};
+    outbox_relay_group *g;
+    outbox_relay_settings s;
+    long before = (long)th_xlen(c, "outbox:kept");
+    int64_t now;
+    mkdir(dir, 0755);
+    for (int i = 0; i < 2; i++) {
+        char *p = rt_make_db(dir, files[i]);
+        ret_dbs[i] = rt_open(p);
+        rt_insert_rows(ret_dbs[i], files[i], 0, 20, "kept", 3);
+        free(p);
+    }
+    /* Published by a drain without retention... */
+    s = settings(dir);
+    s.drain = 1;
+    is_int(outbox_relay_group_create(&g, &loop, &s, err, sizeof err), 0, "retention: drain created %s", err);
+    outbox_relay_group_on_drained(g, on_drained, NULL);
+    drained = stopped = 0;
+    outbox_relay_group_start(g);
+    ok(run_until(30000, is_stopped, NULL), "retention: drained");
+    outbox_relay_group_destroy(g);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    is_int((long)th_xlen(c, "outbox:kept") - before, 40, "retention: 40 entries");
+    /* ... then as if long ago (old.db: a minute, due at once) and a moment
+     * ago (soon.db: due once its time, plus the group's slack, passes). */
+    now = th_now_ms();
+    for (int i = 0; i < 2; i++) {
+        int64_t at = i == 0 ? now - 60000 : now - 500;
+        th_sql_exec(ret_dbs[i], "UPDATE outbox_batch SET published_at = %lld WHERE state = 2", (long long)at);
+        th_sql_exec(ret_dbs[i], "UPDATE outbox SET published_at = %lld WHERE state = 2", (long long)at);
+        is_int((long)th_sql_int(ret_dbs[i], "SELECT count(*) FROM outbox_messages WHERE state = 2"), 20,
+               "retention: %s holds its 20 published rows", files[i]);
+    }
+    /* A group that runs (not a drain) with retention: nothing is written to
+     * either database, yet both lose their published rows. */
+    s = settings(dir);
+    s.retention_ms = 1000;
+    is_int(outbox_relay_group_create(&g, &loop, &s, err, sizeof err), 0, "retention: group created %s", err);
+    stopped = 0;
+    outbox_relay_group_start(g);
+    {
+        int gone = run_until(20000, ret_gone, NULL);
+        ok(gone, "retention: both closed databases emptied (old.db %lld, soon.db %lld rows left)",
+           (long long)th_sql_int(ret_dbs[0], "SELECT count(*) FROM outbox"),
+           (long long)th_sql_int(ret_dbs[1], "SELECT count(*) FROM outbox"));
+    }
+    is_int((long)th_xlen(c, "outbox:kept") - before, 40, "retention: nothing published again");
+    outbox_relay_group_stop(g, on_stopped, NULL);
+    ok(run_until(20000, is_stopped, NULL), "retention: stopped");
+    outbox_relay_group_destroy(g);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    for (int i = 0; i < 2; i++)
+        sqlite3_close_v2(ret_dbs[i]);
+}
+
 static void daemon_cli(void)
 {
     char *dir = keep(th_path(root, "cli")), *p, *relay = keep(th_bin("tools/relay/outbox-relay")), *out = NULL, *errs = NULL;
@@ -549,6 +622,26 @@ static int kills_len(void *arg)
     return th_xlen(c, "outbox:kills") >= kills_want;
 }
 
+/* Every healthy database of daemon_kills published (k07 is broken). */
+static char **kills_paths;
+static int kills_ndb;
+static int kills_all_marked(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < kills_ndb; i++) {
+        sqlite3 *db;
+        int64_t left;
+        if (i == 7)
+            continue;
+        db = rt_open(kills_paths[i]);
+        left = th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state <> 2");
+        sqlite3_close_v2(db);
+        if (left)
+            return 0;
+    }
+    return 1;
+}
+
 /* The daemon over 40 databases killed with SIGKILL three times mid-drain,
  * one database overwritten with garbage meanwhile: every row of every other
  * database published, in order per key; the drain names the broken one. */
@@ -596,6 +689,17 @@ static void daemon_kills(void)
         }
     }
     is_int(kills, 3, "the daemon was killed three times mid-drain");
+    {
+        /* Not a drain: the daemon itself takes over what the killed ones
+         * left leased, their leases expired or not yet, though nothing is
+         * written to those databases any more. */
+        char *argv[] = {relay, "run", "--db-dir", dir, "--redis", srv.url, NULL};
+        pid_t pid = th_spawn(argv, NULL, log, log);
+        kills_paths = paths;
+        kills_ndb = NDB;
+        ok(run_until(30000, kills_all_marked, NULL), "the daemon, not draining, publishes every row the kills left");
+        is_int(th_stop(pid, SIGTERM, 20000), 0, "and stops cleanly");
+    }
     {
         char *argv[] = {relay, "run", "--db-dir", dir, "--redis", srv.url, "--drain", NULL};
         st = th_run(argv, NULL, &out, &errs, 60000 * th_slow());
@@ -768,6 +872,7 @@ int main(void)
     same_ids(0);
     same_ids(1);
     per_tenant_streams();
+    closed_retention();
     daemon_cli();
     metrics_backlog();
     daemon_kills();
