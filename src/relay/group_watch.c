@@ -116,8 +116,15 @@ static void probe_work(uv_work_t *w)
         st = NULL;
     }
     if (e == 0) {
-        static const char *const sql[3] = {OUTBOX__SQL_DRAIN, OUTBOX__SQL_NEXT_DUE, OUTBOX__SQL_NEXT_LEASE};
-        for (int i = 0; i < 3 && e == 0; i++) {
+        /* The drain's counts, when the next waiting row comes due and the
+         * next lease runs out, and whether one ran out already: work
+         * outside a drain too (a drain counts it among the leased rows),
+         * since its holder died and nothing else would bring its rows back
+         * before a commit to this database. */
+        static const char *const sql[4] = {OUTBOX__SQL_DRAIN, OUTBOX__SQL_NEXT_DUE, OUTBOX__SQL_NEXT_LEASE,
+                                           OUTBOX__SQL_EXPIRED_LEASE};
+        int64_t expired = 0, *one[4] = {NULL, &d->p_next_due, &d->p_next_lease, &expired};
+        for (int i = 0; i < 4 && e == 0; i++) {
             rc = sqlite3_prepare_v2(db, sql[i], -1, &st, NULL);
             if (rc == SQLITE_OK) {
                 sqlite3_bind_int64(st, 1, now);
@@ -130,7 +137,7 @@ static void probe_work(uv_work_t *w)
                     for (int k = 0; k < 3; k++)
                         d->p_left[k] = sqlite3_column_int64(st, k);
                 else if (sqlite3_column_type(st, 0) != SQLITE_NULL)
-                    *(i == 1 ? &d->p_next_due : &d->p_next_lease) = sqlite3_column_int64(st, 0);
+                    *one[i] = sqlite3_column_int64(st, 0);
             } else {
                 snprintf(d->p_why, sizeof d->p_why, "%s", sqlite3_errmsg(db));
                 e = rc == SQLITE_BUSY ? OUTBOX_EBUSY : OUTBOX_ESQLITE;
@@ -138,24 +145,7 @@ static void probe_work(uv_work_t *w)
             sqlite3_finalize(st);
             st = NULL;
         }
-    }
-    if (e == 0) {
-        /* An expired lease is work outside a drain too (a drain counts it
-         * among the leased rows): its holder died, and nothing else would
-         * bring its rows back before a commit to this database. */
-        rc = sqlite3_prepare_v2(db, OUTBOX__SQL_EXPIRED_LEASE, -1, &st, NULL);
-        if (rc == SQLITE_OK) {
-            sqlite3_bind_int64(st, 1, now);
-            rc = sqlite3_step(st);
-        }
-        if (rc == SQLITE_ROW) {
-            d->p_expired = sqlite3_column_int(st, 0) != 0;
-        } else {
-            snprintf(d->p_why, sizeof d->p_why, "%s", sqlite3_errmsg(db));
-            e = rc == SQLITE_BUSY ? OUTBOX_EBUSY : OUTBOX_ESQLITE;
-        }
-        sqlite3_finalize(st);
-        st = NULL;
+        d->p_expired = expired != 0;
     }
     if (e == 0 && d->g->tmpl.retention_ms && !d->g->tmpl.drain) {
         /* Retention deletes published rows of an open database only: when
@@ -188,7 +178,7 @@ static void probe_done(uv_work_t *w, int status)
 {
     gdb *d = w->data;
     outbox_relay_group *g = d->g;
-    int64_t now = outbox_now_ms();
+    int64_t now = outbox_now_ms(), ret = retention_due(d);
     g->nprobes--;
     d->p_running = 0;
     d->state = G_IDLE;
@@ -208,16 +198,16 @@ static void probe_done(uv_work_t *w, int status)
     } else if (d->p_e != 0) {
         outbox__group_failed(d, d->p_e, d->p_why);
     } else if (d->p_left[0] > 0 || d->p_expired || (g->tmpl.drain && (d->p_left[1] > 0 || d->p_left[2] > 0)) ||
-               d->dirty || retention_due(d) <= now) {
+               d->dirty || ret <= now) {
         GLOG(g, OUTBOX_LOG_DEBUG,
              "msg=\"database has work\" database=%s due=%lld waiting_retry=%lld leased=%lld expired_lease=%d "
              "changed=%d retention=%d",
              d->name, (long long)d->p_left[0], (long long)d->p_left[1], (long long)d->p_left[2], d->p_expired,
-             d->dirty, retention_due(d) <= now);
+             d->dirty, ret <= now);
         d->dirty = 0;
         outbox__group_want(d);
     } else {
-        int64_t next = d->p_next_due < d->p_next_lease ? d->p_next_due : d->p_next_lease, ret = retention_due(d);
+        int64_t next = d->p_next_due < d->p_next_lease ? d->p_next_due : d->p_next_lease;
         if (!(d->p_left[1] > 0 || d->p_left[2] > 0 || d->p_next_due != INT64_MAX))
             next = INT64_MAX;
         if (ret < next)

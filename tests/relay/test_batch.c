@@ -81,6 +81,19 @@ static long entries_of(const char *stream, const char *id)
     return n;
 }
 
+/* n rows (prefix, topic, nkeys as rt_insert_rows) claimed in one batch,
+ * seqs 1..n, with token by relay "gone", whose lease ran out a second
+ * before now. */
+static void dead_batch(sqlite3 *db, const char *prefix, int n, const char *topic, int nkeys, int token, int64_t now)
+{
+    rt_insert_rows(db, prefix, 0, n, topic, nkeys);
+    th_sql_exec(db, "UPDATE outbox_cursor SET new_from = %d", n + 1);
+    th_sql_exec(db,
+                "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) "
+                "VALUES (1, %d, 1, 'gone', %d, %lld, 1)",
+                n, token, (long long)(now - 1000));
+}
+
 static void half_marked_takeover(void)
 {
     char *path, *err = NULL, id[32];
@@ -91,12 +104,7 @@ static void half_marked_takeover(void)
     /* Rows 1..10 claimed in one batch by relay "gone", whose lease ran out.
      * Before it died, row 3 was dead-lettered, row 4 published on its own
      * and row 6 failed (due again now): they left the batch. */
-    rt_insert_rows(db, "h", 0, 10, "half", 0);
-    th_sql_exec(db, "UPDATE outbox_cursor SET new_from = 11");
-    th_sql_exec(db,
-                "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) "
-                "VALUES (1, 10, 1, 'gone', 3, %lld, 1)",
-                (long long)(now - 1000));
+    dead_batch(db, "h", 10, "half", 0, 3, now);
     th_sql_exec(db, "UPDATE outbox SET state = 3, lease_token = 3, attempts = 1, last_error = 'invalid' WHERE seq = 3");
     th_sql_exec(db, "UPDATE outbox SET state = 2, lease_token = 3, attempts = 1, published_at = %lld, "
                     "stream_id = '1-1' WHERE seq = 4",
@@ -155,12 +163,7 @@ static void emptied_batch(void)
     int64_t now = rt_unix_ms();
     int st;
 
-    rt_insert_rows(db, "e", 0, 8, "emptied", 2);
-    th_sql_exec(db, "UPDATE outbox_cursor SET new_from = 9");
-    th_sql_exec(db,
-                "INSERT INTO outbox_batch(lo, hi, state, owner, token, lease_until, attempts) "
-                "VALUES (1, 8, 1, 'gone', 1, %lld, 1)",
-                (long long)(now - 1000));
+    dead_batch(db, "e", 8, "emptied", 2, 1, now);
     th_sql_exec(db, "UPDATE outbox SET state = 2, lease_token = 2, attempts = 2, published_at = %lld, "
                     "stream_id = '1-' || seq",
                 (long long)now);

@@ -238,6 +238,9 @@ int bench_redis_benchmark_user(bench *b, long n, double *rps, char *err, size_t 
  * streams (-r): what Redis takes from any producer of the relay's entries
  * (BENCHMARKS.md, "The entry's own ceiling"). *redis_us, unless NULL:
  * Redis's CPU per XADD meanwhile (-1 if unreadable). */
+/* Redis's CPU in microseconds per command over n commands since its CPU
+ * read before (bench_proc_cpu_ns of b->redis_pid); -1 if unreadable. */
+double bench_redis_us_per(bench *b, int64_t before, long n);
 int bench_redis_benchmark_user_shape(bench *b, long n, size_t envelope_len, double *rps, double *redis_us, char *err,
                                      size_t errlen);
 int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int clients, int pipeline,

@@ -424,17 +424,24 @@ int bench_redis_benchmark_user(bench *b, long n, double *rps, char *err, size_t 
     return bench_redis_benchmark_to(b, &t, n, 4, 64, BENCH_USER_PAYLOAD, rps, &p50, err, errlen);
 }
 
+double bench_redis_us_per(bench *b, int64_t before, long n)
+{
+    int64_t after = bench_proc_cpu_ns(b->redis_pid);
+    if (before < 0 || after < 0 || n <= 0)
+        return -1;
+    return (double)(after - before) / 1e3 / (double)n;
+}
+
 int bench_redis_benchmark_user_shape(bench *b, long n, size_t envelope_len, double *rps, double *redis_us, char *err,
                                      size_t errlen)
 {
     /* -r replaces __rand_int__ with 12 digits: streams outbox:bench.t000000000000 to ...7. */
     const bench_bm_target t = {b->sock, NULL, 0, 0, "outbox:bench.t__rand_int__", BENCH_TOPICS, 0};
     double p50;
-    int64_t c0 = bench_proc_cpu_ns(b->redis_pid), c1;
+    int64_t c0 = bench_proc_cpu_ns(b->redis_pid);
     int rc = bench_redis_benchmark_to(b, &t, n, 4, 64, envelope_len, rps, &p50, err, errlen);
-    c1 = bench_proc_cpu_ns(b->redis_pid);
     if (redis_us)
-        *redis_us = c0 >= 0 && c1 >= 0 && n > 0 ? (double)(c1 - c0) / 1e3 / (double)n : -1;
+        *redis_us = bench_redis_us_per(b, c0, n);
     for (int k = 0; k < BENCH_TOPICS; k++)
         freeReplyObject(bench_redis(b, "DEL outbox:bench.t%012d", k));
     return rc;

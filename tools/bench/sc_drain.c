@@ -87,16 +87,6 @@ static const char *const peer_titles[BENCH_PEERS] = {
     "peer: batch lease, no per-row write",
 };
 
-/* Redis's CPU, in microseconds per command, while fn ran n commands; -1
- * when its CPU cannot be read. */
-static double redis_us_per(bench *b, int64_t before, long n)
-{
-    int64_t after = bench_proc_cpu_ns(b->redis_pid);
-    if (before < 0 || after < 0 || n <= 0)
-        return -1;
-    return (double)(after - before) / 1e3 / (double)n;
-}
-
 /* The most two CPUs allow a drain in which Redis spends redis_us and the
  * relay relay_us of CPU per message: Redis is one thread, and the two
  * together cannot use more than both CPUs. */
@@ -157,7 +147,7 @@ int sc_drain(bench *b, bench_report *r)
         bench_fail(r, "%s", err);
         return -1;
     }
-    rud = redis_us_per(b, t0, n);
+    rud = bench_redis_us_per(b, t0, n);
     seen = bench_streams_len(b->rc);
     bench_redis_flush(b);
     bench_progress(b, "redis-benchmark XADD (after)");
