@@ -68,6 +68,7 @@ struct gdb {
     enum gstate state;
     outbox_relay *r;
     gdb *want_next, *probe_next;
+    gdb *path_next, *name_next; /* the group's hash chains (group.c) */
     fsnap snap_db, snap_wal; /* the files when the group last looked */
     int dirty;               /* changed while probing or closing */
     int gone;                /* the file went away, or remove was called */
@@ -123,6 +124,11 @@ struct outbox_relay_group {
     size_t nglobs;
     gdb **dbs;
     size_t ndbs, capdbs;
+    /* The entries by path and by name: a directory's events name a file,
+     * and every write of an open database is one (a walk of every entry
+     * per event was most of the loop's time with a thousand open). */
+    gdb **by_path, **by_name;
+    size_t nbuckets; /* a power of two, at least ndbs */
     gdir **dirs;
     size_t ndirs;
     gdb *want_head, *want_tail;

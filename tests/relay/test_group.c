@@ -322,6 +322,53 @@ static void running_group(void)
     sqlite3_close_v2(extra);
 }
 
+/* Entries by the hundred, added, found, removed and added again: the
+ * group's lookups by name and by path (a hash of each, grown as entries
+ * come) find every entry and forget every removed one. */
+static void many_entries(void)
+{
+    char *dir = keep(th_path(root, "many-entries")), name[32], path[600], err[512];
+    outbox_relay_group *g;
+    outbox_relay_settings s;
+    int bad = 0;
+    mkdir(dir, 0755);
+    s = settings(dir);
+    is_int(outbox_relay_group_create(&g, &loop, &s, err, sizeof err), 0, "group created: %s", err);
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "t%03d", i);
+        snprintf(path, sizeof path, "%s/%s.db", dir, name);
+        bad += outbox_relay_group_add(g, name, path, err, sizeof err) != 0;
+    }
+    is_int(bad, 0, "300 databases added");
+    is_int(stats(g).databases, 300, "300 in the group");
+    snprintf(path, sizeof path, "%s/fresh.db", dir);
+    is_int(outbox_relay_group_add(g, "t299", path, err, sizeof err), OUTBOX_EDUPLICATE, "the last name is taken: %s",
+           err);
+    snprintf(path, sizeof path, "%s/t000.db", dir);
+    is_int(outbox_relay_group_add(g, "other", path, err, sizeof err), OUTBOX_EDUPLICATE,
+           "the first path is taken: %s", err);
+    for (int i = bad = 0; i < 300; i += 2) {
+        snprintf(name, sizeof name, "t%03d", i);
+        bad += outbox_relay_group_remove(g, name) != 0;
+    }
+    is_int(bad, 0, "every other one removed");
+    is_int(stats(g).databases, 150, "150 left");
+    for (int i = bad = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "t%03d", i);
+        bad += (outbox_relay_group_db_state(g, name, NULL, 0) == OUTBOX_GROUP_DB_UNKNOWN) != (i % 2 == 0);
+    }
+    is_int(bad, 0, "the removed ones unknown, the others found");
+    for (int i = bad = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "t%03d", i);
+        snprintf(path, sizeof path, "%s/%s.db", dir, name);
+        bad += outbox_relay_group_add(g, name, path, err, sizeof err) != (i % 2 == 0 ? 0 : OUTBOX_EDUPLICATE);
+    }
+    is_int(bad, 0, "the removed ones added again, the others refused");
+    is_int(stats(g).databases, 300, "300 in the group again");
+    outbox_relay_group_destroy(g);
+    uv_run(&loop, UV_RUN_NOWAIT);
+}
+
 static int drained;
 static void on_drained(outbox_relay_group *g, void *data)
 {
@@ -878,6 +925,7 @@ int main(void)
     c = th_redis_client(&srv);
     uv_loop_init(&loop);
     running_group();
+    many_entries();
     drain_many();
     same_ids(0);
     same_ids(1);
