@@ -46,7 +46,8 @@ fields = {
     "claim": ["ratio", "sql_ratio"],
     "memory": ["peak_rss_mib"],
     "figures": ["target_ratio"],
-    "dbdir": ["many_per_s", "one_per_s", "ratio"],
+    "dbdir": ["many_per_s", "one_per_s", "ratio", "sql_floor_ms_per_db", "sql_floor_threads_ms_per_db",
+              "sql_floor_ratio_bound", "msgs_cpu_us_each", "sql_floor_msgs_redis_ratio_bound", "cpus_busy_many"],
     "dbdir_idle": ["rss_mib", "fds"],
     "dbdir_fair": ["big_seconds", "small_written", "small_published"],
 }
@@ -77,6 +78,11 @@ if seen != want:
 d = [json.loads(l[6:]) for l in open(sys.argv[1]) if '"drain"' in l][0]
 if not d["sql_floor_us_per_msg"] > 0 or d["msgs_per_s"] > 1.5e6 / d["sql_floor_us_per_msg"]:
     print("drain %s msg/s above its SQL floor of %s us/msg" % (d["msgs_per_s"], d["sql_floor_us_per_msg"]))
+    sys.exit(1)
+# ... and so do the many databases' SQL floors their drain.
+dd = [json.loads(l[6:]) for l in open(sys.argv[1]) if '"scenario":"dbdir"' in l][0]
+if dd["ratio"] > 1.5 * dd["sql_floor_ratio_bound"]:
+    print("dbdir: ratio %s above its SQL floor's bound %s" % (dd["ratio"], dd["sql_floor_ratio_bound"]))
     sys.exit(1)
 # The naive peer writes at least the bare per-row lifecycle's SQL, and none
 # of the peers overlaps it with Redis: none beats its own SQL alone, and the

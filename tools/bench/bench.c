@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <ftw.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -385,6 +386,13 @@ int main(int argc, char **argv)
     size_t i;
     long v;
 
+    /* SQLite and malloc as outbox-relay sets them (tools/relay/main.c), so
+     * that the SQL floors measured in this process run the way the daemon's
+     * SQL does: with SQLite's memory statistics on, every allocation takes
+     * one global mutex, and threads at once queue on it. */
+    sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
+    mallopt(M_TRIM_THRESHOLD, 256 * 1024 * 1024);
+    mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
     memset(&b, 0, sizeof b);
     memset(selected, 0, sizeof selected);
     b.messages = 300000;

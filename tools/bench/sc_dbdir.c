@@ -196,20 +196,80 @@ fail:
     return ok ? 0 : -1;
 }
 
-/* The floor over every database of dir (t00000.db ...): thread CPU
- * seconds, and the rows it walked. */
-static int floor_dir(const char *dir, long ndb, double *cpu_s, long *rows, char *err, size_t errlen)
+/* A share of the floor: the databases first, first + step, ... of dir. */
+typedef struct floor_job {
+    const char *dir;
+    long ndb, first, step;
+    double cpu_s; /* its thread's CPU */
+    long rows;
+    int rc;
+    char err[512];
+} floor_job;
+
+static void *floor_share(void *arg)
 {
+    floor_job *j = arg;
     char p[PATH_MAX + 64];
     double c0 = thread_cpu_s();
-    *rows = 0;
-    for (long i = 0; i < ndb; i++) {
-        snprintf(p, sizeof p, "%.4000s/t%05ld.db", dir, i);
-        if (floor_db(p, rows, err, errlen) != 0)
-            return -1;
+    for (long i = j->first; i < j->ndb && j->rc == 0; i += j->step) {
+        snprintf(p, sizeof p, "%.4000s/t%05ld.db", j->dir, i);
+        j->rc = floor_db(p, &j->rows, j->err, sizeof j->err);
     }
-    *cpu_s = thread_cpu_s() - c0;
-    return 0;
+    j->cpu_s = thread_cpu_s() - c0;
+    return NULL;
+}
+
+/* The floor over every database of dir (t00000.db ...) on nthreads
+ * threads at once: their CPU seconds summed, the wall seconds, the rows
+ * walked. Threads at once cost more CPU per database than one alone (the
+ * kernel's locks on the process's memory map and on the directory, the
+ * unmapping of every -shm on all CPUs), as a relay's worker threads do. */
+static int floor_dir(const char *dir, long ndb, int nthreads, double *cpu_s, double *wall_s, long *rows, char *err,
+                     size_t errlen)
+{
+    floor_job jobs[8];
+    pthread_t th[8];
+    int started = 0, rc = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (nthreads < 1)
+        nthreads = 1;
+    if (nthreads > 8)
+        nthreads = 8;
+    memset(jobs, 0, sizeof jobs);
+    for (int i = 0; i < nthreads; i++) {
+        jobs[i].dir = dir;
+        jobs[i].ndb = ndb;
+        jobs[i].first = i;
+        jobs[i].step = nthreads;
+    }
+    if (nthreads == 1) {
+        floor_share(&jobs[0]);
+        started = 1;
+    } else {
+        for (; started < nthreads; started++)
+            if (pthread_create(&th[started], NULL, floor_share, &jobs[started]) != 0)
+                break;
+        for (int i = 0; i < started; i++)
+            pthread_join(th[i], NULL);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *wall_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    *cpu_s = 0;
+    *rows = 0;
+    for (int i = 0; i < started; i++) {
+        *cpu_s += jobs[i].cpu_s;
+        *rows += jobs[i].rows;
+        if (jobs[i].rc != 0 && rc == 0) {
+            snprintf(err, errlen, "%s", jobs[i].err);
+            rc = -1;
+        }
+    }
+    if (started < nthreads && rc == 0) {
+        snprintf(err, errlen, "SQL floor: cannot start a thread");
+        rc = -1;
+    }
+    return rc;
 }
 
 int sc_dbdir(bench *b, bench_report *r)
@@ -218,15 +278,19 @@ int sc_dbdir(bench *b, bench_report *r)
     bench_shape sh = {BENCH_PAYLOAD, b->keys};
     char tmpl[PATH_MAX + 32], big[PATH_MAX + 32], bigcopy[PATH_MAX + 64], dir[PATH_MAX + 32], onedir[PATH_MAX + 32],
         err[512], tag[32];
-    char dirs[2][2][PATH_MAX + 40], suffix[8], floordir[PATH_MAX + 40];
-    double floor_cpu = 0, floor_bound, floor_msgs_bound;
-    long floor_rows = 0;
+    char dirs[2][2][PATH_MAX + 40], suffix[8], floordir[2][PATH_MAX + 40];
+    double floor_cpu = 0, floor_wall = 0, par_cpu = 0, par_wall = 0, floor_bound, floor_msgs_bound;
+    long floor_rows = 0, par_rows = 0;
     int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
     double best_many = 0, best_one = 0, cpu_many = 0, cpu_one = 0, ratio;
+    double redis_many = -1, redis_one = -1, floor_all_bound = -1, busy_many, floor_one_cpu = 0, msgs_cpu;
+    long floor_one_rows = 0;
+    char floorone[PATH_MAX + 48];
     int round, rc = -1;
 
     memset(dirs, 0, sizeof dirs);
-    floordir[0] = '\0';
+    memset(floordir, 0, sizeof floordir);
+    floorone[0] = '\0';
     snprintf(r->title, sizeof r->title,
              "--db-dir --drain of %ld databases x %ld rows vs of one database of %ld rows (--db-dir with one "
              "file), same run, best of 2 alternating",
@@ -246,10 +310,12 @@ int sc_dbdir(bench *b, bench_report *r)
      * minutes when it creates a file (recently_deleted), and the
      * databases' -wal and -shm files created by the drain paid for the
      * previous round's removals (BENCHMARKS.md, "Many databases"). */
-    snprintf(floordir, sizeof floordir, "%s-floor", dir);
-    if (copies(tmpl, floordir, ndb, err, sizeof err) != 0) {
-        bench_fail(r, "%s", err);
-        goto done;
+    for (int k = 0; k < 2; k++) {
+        snprintf(floordir[k], sizeof floordir[k], "%s-floor%d", dir, k);
+        if (copies(tmpl, floordir[k], ndb, err, sizeof err) != 0) {
+            bench_fail(r, "%s", err);
+            goto done;
+        }
     }
     for (round = 0; round < 2; round++) {
         snprintf(suffix, sizeof suffix, "-%d", round & 1);
@@ -266,7 +332,8 @@ int sc_dbdir(bench *b, bench_report *r)
     for (round = 0; round < 2; round++) {
         for (int side = 0; side < 2; side++) {
             int many = (side + round) % 2 == 0;
-            double secs = 0, cpu = 0;
+            double secs = 0, cpu = 0, rcpu;
+            int64_t r0 = bench_proc_cpu_ns(b->redis_pid);
             long long seen;
             bench_progress(b, "dbdir: round %d, %s", round + 1, many ? "many databases" : "one database");
             snprintf(tag, sizeof tag, "dbdir-%s-%d", many ? "many" : "one", round);
@@ -274,6 +341,9 @@ int sc_dbdir(bench *b, bench_report *r)
                 bench_fail(r, "%s", err);
                 goto done;
             }
+            /* Redis's CPU for the drain's XADDs (s; -1: unreadable). */
+            rcpu = bench_redis_us_per(b, r0, total);
+            rcpu = rcpu < 0 ? -1 : rcpu * (double)total / 1e6;
             seen = bench_streams_len(b->rc);
             bench_redis_flush(b);
             if (seen != total) {
@@ -283,41 +353,80 @@ int sc_dbdir(bench *b, bench_report *r)
             if (many && (double)total / secs > best_many) {
                 best_many = (double)total / secs;
                 cpu_many = cpu;
+                redis_many = rcpu;
             }
             if (!many && (double)total / secs > best_one) {
                 best_one = (double)total / secs;
                 cpu_one = cpu;
+                redis_one = rcpu;
             }
         }
     }
     bench_progress(b, "dbdir: SQL floor");
-    if (floor_dir(floordir, ndb, &floor_cpu, &floor_rows, err, sizeof err) != 0 || floor_rows != total) {
-        if (floor_rows != total && !err[0])
-            snprintf(err, sizeof err, "SQL floor: walked %ld rows, not %ld", floor_rows, total);
+    if (floor_dir(floordir[0], ndb, 1, &floor_cpu, &floor_wall, &floor_rows, err, sizeof err) != 0 ||
+        floor_rows != total ||
+        floor_dir(floordir[1], ndb, ncpu, &par_cpu, &par_wall, &par_rows, err, sizeof err) != 0 ||
+        par_rows != total) {
+        if ((floor_rows != total || par_rows != total) && !err[0])
+            snprintf(err, sizeof err, "SQL floor: walked %ld and %ld rows, not %ld", floor_rows, par_rows, total);
         bench_fail(r, "%s", err);
         goto done;
     }
+    /* The one database's own floor (the same walk of all its rows, one
+     * lease, one mark): what its drain spent besides is the messages'. */
+    snprintf(floorone, sizeof floorone, "%s-floorone.db", dir);
+    if (bench_copy_db(big, floorone, err, sizeof err) != 0) {
+        bench_fail(r, "%s", err);
+        goto done;
+    }
+    floor_one_cpu = thread_cpu_s();
+    if (floor_db(floorone, &floor_one_rows, err, sizeof err) != 0 || floor_one_rows != total) {
+        if (floor_one_rows != total && !err[0])
+            snprintf(err, sizeof err, "SQL floor: walked %ld rows of one database, not %ld", floor_one_rows, total);
+        bench_fail(r, "%s", err);
+        goto done;
+    }
+    floor_one_cpu = thread_cpu_s() - floor_one_cpu;
+    msgs_cpu = cpu_one > floor_one_cpu ? cpu_one - floor_one_cpu : 0;
     ratio = best_many / best_one;
-    /* The floor's CPU shared by both CPUs at best (Redis and the relay's
-     * messages need some of them too): the most the many databases allow. */
-    floor_bound = (double)total / (floor_cpu / (double)ncpu) / best_one;
+    /* The floor on a thread per CPU (Redis and the relay's messages need
+     * some of those CPUs too): the most the many databases allow. */
+    floor_bound = (double)total / par_wall / best_one;
     /* ... and with the relay's work per message as the one database's drain
-     * spent it (its SQL counted twice: a bound, not a forecast). */
-    floor_msgs_bound = (double)total / ((floor_cpu + cpu_one) / (double)ncpu) / best_one;
+     * spent it besides its own floor, on the same CPUs. */
+    floor_msgs_bound = (double)total / ((par_cpu + msgs_cpu) / (double)ncpu) / best_one;
+    /* ... and with Redis's CPU for the XADDs, as the one database's drain
+     * made it spend (Redis runs on the same CPUs). */
+    if (redis_one >= 0)
+        floor_all_bound = (double)total / ((par_cpu + msgs_cpu + redis_one) / (double)ncpu) / best_one;
+    /* How many CPUs the many databases' drain kept busy (relay and Redis):
+     * near ncpu, the drain is bound by CPU, not by waiting. */
+    busy_many = redis_many >= 0 ? (cpu_many + redis_many) * best_many / (double)total : -1;
     bench_row_add(r, "many databases", NULL, V_NONE, "%.0f msg/s, relay CPU %.1f us/msg, %.2f ms per database",
                   best_many, cpu_many * 1e6 / (double)total, cpu_many * 1e3 / (double)ndb);
     bench_row_add(r, "one database", NULL, V_NONE, "%.0f msg/s, relay CPU %.1f us/msg", best_one,
                   cpu_one * 1e6 / (double)total);
     bench_row_add(r, "many / one", ">= 0.5", ratio >= 0.5 ? V_PASS : V_FAIL, "%.3f", ratio);
-    bench_row_add(r, "SQL floor per database", NULL, V_NONE, "%.2f ms CPU", floor_cpu * 1e3 / (double)ndb);
-    bench_row_add(r, "  many / one at most", NULL, V_NONE, "%.2f (the floor on %d CPUs), %.2f (and the messages)",
-                  floor_bound, ncpu, floor_msgs_bound);
-    bench_note(r, "SQL floor: the databases of a copy walked one after the other on one thread the least way the "
-                  "relay can (sqlite3_open_v2, the schema read by the first statement, OUTBOX__SQL_PLAN, the walk "
-                  "of new rows reading every column it sends, one batch lease and the cursor in one transaction, "
-                  "the batch published in another, no checkpoint at close; no Redis, no encoding), its CPU shared "
-                  "by all CPUs at best: the many databases cannot drain faster than that, whatever the relay "
-                  "does. And the messages: the floor's CPU plus the relay's CPU of the one database's drain.");
+    bench_row_add(r, "SQL floor per database", NULL, V_NONE,
+                  "%.2f ms CPU on one thread, %.2f ms on %d at once (%.2f s for all; the one database: %.3f s)",
+                  floor_cpu * 1e3 / (double)ndb, par_cpu * 1e3 / (double)ndb, ncpu, par_wall, floor_one_cpu);
+    bench_row_add(r, "the messages", NULL, V_NONE, "%.1f us CPU each (the one database's relay CPU less its floor)",
+                  msgs_cpu * 1e6 / (double)total);
+    bench_row_add(r, "  many / one at most", NULL, V_NONE,
+                  "%.2f (the floor on %d threads), %.2f (and the messages), %.2f (and Redis)", floor_bound, ncpu,
+                  floor_msgs_bound, floor_all_bound);
+    bench_row_add(r, "Redis CPU", NULL, V_NONE, "%.3f s (many), %.3f s (one)", redis_many, redis_one);
+    bench_row_add(r, "CPUs busy, many databases", NULL, V_NONE, "%.2f of %d (relay and Redis)", busy_many, ncpu);
+    bench_note(r, "SQL floor: the databases of a copy walked one after the other the least way the relay can "
+                  "(sqlite3_open_v2, the schema read by the first statement, OUTBOX__SQL_PLAN, the walk of new rows "
+                  "reading every column it sends, one batch lease and the cursor in one transaction, the batch "
+                  "published in another, no checkpoint at close; no Redis, no encoding), on one thread, then on a "
+                  "thread per CPU over another copy: the many databases cannot drain faster than the latter, "
+                  "whatever the relay does. And the messages: the floor's CPU plus what the relay's CPU of the one "
+                  "database's drain was besides that database's own floor (the same walk of all its rows, one "
+                  "lease, one mark). And Redis: plus Redis's CPU (/proc/PID/schedstat) during the one database's "
+                  "drain. CPUs busy: the relay's and Redis's CPU during the many databases' drain over its wall "
+                  "time.");
     bench_json_int(r, "databases", ndb);
     bench_json_int(r, "rows_per_db", rows);
     bench_json_num(r, "many_per_s", best_many, 0);
@@ -327,15 +436,27 @@ int sc_dbdir(bench *b, bench_report *r)
     bench_json_num(r, "ratio", ratio, 3);
     bench_json_num(r, "target_ratio", 0.5, 1);
     bench_json_num(r, "sql_floor_ms_per_db", floor_cpu * 1e3 / (double)ndb, 3);
+    bench_json_num(r, "sql_floor_threads_ms_per_db", par_cpu * 1e3 / (double)ndb, 3);
+    bench_json_num(r, "sql_floor_threads_wall_s", par_wall, 3);
     bench_json_num(r, "sql_floor_ratio_bound", floor_bound, 3);
+    bench_json_num(r, "sql_floor_one_cpu_s", floor_one_cpu, 3);
+    bench_json_num(r, "msgs_cpu_us_each", msgs_cpu * 1e6 / (double)total, 3);
     bench_json_num(r, "sql_floor_msgs_ratio_bound", floor_msgs_bound, 3);
+    bench_json_num(r, "sql_floor_msgs_redis_ratio_bound", floor_all_bound, 3);
+    bench_json_num(r, "redis_cpu_s_many", redis_many, 3);
+    bench_json_num(r, "redis_cpu_s_one", redis_one, 3);
+    bench_json_num(r, "cpus_busy_many", busy_many, 2);
     rc = 0;
 done:
     for (round = 0; round < 2; round++) {
         remove_dir(dirs[round][0]);
         remove_dir(dirs[round][1]);
     }
-    remove_dir(floordir);
+    for (int k = 0; k < 2; k++)
+        if (floordir[k][0])
+            remove_dir(floordir[k]);
+    if (floorone[0])
+        bench_unlink_db(floorone);
     bench_unlink_db(tmpl);
     bench_unlink_db(big);
     return rc;
