@@ -554,7 +554,10 @@ enum {
     OUTBOX_GROUP_DB_NOT_OUTBOX = 4,
 };
 /* The state of the database called name (OUTBOX_GROUP_DB_*), with the
- * reason of a failure in why (may be NULL); OUTBOX_EINVAL. */
+ * reason of a failure in why (may be NULL): why it cannot be opened, why it
+ * is not an outbox, or, for an open one whose transactions fail with an
+ * error other than a lock (a full or read-only filesystem, an I/O error;
+ * retried), that error; "" otherwise. OUTBOX_EINVAL. */
 OUTBOX_API int outbox_relay_group_db_state(const outbox_relay_group *g, const char *name, char *why, size_t len);
 
 #ifdef __cplusplus

@@ -34,6 +34,24 @@ static void refresh_figures(outbox_relay_group *g)
     }
 }
 
+/* Is d failing: it could not be opened (why: its reason), or its relay's
+ * transactions fail with an error other than a lock (a full or read-only
+ * filesystem, an I/O error: the relay retries them, sched.c), for ms? */
+static int failing(const gdb *d, uint64_t now, const char **why, uint64_t *ms)
+{
+    *ms = 0;
+    if (d->state == G_FAILED) {
+        *why = d->why;
+        return 1;
+    }
+    if (d->state == G_OPEN && d->r && d->r->sched.fail_since) {
+        *why = d->r->sched.fail_why;
+        *ms = now - d->r->sched.fail_since;
+        return 1;
+    }
+    return 0;
+}
+
 static int by_backlog(const void *a, const void *b)
 {
     const gdb *x = *(const gdb *const *)a, *y = *(const gdb *const *)b;
@@ -95,6 +113,7 @@ static void group_metrics(outbox_relay_group *g, outbox__sbuf *b)
 {
     outbox_relay_group_stats st;
     size_t named = 0;
+    uint64_t now = uv_now(g->loop);
     outbox_relay_group_stats_get(g, &st);
     outbox__sbuf_printf(b,
                         "# HELP outbox_databases Databases of the group by state.\n"
@@ -102,16 +121,19 @@ static void group_metrics(outbox_relay_group *g, outbox__sbuf *b)
                         "outbox_databases{state=\"open\"} %zu\noutbox_databases{state=\"closed\"} %zu\n"
                         "outbox_databases{state=\"failed\"} %zu\noutbox_databases{state=\"not_outbox\"} %zu\n",
                         st.open, st.closed, st.failed, st.not_outbox);
-    outbox__sbuf_printf(b, "# HELP outbox_database_failing 1 for a database that cannot be opened (at most %d "
-                           "named).\n# TYPE outbox_database_failing gauge\n",
+    outbox__sbuf_printf(b, "# HELP outbox_database_failing 1 for a database that cannot be opened or whose "
+                           "transactions fail (at most %d named).\n# TYPE outbox_database_failing gauge\n",
                         HEALTH_NAMES_MAX);
-    for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++)
-        if (g->dbs[i]->state == G_FAILED) {
+    for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++) {
+        const char *why;
+        uint64_t ms;
+        if (failing(g->dbs[i], now, &why, &ms)) {
             outbox__sbuf_printf(b, "outbox_database_failing{db=\"");
             outbox__prom_label_value(b, g->dbs[i]->name);
             outbox__sbuf_printf(b, "\"} 1\n");
             named++;
         }
+    }
     outbox__sbuf_printf(b,
                         "# HELP outbox_inflight Messages claimed and not yet marked, every database.\n"
                         "# TYPE outbox_inflight gauge\noutbox_inflight %llu\n"
@@ -154,11 +176,18 @@ void outbox__group_on_http(void *data, outbox__http_req *req, const char *path)
          * process's: named, the answer still 200. */
         outbox__sbuf_printf(&b, "databases %zu open %zu closed %zu failed %zu not_outbox %zu\n", st.databases,
                             st.open, st.closed, st.failed, st.not_outbox);
-        for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++)
-            if (g->dbs[i]->state == G_FAILED) {
-                outbox__sbuf_printf(&b, "failing: %s: %s\n", g->dbs[i]->name, g->dbs[i]->why);
-                named++;
-            }
+        for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++) {
+            const char *why;
+            uint64_t ms;
+            if (!failing(g->dbs[i], now, &why, &ms))
+                continue;
+            if (g->dbs[i]->state == G_FAILED)
+                outbox__sbuf_printf(&b, "failing: %s: %s\n", g->dbs[i]->name, why);
+            else
+                outbox__sbuf_printf(&b, "failing: %s: database errors for %llu ms: %s\n", g->dbs[i]->name,
+                                    (unsigned long long)ms, why);
+            named++;
+        }
     } else {
         static const char nf[] = "not found: try /metrics or /healthz\n";
         outbox__http_respond(req, 404, "text/plain; charset=utf-8", nf, sizeof nf - 1);
@@ -238,7 +267,10 @@ int outbox_relay_group_db_state(const outbox_relay_group *g, const char *name, c
         return OUTBOX_EINVAL;
     if (!(d = outbox__group_find_name(g, name)))
         return OUTBOX_GROUP_DB_UNKNOWN;
-    if (why && len)
-        outbox__strlcpy(why, d->state == G_FAILED || d->state == G_NOSCHEMA ? d->why : "", len);
+    if (why && len) {
+        const char *w;
+        uint64_t ms;
+        outbox__strlcpy(why, d->state == G_NOSCHEMA ? d->why : failing(d, uv_now(g->loop), &w, &ms) ? w : "", len);
+    }
     return map[d->state];
 }

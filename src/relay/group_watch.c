@@ -101,7 +101,11 @@ static void probe_work(uv_work_t *w)
     d->p_left[0] = d->p_left[1] = d->p_left[2] = 0;
     d->p_next_due = d->p_next_lease = d->p_oldest_published = INT64_MAX;
     d->p_expired = 0;
-    e = outbox_db_open(d->path, OUTBOX_OPEN_READONLY, &db, d->p_why, sizeof d->p_why);
+    /* No busy wait (OUTBOX_OPEN_RELAY): a locked database is tried again
+     * from 5 ms, doubling to 1 s (outbox__group_failed); a writer's busy
+     * wait of 5 s held a worker thread and one of the PROBES_MAX slots per
+     * try, and every other database's probe waited behind it. */
+    e = outbox_db_open(d->path, OUTBOX_OPEN_READONLY | OUTBOX_OPEN_RELAY, &db, d->p_why, sizeof d->p_why);
     d->p_noschema = 0;
     if (e == 0)
         e = outbox_schema_check(db, d->p_why, sizeof d->p_why);
