@@ -441,9 +441,15 @@ static void drain_end(outbox_relay_group *g, int e)
             continue;
         if (!g->drain_error)
             g->drain_error = OUTBOX_EIO;
-        if (off < sizeof g->drain_failed - 1)
+        if (off < sizeof g->drain_failed - 1) {
+            /* An open one whose transactions fail (a full filesystem) was
+             * waited for, as a relay's own drain waits: its error says why. */
+            const char *why = d->why[0]                                             ? d->why
+                              : d->state == G_OPEN && d->r && d->r->sched.fail_since ? d->r->sched.fail_why
+                                                                                     : "not drained";
             off += (size_t)snprintf(g->drain_failed + off, sizeof g->drain_failed - off, "%s%s (%s)",
-                                    off ? ", " : "", d->name, d->why[0] ? d->why : "not drained");
+                                    off ? ", " : "", d->name, why);
+        }
         if (off >= sizeof g->drain_failed)
             off = sizeof g->drain_failed - 1;
     }

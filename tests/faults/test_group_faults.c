@@ -398,6 +398,72 @@ static void faults(void)
     free(dir);
 }
 
+/* A drain beside a database whose transactions fail: every other database
+ * drained, the drain ends at drain_timeout_ms naming that one and its
+ * error (as a relay's own drain, it waits for a database that may heal). */
+static int drained;
+static void on_drained(outbox_relay_group *g, void *data)
+{
+    (void)data;
+    drained = 1;
+    outbox_relay_group_stop(g, on_stopped, NULL);
+}
+
+static void drain_faults(void)
+{
+    char *dir = th_tmpdir(), *ph, *ps, err[512], failed[1024];
+    outbox_relay_settings s;
+    sqlite3 *db;
+    long long before = th_xlen(c, "outbox:orders");
+
+    ph = rt_make_db(dir, "d0.db");
+    ps = rt_make_db(dir, "sick2.db");
+    db = rt_open(ph);
+    rt_insert_rows(db, "d0", 0, N_ROWS, "orders", 4);
+    sqlite3_close_v2(db);
+    db = rt_open(ps);
+    rt_insert_rows(db, "sick2", 0, N_ROWS, "orders", 4);
+    sqlite3_close_v2(db);
+    atomic_store(&full_on, 1);
+    outbox_relay_defaults(&s);
+    s.db_dir = dir;
+    s.redis_url = srv.url;
+    s.log = keep_log;
+    s.retention_ms = 0;
+    s.drain = 1;
+    s.drain_timeout_ms = 3000 * (uint64_t)th_slow();
+    is_int(outbox_relay_group_create(&grp, &loop, &s, err, sizeof err), 0, "drain group created: %s", err);
+    outbox_relay_group_on_drained(grp, on_drained, NULL);
+    drained = stopped = 0;
+    is_int(outbox_relay_group_start(grp), 0, "drain started");
+    ok(run_until(30000, is_stopped, NULL), "the drain ended and the group stopped");
+    ok(drained, "on_drained called");
+    is_int(outbox_relay_group_drain_result(grp, failed, sizeof failed), OUTBOX_ETIMEDOUT,
+           "drain result ETIMEDOUT: %s", failed);
+    ok(strstr(failed, "sick2 (database or disk is full)") != NULL, "the failing database is named with its error");
+    ok(strstr(failed, "d0") == NULL, "the healthy one is not");
+    is_int(th_xlen(c, "outbox:orders") - before, N_ROWS, "the healthy database drained");
+    outbox_relay_group_destroy(grp);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    atomic_store(&full_on, 0);
+    db = rt_open(ps);
+    is_int(th_sql_int(db, "SELECT count(*) FROM outbox_messages WHERE state = 0"), N_ROWS,
+           "the failing database's rows are all still pending");
+    {
+        sqlite3_stmt *st = NULL;
+        const char *v = NULL;
+        if (sqlite3_prepare_v2(db, "PRAGMA integrity_check", -1, &st, NULL) == SQLITE_OK &&
+            sqlite3_step(st) == SQLITE_ROW)
+            v = (const char *)sqlite3_column_text(st, 0);
+        ok(v && !strcmp(v, "ok"), "and it is intact (integrity_check: %s)", v ? v : "(none)");
+        sqlite3_finalize(st);
+    }
+    sqlite3_close_v2(db);
+    free(ph);
+    free(ps);
+    free(dir);
+}
+
 int main(void)
 {
     fault_register();
@@ -411,6 +477,7 @@ int main(void)
     c = th_redis_client(&srv);
     uv_loop_init(&loop);
     faults();
+    drain_faults();
     is_int(uv_loop_close(&loop), 0, "every handle closed");
     for (size_t i = 0; i < nlines; i++)
         free(lines[i]);
