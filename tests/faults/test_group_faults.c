@@ -113,24 +113,10 @@ static void fault_register(void)
 
 /* ---- the loop, the log and the endpoint -------------------------------- */
 
-static void on_tick(uv_timer_t *t)
-{
-    (void)t;
-}
-
-/* Runs the loop until fn(arg) holds, or timeout_ms passed; 1 if it held. */
+/* The test's loop until fn(arg) holds (rt.h). */
 static int run_until(int timeout_ms, int (*fn)(void *), void *arg)
 {
-    uv_timer_t tick;
-    int64_t end = th_now_ms() + (int64_t)timeout_ms * th_slow();
-    int held = 0;
-    uv_timer_init(&loop, &tick);
-    uv_timer_start(&tick, on_tick, 5, 5);
-    while (!(held = fn(arg)) && th_now_ms() < end)
-        uv_run(&loop, UV_RUN_ONCE);
-    uv_close((uv_handle_t *)&tick, NULL);
-    uv_run(&loop, UV_RUN_NOWAIT);
-    return held;
+    return rt_run_until(&loop, timeout_ms, fn, arg);
 }
 
 /* The group's log lines, kept to count them (loop thread). */
@@ -234,6 +220,18 @@ static int healthz_none(const char *b)
 
 static outbox_relay_group *grp;
 
+/* The group's settings over dir: the test's Redis, its log kept. */
+static outbox_relay_settings group_settings(const char *dir)
+{
+    outbox_relay_settings s;
+    outbox_relay_defaults(&s);
+    s.db_dir = dir;
+    s.redis_url = srv.url;
+    s.log = keep_log;
+    s.retention_ms = 0;
+    return s;
+}
+
 static int db_state(const char *name, char *why, size_t len)
 {
     return outbox_relay_group_db_state(grp, name, why, len);
@@ -326,11 +324,7 @@ static void faults(void)
     atomic_store(&full_on, 1);
     atomic_store(&rofs_on, 1);
 
-    outbox_relay_defaults(&s);
-    s.db_dir = dir;
-    s.redis_url = srv.url;
-    s.log = keep_log;
-    s.retention_ms = 0;
+    s = group_settings(dir);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     s.metrics_listen = listen;
     is_int(outbox_relay_group_create(&grp, &loop, &s, err, sizeof err), 0, "group created: %s", err);
@@ -425,11 +419,7 @@ static void drain_faults(void)
     rt_insert_rows(db, "sick2", 0, N_ROWS, "orders", 4);
     sqlite3_close_v2(db);
     atomic_store(&full_on, 1);
-    outbox_relay_defaults(&s);
-    s.db_dir = dir;
-    s.redis_url = srv.url;
-    s.log = keep_log;
-    s.retention_ms = 0;
+    s = group_settings(dir);
     s.drain = 1;
     s.drain_timeout_ms = 3000 * (uint64_t)th_slow();
     is_int(outbox_relay_group_create(&grp, &loop, &s, err, sizeof err), 0, "drain group created: %s", err);

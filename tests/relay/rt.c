@@ -39,6 +39,25 @@ void rt_world_end(th_redis *srv, char *dir, char *dbpath, sqlite3 *db, redisCont
 
 /* ---- SQLite ----------------------------------------------------------- */
 
+static void on_tick(uv_timer_t *t)
+{
+    (void)t;
+}
+
+int rt_run_until(uv_loop_t *loop, int timeout_ms, int (*fn)(void *), void *arg)
+{
+    uv_timer_t tick;
+    int64_t end = th_now_ms() + (int64_t)timeout_ms * th_slow();
+    int held = 0;
+    uv_timer_init(loop, &tick);
+    uv_timer_start(&tick, on_tick, 5, 5);
+    while (!(held = fn(arg)) && th_now_ms() < end)
+        uv_run(loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&tick, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);
+    return held;
+}
+
 char *rt_make_db(const char *dir, const char *name)
 {
     char *path = th_path(dir, name), err[512];

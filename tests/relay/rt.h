@@ -16,6 +16,7 @@
 
 #include <hiredis/hiredis.h>
 #include <sqlite3.h>
+#include <uv.h>
 
 #include "harness.h"
 
@@ -26,6 +27,10 @@
  * counters are per file). */
 void rt_world_start(th_redis *srv, char **dir, char **dbpath, sqlite3 **db, redisContext **c);
 void rt_world_end(th_redis *srv, char *dir, char *dbpath, sqlite3 *db, redisContext *c);
+
+/* Runs loop until fn(arg) holds, or timeout_ms (times th_slow()) passed, a
+ * 5 ms timer keeping it turning; 1 if it held. */
+int rt_run_until(uv_loop_t *loop, int timeout_ms, int (*fn)(void *), void *arg);
 
 /* Creates <dir>/<name> with the outbox schema; returns the malloc'd path. */
 char *rt_make_db(const char *dir, const char *name);

@@ -55,23 +55,9 @@ static void quiet_log(void *data, outbox_log_level level, const char *msg)
 }
 
 /* Runs the loop until fn(arg) holds, or timeout_ms passed; 1 if it held. */
-static void on_tick(uv_timer_t *t)
-{
-    (void)t;
-}
-
 static int run_until(int timeout_ms, int (*fn)(void *), void *arg)
 {
-    uv_timer_t tick;
-    int64_t end = th_now_ms() + (int64_t)timeout_ms * th_slow();
-    int held = 0;
-    uv_timer_init(&loop, &tick);
-    uv_timer_start(&tick, on_tick, 5, 5);
-    while (!(held = fn(arg)) && th_now_ms() < end)
-        uv_run(&loop, UV_RUN_ONCE);
-    uv_close((uv_handle_t *)&tick, NULL);
-    uv_run(&loop, UV_RUN_NOWAIT);
-    return held;
+    return rt_run_until(&loop, timeout_ms, fn, arg);
 }
 
 static long long want_len;
