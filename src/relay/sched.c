@@ -94,8 +94,9 @@ static void arm_next_due(outbox_relay *r, int64_t now, const claim_plan *p)
 /* A unit failed with rc (OUTBOX_E*; sqlite_rc the SQLite code behind it, or
  * 0, and sys the system's errno, or 0): nothing was written. Never sleep on
  * the loop thread: try again from a timer. A failure other than a lock is
- * logged when it begins or changes, then every FAIL_REMIND_MS, like an
- * unreachable Redis: a full disk fails every unit until space is freed. */
+ * logged when it begins or changes, then every FAIL_REMIND_MS (a group's
+ * relay: not again), like an unreachable Redis: a full disk fails every
+ * unit until space is freed. */
 static void db_busy_retry(outbox_relay *r, int rc, int sqlite_rc, int sys, const char *what)
 {
     int locked = rc == OUTBOX_EBUSY;
@@ -128,7 +129,10 @@ static void db_busy_retry(outbox_relay *r, int rc, int sqlite_rc, int sys, const
         outbox__strlcpy(r->sched.fail_why, why, sizeof r->sched.fail_why);
         LOG(r, OUTBOX_LOG_ERROR, "msg=\"database error, retrying\" db=%s during=%s error=\"%s\" retry_ms=%llu",
             r->cfg.db_path, what, why, (unsigned long long)r->sched.busy_delay_ms);
-    } else if (now - r->sched.fail_logged >= FAIL_REMIND_MS) {
+    } else if (!r->redis.shared && now - r->sched.fail_logged >= FAIL_REMIND_MS) {
+        /* (A group's relay says it once: a directory of tenants would
+         * repeat a line per failing database every 30 s; the group's
+         * /healthz and /metrics name it while it lasts.) */
         r->sched.fail_logged = now;
         LOG(r, OUTBOX_LOG_ERROR, "msg=\"database error, still retrying\" db=%s during=%s error=\"%s\" for_ms=%llu",
             r->cfg.db_path, what, why, (unsigned long long)(now - r->sched.fail_since));
