@@ -12,6 +12,10 @@
  *   application's migration or a tool can): it cannot even be read;
  * - "rofs": its filesystem is read-only and its -wal does not exist (the
  *   last connection removed it): it cannot be opened.
+ * Then a drain beside a database on a full filesystem ends at its timeout
+ * naming it with its error; and a database deleted while its messages wait
+ * in Redis leaves the group (said once), the other publishes, and a new
+ * file of that name is a new database.
  *
  * The faults are a VFS of the test's own over the default one (the shim's
  * forwarding methods, tests/faults/shim_vfs.c), acting on the files whose
@@ -268,6 +272,12 @@ static int none_failing(void *arg)
     return 1;
 }
 
+/* Every row of db marked published. */
+static int a_db_marked(void *arg)
+{
+    return th_sql_int(arg, "SELECT count(*) FROM outbox_messages WHERE state <> 2") == 0;
+}
+
 /* Every row of the six databases (paths) marked published. */
 static int all_marked(void *arg)
 {
@@ -454,6 +464,82 @@ static void drain_faults(void)
     free(dir);
 }
 
+/* A database deleted while its messages wait in Redis (an application
+ * dropping a tenant): it leaves the group, said once; the rest go on; a
+ * new file of that name later is a new database, published. */
+static int gone_inflight(void *arg)
+{
+    outbox_relay_group_stats st;
+    (void)arg;
+    outbox_relay_group_stats_get(grp, &st);
+    return db_state("gone", NULL, 0) == OUTBOX_GROUP_DB_OPEN && st.inflight >= 2 * N_ROWS;
+}
+
+static int gone_left(void *arg)
+{
+    (void)arg;
+    return db_state("gone", NULL, 0) == OUTBOX_GROUP_DB_UNKNOWN && th_xlen(c, "outbox:orders") >= want_len;
+}
+
+static void deleted_mid_claim(void)
+{
+    char *dir = th_tmpdir(), *pk, *pg, err[512], side[4200];
+    outbox_relay_settings s;
+    sqlite3 *db;
+    long long before = th_xlen(c, "outbox:orders");
+    int held;
+
+    pk = rt_make_db(dir, "kept.db");
+    pg = rt_make_db(dir, "gone.db");
+    db = rt_open(pk);
+    rt_insert_rows(db, "kept", 0, N_ROWS, "orders", 4);
+    sqlite3_close_v2(db);
+    db = rt_open(pg);
+    rt_insert_rows(db, "gone", 0, N_ROWS, "orders", 4);
+    sqlite3_close_v2(db);
+    s = group_settings(dir);
+    is_int(outbox_relay_group_create(&grp, &loop, &s, err, sizeof err), 0, "group created: %s", err);
+    /* Their XADDs wait in Redis while the test deletes one database. */
+    ot_redis_pause(c, 5000);
+    is_int(outbox_relay_group_start(grp), 0, "started");
+    held = run_until(20000, gone_inflight, NULL);
+    ok(held, "both databases' messages are in flight");
+    unlink(pg);
+    snprintf(side, sizeof side, "%s-wal", pg);
+    unlink(side);
+    snprintf(side, sizeof side, "%s-shm", pg);
+    unlink(side);
+    ot_redis_pause(c, 0);
+    want_len = before + N_ROWS;
+    held = run_until(20000, gone_left, NULL);
+    ok(held, "the deleted database left the group; the other's rows published (%lld)",
+       th_xlen(c, "outbox:orders") - before);
+    is_int(logged("database dropped", "database=gone"), 1, "its leaving said once");
+    db = rt_open(pk);
+    want_len = 0;
+    ok(run_until(20000, a_db_marked, db), "the other database's rows all marked published");
+    sqlite3_close_v2(db);
+
+    /* The tenant comes back: a new database of the same name. */
+    before = th_xlen(c, "outbox:orders");
+    free(rt_make_db(dir, "gone.db"));
+    db = rt_open(pg);
+    rt_insert_rows(db, "again", 0, 10, "orders", 2);
+    sqlite3_close_v2(db);
+    want_len = before + 10;
+    held = run_until(20000, stream_has, NULL);
+    ok(held, "a new file of that name is a new database, published (%lld)", th_xlen(c, "outbox:orders") - before);
+
+    stopped = 0;
+    is_int(outbox_relay_group_stop(grp, on_stopped, NULL), 0, "stop");
+    ok(run_until(20000, is_stopped, NULL), "stopped");
+    outbox_relay_group_destroy(grp);
+    uv_run(&loop, UV_RUN_NOWAIT);
+    free(pk);
+    free(pg);
+    free(dir);
+}
+
 int main(void)
 {
     fault_register();
@@ -468,6 +554,7 @@ int main(void)
     uv_loop_init(&loop);
     faults();
     drain_faults();
+    deleted_mid_claim();
     is_int(uv_loop_close(&loop), 0, "every handle closed");
     for (size_t i = 0; i < nlines; i++)
         free(lines[i]);
