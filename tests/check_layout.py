@@ -22,7 +22,7 @@ INTENDED = [
     {'redis/redis.c', 'redis/conn.c', 'redis/io.c'},
     {'redis/cluster/cluster.c', 'redis/cluster/map.c'},
     {'ops/http.c', 'ops/http_conn.c', 'ops/http_auth.c'},
-    {'relay/group.c', 'relay/group_relay.c', 'relay/group_watch.c', 'relay/group_ops.c'},
+    {'relay/group.c', 'relay/group_entries.c', 'relay/group_relay.c', 'relay/group_watch.c', 'relay/group_ops.c'},
 ]
 
 src = sys.argv[1]

@@ -3,8 +3,9 @@
  * (internal; the contract is outbox/relay.h's outbox_relay_group). How the
  * group works: group.c's opening comment.
  *
- *   group.c        the entries, the queue of databases to open, the
- *                  timer, the drain, creating, starting and stopping
+ *   group.c        the queue of databases to open, the timer, the
+ *                  drain, creating, starting and stopping
+ *   group_entries.c  the entries: added, found by name and path, dropped
  *   group_relay.c  the relay of an open database: opened, drained, closed
  *   group_watch.c  the files: the directory watches, what changed, the
  *                  probes of closed databases on worker threads
@@ -156,16 +157,20 @@ struct outbox_relay_group {
 
 #define GLOG(g, lvl, ...) outbox__log(&(g)->cfg.log, (lvl), __VA_ARGS__)
 
-/* ---- group.c ---- */
+/* ---- group_entries.c ---- */
 
 /* The entries: by path, by name; a new one (NULL, *e OUTBOX_EDUPLICATE or
  * OUTBOX_ENOMEM); dropped (freed, out of the array); gone (its file went
- * away: closed, then dropped). */
+ * away: closed, then dropped); all freed (the group's end). */
 gdb *outbox__group_find_path(const outbox_relay_group *g, const char *path);
 gdb *outbox__group_find_name(const outbox_relay_group *g, const char *name);
 gdb *outbox__group_add_entry(outbox_relay_group *g, const char *name, const char *path, int *e);
 void outbox__group_drop(gdb *d);
 void outbox__group_leave(gdb *d);
+void outbox__group_entries_free(outbox_relay_group *g);
+
+/* ---- group.c ---- */
+
 /* Each relay's share of the window: inflight divided among those open. */
 void outbox__group_set_share(outbox_relay_group *g);
 /* d could not be opened (e, why): logged once per reason, retried with a
@@ -203,6 +208,11 @@ int outbox__group_watch(outbox_relay_group *g, gdir *dr);
 void outbox__group_scan_dir(outbox_relay_group *g, gdir *dr);
 
 /* ---- group_ops.c ---- */
+
+/* Is d failing: it cannot be opened (*why: its reason), or its relay's
+ * transactions fail with an error other than a lock (a full or read-only
+ * filesystem, an I/O error; the relay retries them, sched.c), for *ms? */
+int outbox__group_failing(const gdb *d, uint64_t now, const char **why, uint64_t *ms);
 
 /* The endpoint's callbacks (ops/http.h). */
 void outbox__group_on_http(void *data, outbox__http_req *req, const char *path);

@@ -34,10 +34,7 @@ static void refresh_figures(outbox_relay_group *g)
     }
 }
 
-/* Is d failing: it could not be opened (why: its reason), or its relay's
- * transactions fail with an error other than a lock (a full or read-only
- * filesystem, an I/O error: the relay retries them, sched.c), for ms? */
-static int failing(const gdb *d, uint64_t now, const char **why, uint64_t *ms)
+int outbox__group_failing(const gdb *d, uint64_t now, const char **why, uint64_t *ms)
 {
     *ms = 0;
     if (d->state == G_FAILED) {
@@ -127,7 +124,7 @@ static void group_metrics(outbox_relay_group *g, outbox__sbuf *b)
     for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++) {
         const char *why;
         uint64_t ms;
-        if (failing(g->dbs[i], now, &why, &ms)) {
+        if (outbox__group_failing(g->dbs[i], now, &why, &ms)) {
             outbox__sbuf_printf(b, "outbox_database_failing{db=\"");
             outbox__prom_label_value(b, g->dbs[i]->name);
             outbox__sbuf_printf(b, "\"} 1\n");
@@ -179,7 +176,7 @@ void outbox__group_on_http(void *data, outbox__http_req *req, const char *path)
         for (size_t i = 0; i < g->ndbs && named < HEALTH_NAMES_MAX; i++) {
             const char *why;
             uint64_t ms;
-            if (!failing(g->dbs[i], now, &why, &ms))
+            if (!outbox__group_failing(g->dbs[i], now, &why, &ms))
                 continue;
             if (g->dbs[i]->state == G_FAILED)
                 outbox__sbuf_printf(&b, "failing: %s: %s\n", g->dbs[i]->name, why);
@@ -268,9 +265,11 @@ int outbox_relay_group_db_state(const outbox_relay_group *g, const char *name, c
     if (!(d = outbox__group_find_name(g, name)))
         return OUTBOX_GROUP_DB_UNKNOWN;
     if (why && len) {
-        const char *w;
+        const char *w = d->why;
         uint64_t ms;
-        outbox__strlcpy(why, d->state == G_NOSCHEMA ? d->why : failing(d, uv_now(g->loop), &w, &ms) ? w : "", len);
+        if (d->state != G_NOSCHEMA && !outbox__group_failing(d, uv_now(g->loop), &w, &ms))
+            w = "";
+        outbox__strlcpy(why, w, len);
     }
     return map[d->state];
 }
