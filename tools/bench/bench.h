@@ -5,7 +5,7 @@
  * util.c      clocks, JSON numbers, percentiles, child processes, files, /proc
  * env.c       the private redis-server, hiredis helpers, redis-benchmark
  * dataset.c   the message shape and the databases the scenarios start from
- * sqlpath.c   the relay's SQL without Redis (claim scenario, drain's floor)
+ * sqlpath.c   the relay's SQL without Redis (claim scenario, the drain's and dbdir's floors)
  * peers.c     the drain's peer loops (plain loops publishing the same backlog)
  * drain.c     the relay daemon's drains the scenarios share
  * sc_*.c      one file per group of scenarios (sc_dbdir.c: --db-dir, sc_tls.c: the TLS drain,
@@ -350,6 +350,17 @@ int bench_sql_unclaim(bench_sql *s, int64_t from, char *err, size_t errlen);
  * UPDATE per mark) instead of the relay's statements. Checkpoints run
  * between units from 8000 WAL pages, as in the relay, and are not timed. */
 int bench_sql_drain(bench_sql *s, int bare, int batch, long n, double *secs, char *err, size_t errlen);
+/* The floor of a database of a group: opened as a group's relay opens it
+ * (no checkpoint at close), its schema read, the plan, the walk of its new
+ * rows reading every column sent, one batch lease with the cursor in one
+ * transaction, the batch published in another, closed; no Redis, no
+ * encoding. One database (its thread CPU in *cpu_s, rows walked in *rows),
+ * or every database of dir (t00000.db ... ndb of them) on nthreads threads
+ * at once (their CPU summed, the wall seconds in *wall_s unless NULL).
+ * 0, or -1 with err. */
+int bench_sql_floor_db(const char *path, double *cpu_s, long *rows, char *err, size_t errlen);
+int bench_sql_floor_dir(const char *dir, long ndb, int nthreads, double *cpu_s, double *wall_s, long *rows,
+                        char *err, size_t errlen);
 
 /* ------------------------------------------------------------------ */
 /* peers.c: plain loops that publish a backlog as references for the relay

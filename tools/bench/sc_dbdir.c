@@ -120,158 +120,6 @@ static size_t entry_latencies(bench *b, const char *stream, const char *prefix, 
 /* ------------------------------------------------------------------ */
 /* dbdir: many small backlogs vs one database holding them all */
 
-/* Thread CPU seconds (the floor runs on the calling thread). */
-static double thread_cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* One database the least way the relay can: opened as the relay opens it
- * (a group's connection: no checkpoint at close), its schema read, the
- * plan (src/relay/sql.h), the walk of its new rows reading what is sent,
- * one batch lease and the cursor in one transaction, the batch marked
- * published in another, closed. No Redis, no encoding. */
-static int floor_db(const char *path, long *rows, char *err, size_t errlen)
-{
-    static const char *const sql[] = {OUTBOX__SQL_PLAN, OUTBOX__SQL_NEW, OUTBOX__SQL_BATCH_NEW,
-                                      OUTBOX__SQL_CURSOR_SET, OUTBOX__SQL_BATCH_PUBLISHED};
-    sqlite3 *h = NULL;
-    sqlite3_stmt *st[5] = {NULL};
-    int64_t lo = -1, hi = -1, from;
-    int rc = SQLITE_OK, i, ok = 0;
-
-    if (sqlite3_open_v2(path, &h, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK)
-        goto fail;
-    sqlite3_db_config(h, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, (int *)NULL);
-    if (sqlite3_exec(h, "PRAGMA synchronous=NORMAL", NULL, NULL, NULL) != SQLITE_OK ||
-        sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-        goto fail;
-    for (i = 0; i < 4; i++)
-        if (sqlite3_prepare_v3(h, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &st[i], NULL) != SQLITE_OK)
-            goto fail;
-    sqlite3_bind_int64(st[0], 1, 0);
-    if (sqlite3_step(st[0]) != SQLITE_ROW || sqlite3_column_int(st[0], 2) || sqlite3_column_int(st[0], 3))
-        goto fail; /* not a database of new rows only: not what the scenario built */
-    from = sqlite3_column_int64(st[0], 0) > sqlite3_column_int64(st[0], 1) ? sqlite3_column_int64(st[0], 0)
-                                                                           : sqlite3_column_int64(st[0], 1);
-    sqlite3_bind_int64(st[1], 1, 1000000);
-    sqlite3_bind_int64(st[1], 2, from);
-    while ((rc = sqlite3_step(st[1])) == SQLITE_ROW) {
-        /* What a message is made of (outbox__row_read reads these). */
-        for (i = 0; i < 11; i++)
-            (void)sqlite3_column_bytes(st[1], i);
-        hi = sqlite3_column_int64(st[1], 0);
-        if (lo < 0)
-            lo = hi;
-        (*rows)++;
-    }
-    if (rc != SQLITE_DONE || lo < 0)
-        goto fail;
-    sqlite3_bind_int64(st[2], 1, lo);
-    sqlite3_bind_int64(st[2], 2, hi);
-    sqlite3_bind_text(st[2], 3, "bench-floor", -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st[2], 4, INT64_MAX / 2);
-    sqlite3_bind_int64(st[3], 1, hi + 1);
-    if (sqlite3_step(st[2]) != SQLITE_DONE || sqlite3_step(st[3]) != SQLITE_DONE ||
-        sqlite3_exec(h, "COMMIT", NULL, NULL, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v3(h, sql[4], -1, SQLITE_PREPARE_PERSISTENT, &st[4], NULL) != SQLITE_OK ||
-        sqlite3_exec(h, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-        goto fail;
-    sqlite3_bind_int64(st[4], 1, lo);
-    sqlite3_bind_text(st[4], 2, "bench-floor", -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st[4], 3, 1);
-    sqlite3_bind_int64(st[4], 4, 1);
-    if (sqlite3_step(st[4]) != SQLITE_DONE || sqlite3_changes(h) != 1 ||
-        sqlite3_exec(h, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
-        goto fail;
-    ok = 1;
-fail:
-    if (!ok)
-        snprintf(err, errlen, "SQL floor: %.300s: %.180s", path, h ? sqlite3_errmsg(h) : "cannot open");
-    for (i = 0; i < 5; i++)
-        sqlite3_finalize(st[i]);
-    sqlite3_close_v2(h);
-    return ok ? 0 : -1;
-}
-
-/* A share of the floor: the databases first, first + step, ... of dir. */
-typedef struct floor_job {
-    const char *dir;
-    long ndb, first, step;
-    double cpu_s; /* its thread's CPU */
-    long rows;
-    int rc;
-    char err[512];
-} floor_job;
-
-static void *floor_share(void *arg)
-{
-    floor_job *j = arg;
-    char p[PATH_MAX + 64];
-    double c0 = thread_cpu_s();
-    for (long i = j->first; i < j->ndb && j->rc == 0; i += j->step) {
-        snprintf(p, sizeof p, "%.4000s/t%05ld.db", j->dir, i);
-        j->rc = floor_db(p, &j->rows, j->err, sizeof j->err);
-    }
-    j->cpu_s = thread_cpu_s() - c0;
-    return NULL;
-}
-
-/* The floor over every database of dir (t00000.db ...) on nthreads
- * threads at once: their CPU seconds summed, the wall seconds, the rows
- * walked. Threads at once cost more CPU per database than one alone (the
- * kernel's locks on the process's memory map and on the directory, the
- * unmapping of every -shm on all CPUs), as a relay's worker threads do. */
-static int floor_dir(const char *dir, long ndb, int nthreads, double *cpu_s, double *wall_s, long *rows, char *err,
-                     size_t errlen)
-{
-    floor_job jobs[8];
-    pthread_t th[8];
-    int started = 0, rc = 0;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (nthreads < 1)
-        nthreads = 1;
-    if (nthreads > 8)
-        nthreads = 8;
-    memset(jobs, 0, sizeof jobs);
-    for (int i = 0; i < nthreads; i++) {
-        jobs[i].dir = dir;
-        jobs[i].ndb = ndb;
-        jobs[i].first = i;
-        jobs[i].step = nthreads;
-    }
-    if (nthreads == 1) {
-        floor_share(&jobs[0]);
-        started = 1;
-    } else {
-        for (; started < nthreads; started++)
-            if (pthread_create(&th[started], NULL, floor_share, &jobs[started]) != 0)
-                break;
-        for (int i = 0; i < started; i++)
-            pthread_join(th[i], NULL);
-    }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    *wall_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    *cpu_s = 0;
-    *rows = 0;
-    for (int i = 0; i < started; i++) {
-        *cpu_s += jobs[i].cpu_s;
-        *rows += jobs[i].rows;
-        if (jobs[i].rc != 0 && rc == 0) {
-            snprintf(err, errlen, "%s", jobs[i].err);
-            rc = -1;
-        }
-    }
-    if (started < nthreads && rc == 0) {
-        snprintf(err, errlen, "SQL floor: cannot start a thread");
-        rc = -1;
-    }
-    return rc;
-}
-
 int sc_dbdir(bench *b, bench_report *r)
 {
     long ndb = b->quick ? 200 : 1000, rows = 100, total = ndb * rows;
@@ -279,7 +127,7 @@ int sc_dbdir(bench *b, bench_report *r)
     char tmpl[PATH_MAX + 32], big[PATH_MAX + 32], bigcopy[PATH_MAX + 64], dir[PATH_MAX + 32], onedir[PATH_MAX + 32],
         err[512], tag[32];
     char dirs[2][2][PATH_MAX + 40], suffix[8], floordir[2][PATH_MAX + 40];
-    double floor_cpu = 0, floor_wall = 0, par_cpu = 0, par_wall = 0, floor_bound, floor_msgs_bound;
+    double floor_cpu = 0, par_cpu = 0, par_wall = 0, floor_bound, floor_msgs_bound;
     long floor_rows = 0, par_rows = 0;
     int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
     double best_many = 0, best_one = 0, cpu_many = 0, cpu_one = 0, ratio;
@@ -363,9 +211,9 @@ int sc_dbdir(bench *b, bench_report *r)
         }
     }
     bench_progress(b, "dbdir: SQL floor");
-    if (floor_dir(floordir[0], ndb, 1, &floor_cpu, &floor_wall, &floor_rows, err, sizeof err) != 0 ||
+    if (bench_sql_floor_dir(floordir[0], ndb, 1, &floor_cpu, NULL, &floor_rows, err, sizeof err) != 0 ||
         floor_rows != total ||
-        floor_dir(floordir[1], ndb, ncpu, &par_cpu, &par_wall, &par_rows, err, sizeof err) != 0 ||
+        bench_sql_floor_dir(floordir[1], ndb, ncpu, &par_cpu, &par_wall, &par_rows, err, sizeof err) != 0 ||
         par_rows != total) {
         if ((floor_rows != total || par_rows != total) && !err[0])
             snprintf(err, sizeof err, "SQL floor: walked %ld and %ld rows, not %ld", floor_rows, par_rows, total);
@@ -379,14 +227,13 @@ int sc_dbdir(bench *b, bench_report *r)
         bench_fail(r, "%s", err);
         goto done;
     }
-    floor_one_cpu = thread_cpu_s();
-    if (floor_db(floorone, &floor_one_rows, err, sizeof err) != 0 || floor_one_rows != total) {
+    if (bench_sql_floor_db(floorone, &floor_one_cpu, &floor_one_rows, err, sizeof err) != 0 ||
+        floor_one_rows != total) {
         if (floor_one_rows != total && !err[0])
             snprintf(err, sizeof err, "SQL floor: walked %ld rows of one database, not %ld", floor_one_rows, total);
         bench_fail(r, "%s", err);
         goto done;
     }
-    floor_one_cpu = thread_cpu_s() - floor_one_cpu;
     msgs_cpu = cpu_one > floor_one_cpu ? cpu_one - floor_one_cpu : 0;
     ratio = best_many / best_one;
     /* The floor on a thread per CPU (Redis and the relay's messages need
