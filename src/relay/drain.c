@@ -46,25 +46,36 @@ void outbox__drain_check(outbox_relay *r, int64_t now, const claim_plan *p)
     r->cfg.s.on_drained(r, r->cfg.s.on_drained_data); /* lifecycle.c sets a stop if the user gave none */
 }
 
+/* A drain cut short (its timeout, or a failure): once no unit has the
+ * connection, what is left goes into left (-1 each while the database is
+ * not open yet) and the drain is over; 0 while a unit runs (t runs cb
+ * again in a millisecond). */
+static int drain_cut(outbox_relay *r, uv_timer_t *t, uv_timer_cb cb, int64_t left[3])
+{
+    left[0] = left[1] = left[2] = -1;
+    if (r->sched.running) {
+        /* The unit's worker has the connection: count once it is done. */
+        uv_timer_start(t, cb, 1, 0);
+        return 0;
+    }
+    if (r->state == R_RUNNING)
+        drain_left(r, outbox_now_ms(), -1, left);
+    r->sched.drained = 1;
+    return 1;
+}
+
 /* drain_timeout_ms expired before the drain was done: the drain ends as
  * if done (on_drained, or the stop lifecycle.c set), with
  * outbox_relay_drain_result() saying so and the rows left in the log. */
 static void on_drain_timeout(uv_timer_t *t)
 {
     outbox_relay *r = t->data;
-    int64_t left[3] = {-1, -1, -1};
-    if (r->sched.drained || (r->state != R_RUNNING && r->state != R_WAITING))
+    int64_t left[3];
+    if (r->sched.drained || (r->state != R_RUNNING && r->state != R_WAITING) ||
+        !drain_cut(r, t, on_drain_timeout, left))
         return;
-    if (r->sched.running) {
-        /* The unit's worker has the connection: count once it is done. */
-        uv_timer_start(t, on_drain_timeout, 1, 0);
-        return;
-    }
-    if (r->state == R_RUNNING)
-        drain_left(r, outbox_now_ms(), -1, left);
-    else
+    if (r->state != R_RUNNING)
         LOG(r, OUTBOX_LOG_WARN, "msg=\"drain timeout while waiting for the database\" db=%s", r->cfg.db_path);
-    r->sched.drained = 1;
     r->sched.drain_timed_out = 1;
     LOG(r, OUTBOX_LOG_WARN,
         "msg=\"drain timeout: rows left\" timeout_ms=%llu due=%lld waiting_retry=%lld leased=%lld inflight=%llu "
@@ -75,7 +86,7 @@ static void on_drain_timeout(uv_timer_t *t)
     r->cfg.s.on_drained(r, r->cfg.s.on_drained_data);
 }
 
-/* The drain cannot finish (outbox__sched_drain_fail): it ends as a drain
+/* The drain cannot finish (outbox__drain_fail): it ends as a drain
  * timeout does, the log saying why and what is left. The rows claimed so
  * far are handed back by the stop that on_drained starts. */
 static void on_drain_failed(uv_timer_t *t)
@@ -83,14 +94,8 @@ static void on_drain_failed(uv_timer_t *t)
     outbox_relay *r = t->data;
     const char *why = outbox__link_problem(r);
     int64_t left[3];
-    if (r->sched.drained || r->state != R_RUNNING)
+    if (r->sched.drained || r->state != R_RUNNING || !drain_cut(r, t, on_drain_failed, left))
         return;
-    if (r->sched.running) {
-        uv_timer_start(t, on_drain_failed, 1, 0);
-        return;
-    }
-    drain_left(r, outbox_now_ms(), -1, left);
-    r->sched.drained = 1;
     LOG(r, OUTBOX_LOG_ERROR,
         "msg=\"drain failed: %s\" err=%s due=%lld waiting_retry=%lld leased=%lld inflight=%llu published=%llu "
         "dead=%llu",
