@@ -291,17 +291,8 @@ static int all_marked(void *arg)
     return left == 0;
 }
 
+/* Set by a group's stop (rt_group_flag). */
 static int stopped;
-static void on_stopped(outbox_relay_group *g, void *data)
-{
-    (void)g, (void)data;
-    stopped = 1;
-}
-static int is_stopped(void *arg)
-{
-    (void)arg;
-    return stopped;
-}
 
 static void faults(void)
 {
@@ -313,12 +304,8 @@ static void faults(void)
     int held;
 
     for (int i = 0; i < 6; i++) {
-        sqlite3 *db;
         snprintf(file, sizeof file, "%s.db", names[i]);
-        paths[i] = rt_make_db(dir, file);
-        db = rt_open(paths[i]);
-        rt_insert_rows(db, names[i], 0, N_ROWS, "orders", 4);
-        sqlite3_close_v2(db); /* the last connection: -wal and -shm go */
+        paths[i] = rt_make_db_rows(dir, file, names[i], 0, N_ROWS, "orders", 4);
     }
     /* The lock: held from its first read, so that no other connection can
      * read the database at all while it lasts. */
@@ -393,8 +380,8 @@ static void faults(void)
     free(body);
 
     stopped = 0;
-    is_int(outbox_relay_group_stop(grp, on_stopped, NULL), 0, "stop");
-    ok(run_until(20000, is_stopped, NULL), "stopped");
+    is_int(outbox_relay_group_stop(grp, rt_group_flag, &stopped), 0, "stop");
+    ok(run_until(20000, rt_flag, &stopped), "stopped");
     outbox_relay_group_destroy(grp);
     uv_run(&loop, UV_RUN_NOWAIT);
     for (int i = 0; i < 6; i++)
@@ -410,7 +397,7 @@ static void on_drained(outbox_relay_group *g, void *data)
 {
     (void)data;
     drained = 1;
-    outbox_relay_group_stop(g, on_stopped, NULL);
+    outbox_relay_group_stop(g, rt_group_flag, &stopped);
 }
 
 static void drain_faults(void)
@@ -420,14 +407,8 @@ static void drain_faults(void)
     sqlite3 *db;
     long long before = th_xlen(c, "outbox:orders");
 
-    ph = rt_make_db(dir, "d0.db");
-    ps = rt_make_db(dir, "sick2.db");
-    db = rt_open(ph);
-    rt_insert_rows(db, "d0", 0, N_ROWS, "orders", 4);
-    sqlite3_close_v2(db);
-    db = rt_open(ps);
-    rt_insert_rows(db, "sick2", 0, N_ROWS, "orders", 4);
-    sqlite3_close_v2(db);
+    ph = rt_make_db_rows(dir, "d0.db", "d0", 0, N_ROWS, "orders", 4);
+    ps = rt_make_db_rows(dir, "sick2.db", "sick2", 0, N_ROWS, "orders", 4);
     atomic_store(&full_on, 1);
     s = group_settings(dir);
     s.drain = 1;
@@ -436,7 +417,7 @@ static void drain_faults(void)
     outbox_relay_group_on_drained(grp, on_drained, NULL);
     drained = stopped = 0;
     is_int(outbox_relay_group_start(grp), 0, "drain started");
-    ok(run_until(30000, is_stopped, NULL), "the drain ended and the group stopped");
+    ok(run_until(30000, rt_flag, &stopped), "the drain ended and the group stopped");
     ok(drained, "on_drained called");
     is_int(outbox_relay_group_drain_result(grp, failed, sizeof failed), OUTBOX_ETIMEDOUT,
            "drain result ETIMEDOUT: %s", failed);
@@ -489,14 +470,8 @@ static void deleted_mid_claim(void)
     long long before = th_xlen(c, "outbox:orders");
     int held;
 
-    pk = rt_make_db(dir, "kept.db");
-    pg = rt_make_db(dir, "gone.db");
-    db = rt_open(pk);
-    rt_insert_rows(db, "kept", 0, N_ROWS, "orders", 4);
-    sqlite3_close_v2(db);
-    db = rt_open(pg);
-    rt_insert_rows(db, "gone", 0, N_ROWS, "orders", 4);
-    sqlite3_close_v2(db);
+    pk = rt_make_db_rows(dir, "kept.db", "kept", 0, N_ROWS, "orders", 4);
+    pg = rt_make_db_rows(dir, "gone.db", "gone", 0, N_ROWS, "orders", 4);
     s = group_settings(dir);
     is_int(outbox_relay_group_create(&grp, &loop, &s, err, sizeof err), 0, "group created: %s", err);
     /* Their XADDs wait in Redis while the test deletes one database. */
@@ -522,17 +497,14 @@ static void deleted_mid_claim(void)
 
     /* The tenant comes back: a new database of the same name. */
     before = th_xlen(c, "outbox:orders");
-    free(rt_make_db(dir, "gone.db"));
-    db = rt_open(pg);
-    rt_insert_rows(db, "again", 0, 10, "orders", 2);
-    sqlite3_close_v2(db);
+    free(rt_make_db_rows(dir, "gone.db", "again", 0, 10, "orders", 2));
     want_len = before + 10;
     held = run_until(20000, stream_has, NULL);
     ok(held, "a new file of that name is a new database, published (%lld)", th_xlen(c, "outbox:orders") - before);
 
     stopped = 0;
-    is_int(outbox_relay_group_stop(grp, on_stopped, NULL), 0, "stop");
-    ok(run_until(20000, is_stopped, NULL), "stopped");
+    is_int(outbox_relay_group_stop(grp, rt_group_flag, &stopped), 0, "stop");
+    ok(run_until(20000, rt_flag, &stopped), "stopped");
     outbox_relay_group_destroy(grp);
     uv_run(&loop, UV_RUN_NOWAIT);
     free(pk);

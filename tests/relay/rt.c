@@ -58,6 +58,17 @@ int rt_run_until(uv_loop_t *loop, int timeout_ms, int (*fn)(void *), void *arg)
     return held;
 }
 
+void rt_group_flag(outbox_relay_group *g, void *flag)
+{
+    (void)g;
+    *(int *)flag = 1;
+}
+
+int rt_flag(void *flag)
+{
+    return *(int *)flag;
+}
+
 char *rt_make_db(const char *dir, const char *name)
 {
     char *path = th_path(dir, name), err[512];
@@ -112,6 +123,16 @@ void rt_insert_rows_in_txn(sqlite3 *db, const char *prefix, int first, int n, co
         sqlite3_reset(st);
     }
     sqlite3_finalize(st);
+}
+
+char *rt_make_db_rows(const char *dir, const char *name, const char *prefix, int first, int n, const char *topic,
+                      int nkeys)
+{
+    char *path = rt_make_db(dir, name);
+    sqlite3 *db = rt_open(path);
+    rt_insert_rows(db, prefix, first, n, topic, nkeys);
+    sqlite3_close_v2(db);
+    return path;
 }
 
 /* ---- streams ---------------------------------------------------------- */

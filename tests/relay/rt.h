@@ -19,6 +19,7 @@
 #include <uv.h>
 
 #include "harness.h"
+#include "outbox.h"
 
 /* What most tests start with: a redis-server on a Unix socket (the whole
  * test is skipped without one), a temp dir with app.db (the outbox schema),
@@ -31,6 +32,11 @@ void rt_world_end(th_redis *srv, char *dir, char *dbpath, sqlite3 *db, redisCont
 /* Runs loop until fn(arg) holds, or timeout_ms (times th_slow()) passed, a
  * 5 ms timer keeping it turning; 1 if it held. */
 int rt_run_until(uv_loop_t *loop, int timeout_ms, int (*fn)(void *), void *arg);
+
+/* A group's stop (or drain) callback that sets the int flag points to, and
+ * the predicate for rt_run_until that reads it. */
+void rt_group_flag(outbox_relay_group *g, void *flag);
+int rt_flag(void *flag);
 
 /* Creates <dir>/<name> with the outbox schema; returns the malloc'd path. */
 char *rt_make_db(const char *dir, const char *name);
@@ -46,6 +52,11 @@ void rt_insert_rows(sqlite3 *db, const char *prefix, int first, int n, const cha
 /* The same inside a transaction the caller holds (e.g. BEGIN IMMEDIATE,
  * to keep the write lock from the relay while the rows go in). */
 void rt_insert_rows_in_txn(sqlite3 *db, const char *prefix, int first, int n, const char *topic, int nkeys);
+/* <dir>/<name> made with the outbox schema and rt_insert_rows' rows,
+ * closed (its -wal and -shm go with its last connection); the malloc'd
+ * path. */
+char *rt_make_db_rows(const char *dir, const char *name, const char *prefix, int first, int n, const char *topic,
+                      int nkeys);
 
 /* One stream entry. */
 typedef struct rt_entry {

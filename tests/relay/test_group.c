@@ -170,17 +170,8 @@ static int dbs_are(void *arg)
     return stats(cur).databases == want_dbs;
 }
 
+/* Set by a group's stop (rt_group_flag). */
 static int stopped;
-static void on_stopped(outbox_relay_group *g, void *data)
-{
-    (void)g, (void)data;
-    stopped = 1;
-}
-static int is_stopped(void *arg)
-{
-    (void)arg;
-    return stopped;
-}
 
 static void write_file(const char *path, const char *text)
 {
@@ -298,8 +289,8 @@ static void running_group(void)
     is_int(t.bad_db, 0, "db named in every entry");
 
     stopped = 0;
-    is_int(outbox_relay_group_stop(g, on_stopped, NULL), 0, "stop");
-    ok(run_until(15000, is_stopped, NULL), "stopped");
+    is_int(outbox_relay_group_stop(g, rt_group_flag, &stopped), 0, "stop");
+    ok(run_until(15000, rt_flag, &stopped), "stopped");
     outbox_relay_group_destroy(g);
     uv_run(&loop, UV_RUN_NOWAIT);
     sqlite3_close_v2(a);
@@ -360,7 +351,7 @@ static void on_drained(outbox_relay_group *g, void *data)
 {
     (void)data;
     drained = 1;
-    outbox_relay_group_stop(g, on_stopped, NULL);
+    outbox_relay_group_stop(g, rt_group_flag, &stopped);
 }
 
 /* A drain over more databases than may be open at once. */
@@ -372,14 +363,8 @@ static void drain_many(void)
     long before = (long)th_xlen(c, "outbox:orders");
     mkdir(dir, 0755);
     for (int i = 0; i < 6; i++) {
-        char *p;
-        sqlite3 *db;
         snprintf(names7[i], sizeof names7[i], "t%d.db", i);
-        p = rt_make_db(dir, names7[i]);
-        db = rt_open(p);
-        rt_insert_rows(db, "many", i * 1000, 100, "orders", 3);
-        sqlite3_close_v2(db);
-        free(p);
+        free(rt_make_db_rows(dir, names7[i], "many", i * 1000, 100, "orders", 3));
     }
     write_file(keep(th_path(dir, "broken.db")), "SQLite format 3\nbut nothing after it that SQLite could read at all\n");
     s = settings(dir);
@@ -389,7 +374,7 @@ static void drain_many(void)
     outbox_relay_group_on_drained(g, on_drained, NULL);
     drained = stopped = 0;
     is_int(outbox_relay_group_start(g), 0, "drain started");
-    ok(run_until(60000, is_stopped, NULL), "the drain ended and the group stopped");
+    ok(run_until(60000, rt_flag, &stopped), "the drain ended and the group stopped");
     ok(drained, "on_drained called");
     is_int(outbox_relay_group_drain_result(g, failed, sizeof failed), OUTBOX_EIO, "drain result EIO: %s", failed);
     ok(strstr(failed, "broken") != NULL, "the corrupt database is named");
@@ -408,14 +393,8 @@ static void same_ids(int idempotent)
     mkdir(dir, 0755);
     for (int i = 1; i <= 2; i++) {
         char file[16];
-        char *p;
-        sqlite3 *db;
         snprintf(file, sizeof file, "same%d.db", i);
-        p = rt_make_db(dir, file);
-        db = rt_open(p);
-        rt_insert_rows(db, "dup", 0, 40, "orders", 2);
-        sqlite3_close_v2(db);
-        free(p);
+        free(rt_make_db_rows(dir, file, "dup", 0, 40, "orders", 2));
     }
     s = settings(dir);
     s.drain = 1;
@@ -424,7 +403,7 @@ static void same_ids(int idempotent)
     outbox_relay_group_on_drained(g, on_drained, NULL);
     drained = stopped = 0;
     outbox_relay_group_start(g);
-    ok(run_until(30000, is_stopped, NULL), "%s: drained", idempotent ? "idempotent" : "plain");
+    ok(run_until(30000, rt_flag, &stopped), "%s: drained", idempotent ? "idempotent" : "plain");
     is_int(outbox_relay_group_drain_result(g, NULL, 0), 0, "drain result 0");
     is_int((long)th_xlen(c, "outbox:orders") - before, 80,
            "%s: the same 40 ids of two databases appended for each", idempotent ? "idempotent" : "plain");
@@ -443,15 +422,9 @@ static void per_tenant_streams(void)
     mkdir(dir, 0755);
     for (int i = 1; i <= 2; i++) {
         char file[16], prefix[16];
-        char *p;
-        sqlite3 *db;
         snprintf(file, sizeof file, "ten%d.db", i);
         snprintf(prefix, sizeof prefix, "ten%d", i);
-        p = rt_make_db(dir, file);
-        db = rt_open(p);
-        rt_insert_rows(db, prefix, 0, 30 * i, "orders", 3);
-        sqlite3_close_v2(db);
-        free(p);
+        free(rt_make_db_rows(dir, file, prefix, 0, 30 * i, "orders", 3));
     }
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         s = settings(dir);
@@ -466,7 +439,7 @@ static void per_tenant_streams(void)
     outbox_relay_group_on_drained(g, on_drained, NULL);
     drained = stopped = 0;
     outbox_relay_group_start(g);
-    ok(run_until(30000, is_stopped, NULL), "drained");
+    ok(run_until(30000, rt_flag, &stopped), "drained");
     is_int(th_xlen(c, "tenant:ten1:outbox:orders"), 30, "ten1's 30 entries in its own stream");
     is_int(th_xlen(c, "tenant:ten2:outbox:orders"), 60, "ten2's 60 entries in its own stream");
     outbox_relay_group_destroy(g);
@@ -507,7 +480,7 @@ static void closed_retention(void)
     outbox_relay_group_on_drained(g, on_drained, NULL);
     drained = stopped = 0;
     outbox_relay_group_start(g);
-    ok(run_until(30000, is_stopped, NULL), "retention: drained");
+    ok(run_until(30000, rt_flag, &stopped), "retention: drained");
     outbox_relay_group_destroy(g);
     uv_run(&loop, UV_RUN_NOWAIT);
     is_int((long)th_xlen(c, "outbox:kept") - before, 40, "retention: 40 entries");
@@ -535,8 +508,8 @@ static void closed_retention(void)
            (long long)th_sql_int(ret_dbs[1], "SELECT count(*) FROM outbox"));
     }
     is_int((long)th_xlen(c, "outbox:kept") - before, 40, "retention: nothing published again");
-    outbox_relay_group_stop(g, on_stopped, NULL);
-    ok(run_until(20000, is_stopped, NULL), "retention: stopped");
+    outbox_relay_group_stop(g, rt_group_flag, &stopped);
+    ok(run_until(20000, rt_flag, &stopped), "retention: stopped");
     outbox_relay_group_destroy(g);
     uv_run(&loop, UV_RUN_NOWAIT);
     for (int i = 0; i < 2; i++)
@@ -546,14 +519,10 @@ static void closed_retention(void)
 static void daemon_cli(void)
 {
     char *dir = keep(th_path(root, "cli")), *p, *relay = keep(th_bin("tools/relay/outbox-relay")), *out = NULL, *errs = NULL;
-    sqlite3 *db;
     int st;
     long before = (long)th_xlen(c, "outbox:orders");
     mkdir(dir, 0755);
-    p = keep(rt_make_db(dir, "one.db"));
-    db = rt_open(p);
-    rt_insert_rows(db, "cli", 0, 25, "orders", 0);
-    sqlite3_close_v2(db);
+    p = keep(rt_make_db_rows(dir, "one.db", "cli", 0, 25, "orders", 0));
     write_file(keep(th_path(dir, "zz.db")), "garbage\n");
     {
         char *argv[] = {relay, "run", "--db-dir", dir, "--redis", srv.url, "--drain", NULL};
@@ -697,13 +666,9 @@ static void daemon_kills(void)
     mkdir(dir, 0755);
     for (int i = 0; i < NDB; i++) {
         char file[32], prefix[32];
-        sqlite3 *db;
         snprintf(file, sizeof file, "k%02d.db", i);
         snprintf(prefix, sizeof prefix, "k%02d", i);
-        paths[i] = rt_make_db(dir, file);
-        db = rt_open(paths[i]);
-        rt_insert_rows(db, prefix, 0, ROWS, "kills", 7);
-        sqlite3_close_v2(db);
+        paths[i] = rt_make_db_rows(dir, file, prefix, 0, ROWS, "kills", 7);
     }
     for (int round = 1; round <= 3; round++) {
         char *argv[] = {relay, "run", "--db-dir", dir, "--redis", srv.url, "--lease-ms", "1000", "--batch", "64", NULL};
@@ -806,13 +771,9 @@ static void two_daemons(void)
     mkdir(dir, 0755);
     for (int i = 0; i < 20; i++) {
         char file[32], prefix[32];
-        sqlite3 *db;
         snprintf(file, sizeof file, "w%02d.db", i);
         snprintf(prefix, sizeof prefix, "w%02d", i);
-        two_paths[i] = rt_make_db(dir, file);
-        db = rt_open(two_paths[i]);
-        rt_insert_rows(db, prefix, 0, 300, "two", 5);
-        sqlite3_close_v2(db);
+        two_paths[i] = rt_make_db_rows(dir, file, prefix, 0, 300, "two", 5);
     }
     {
         char *a1[] = {relay, "run", "--db-dir", dir, "--redis", srv.url, "--worker-id", "one", "--batch", "32", NULL};
@@ -867,11 +828,8 @@ static void metrics_backlog(void)
     mkdir(dir, 0755);
     for (int i = 0; i < 3; i++) {
         char file[32];
-        sqlite3 *db;
         snprintf(file, sizeof file, "%s.db", dbs[i]);
-        db = rt_open(keep(rt_make_db(dir, file)));
-        rt_insert_rows(db, dbs[i], 0, rows[i], "orders", 0);
-        sqlite3_close_v2(db);
+        keep(rt_make_db_rows(dir, file, dbs[i], 0, rows[i], "orders", 0));
     }
     snprintf(listen, sizeof listen, "127.0.0.1:%d", hp);
     snprintf(url, sizeof url, "redis://127.0.0.1:%d", th_free_port());
