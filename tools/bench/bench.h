@@ -233,14 +233,14 @@ typedef struct bench_bm_target {
 /* redis-benchmark -c 4 -P 64 of the user form on the private server: the
  * ceiling a user measures (README). */
 int bench_redis_benchmark_user(bench *b, long n, double *rps, char *err, size_t errlen);
+/* Redis's CPU in microseconds per command over n commands since its CPU
+ * read before (bench_proc_cpu_ns of b->redis_pid); -1 if unreadable. */
+double bench_redis_us_per(bench *b, int64_t before, long n);
 /* The same parameters (-c 4 -P 64) with the drain's own entry: an id of 36
  * characters and an envelope of envelope_len bytes, over BENCH_TOPICS
  * streams (-r): what Redis takes from any producer of the relay's entries
  * (BENCHMARKS.md, "The entry's own ceiling"). *redis_us, unless NULL:
  * Redis's CPU per XADD meanwhile (-1 if unreadable). */
-/* Redis's CPU in microseconds per command over n commands since its CPU
- * read before (bench_proc_cpu_ns of b->redis_pid); -1 if unreadable. */
-double bench_redis_us_per(bench *b, int64_t before, long n);
 int bench_redis_benchmark_user_shape(bench *b, long n, size_t envelope_len, double *rps, double *redis_us, char *err,
                                      size_t errlen);
 int bench_redis_benchmark_to(bench *b, const bench_bm_target *t, long n, int clients, int pipeline,

@@ -190,8 +190,8 @@ int sc_dbdir(bench *b, bench_report *r)
                 goto done;
             }
             /* Redis's CPU for the drain's XADDs (s; -1: unreadable). */
-            rcpu = bench_redis_us_per(b, r0, total);
-            rcpu = rcpu < 0 ? -1 : rcpu * (double)total / 1e6;
+            rcpu = bench_redis_us_per(b, r0, 1);
+            rcpu = rcpu < 0 ? -1 : rcpu / 1e6;
             seen = bench_streams_len(b->rc);
             bench_redis_flush(b);
             if (seen != total) {
